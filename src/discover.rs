@@ -1,0 +1,162 @@
+//! Discover stage: which case files to run.
+//!
+//! Contract: a sorted list of `/`-separated paths relative to the suites
+//! root; dot-files, `models.toml` at the root and `data/` are skipped; a
+//! selection that matches nothing is an error naming the root and pattern.
+
+use crate::error::{Error, Result};
+use globset::{Glob, GlobSet, GlobSetBuilder};
+use std::path::{Path, PathBuf};
+
+/// A discovered case file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    /// Path relative to the suites root, `/`-separated.
+    pub rel: String,
+    /// Path on disk.
+    pub path: PathBuf,
+}
+
+impl Found {
+    /// Test-name stem: `rel` without `.toml`.
+    pub fn name(&self) -> &str {
+        self.rel.strip_suffix(".toml").unwrap_or(&self.rel)
+    }
+}
+
+fn walk(root: &Path, dir: &Path, out: &mut Vec<Found>) -> Result<()> {
+    let rd = std::fs::read_dir(dir).map_err(|e| Error::input(format!("{}: {e}", dir.display())))?;
+    for entry in rd {
+        let entry = entry.map_err(|e| Error::input(format!("{}: {e}", dir.display())))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') {
+            continue;
+        }
+        let path = entry.path();
+        let rel = path
+            .strip_prefix(root)
+            .unwrap_or(&path)
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join("/");
+        let ft = entry.file_type().map_err(|e| Error::input(format!("{}: {e}", path.display())))?;
+        if ft.is_dir() {
+            if rel != "data" {
+                walk(root, &path, out)?;
+            }
+        } else if name.ends_with(".toml") && rel != "models.toml" {
+            out.push(Found { rel, path });
+        }
+    }
+    Ok(())
+}
+
+/// All case files under `root`, sorted.
+pub fn all_cases(root: &Path) -> Result<Vec<Found>> {
+    if !root.is_dir() {
+        return Err(Error::input(format!("suites root {} is not a directory", root.display())));
+    }
+    let mut out = Vec::new();
+    walk(root, root, &mut out)?;
+    out.sort_by(|a, b| a.rel.cmp(&b.rel));
+    Ok(out)
+}
+
+/// Cases under `root` selected by `patterns`: each a path to a file or
+/// directory (relative to the working directory or to `root`), or a glob
+/// over paths relative to `root`. No patterns selects every case.
+pub fn discover(root: &Path, patterns: &[String]) -> Result<Vec<Found>> {
+    let all = all_cases(root)?;
+    if patterns.is_empty() {
+        if all.is_empty() {
+            return Err(Error::input(format!(
+                "no test cases found: scanned {} with pattern '**/*.toml'",
+                root.display()
+            )));
+        }
+        return Ok(all);
+    }
+    let root_abs = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
+    let mut selected: Vec<Found> = Vec::new();
+    for pat in patterns {
+        let as_path = [PathBuf::from(pat), root.join(pat)]
+            .into_iter()
+            .find(|p| p.exists())
+            .and_then(|p| std::fs::canonicalize(p).ok());
+        let matched: Vec<Found> = if let Some(p) = as_path {
+            all.iter()
+                .filter(|f| {
+                    std::fs::canonicalize(&f.path).is_ok_and(|fp| fp == p || fp.starts_with(&p))
+                })
+                .cloned()
+                .collect()
+        } else {
+            let glob = Glob::new(pat).map_err(|e| Error::input(format!("error parsing glob '{pat}': {e}")))?;
+            let set: GlobSet = GlobSetBuilder::new()
+                .add(glob)
+                .build()
+                .map_err(|e| Error::input(format!("error parsing glob '{pat}': {e}")))?;
+            all.iter()
+                .filter(|f| set.is_match(&f.rel) || set.is_match(f.name()))
+                .cloned()
+                .collect()
+        };
+        if matched.is_empty() {
+            return Err(Error::input(format!(
+                "no test cases found: scanned {} with pattern '{pat}'",
+                root_abs.display()
+            )));
+        }
+        for m in matched {
+            if !selected.contains(&m) {
+                selected.push(m);
+            }
+        }
+    }
+    selected.sort_by(|a, b| a.rel.cmp(&b.rel));
+    Ok(selected)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tree() -> PathBuf {
+        let root = std::env::temp_dir().join(format!("qg-discover-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        for p in ["b/two.toml", "a/one.toml", "models.toml", "data/x.toml", ".hidden.toml", "a/notes.txt"] {
+            let f = root.join(p);
+            std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+            std::fs::write(f, "").unwrap();
+        }
+        root
+    }
+
+    #[test]
+    fn finds_sorted_cases_and_skips_the_rest() {
+        let root = tree();
+        let rels: Vec<_> = discover(&root, &[]).unwrap().into_iter().map(|f| f.rel).collect();
+        assert_eq!(rels, vec!["a/one.toml", "b/two.toml"]);
+        let rels: Vec<_> = discover(&root, &["b/*".into()]).unwrap().into_iter().map(|f| f.rel).collect();
+        assert_eq!(rels, vec!["b/two.toml"]);
+        let rels: Vec<_> = discover(&root, &[root.join("a").display().to_string()])
+            .unwrap()
+            .into_iter()
+            .map(|f| f.rel)
+            .collect();
+        assert_eq!(rels, vec!["a/one.toml"]);
+    }
+
+    #[test]
+    fn no_match_names_root_and_pattern() {
+        let root = tree();
+        let e = discover(&root, &["zzz/*.toml".into()]).unwrap_err().message;
+        assert!(e.starts_with("no test cases found: scanned "), "{e}");
+        assert!(e.ends_with("with pattern 'zzz/*.toml'"), "{e}");
+        let empty = root.join("a/notes.txt").parent().unwrap().join("empty");
+        std::fs::create_dir_all(&empty).unwrap();
+        let e = discover(&empty, &[]).unwrap_err().message;
+        assert!(e.contains("with pattern '**/*.toml'"), "{e}");
+    }
+}

@@ -1,0 +1,236 @@
+//! A fake engine for unit tests: a byte-level tokenizer and a table of
+//! synthetic logit rows, so every stage and metric can be tested without
+//! llama.cpp. Faults (NaN logits, decode errors) can be injected.
+//!
+//! Token ids 0..=255 are bytes, 256 is BOS, 257 is EOS; rows have 258 entries.
+//! The logit of token `j` after token `last` at position `pos` is
+//! [`FakeSpec::logit`]: a small deterministic ripple plus `confidence` on the
+//! "next byte" `(last + step) % 256`.
+
+use super::{
+    BosPolicy, Engine, EngineBuild, EngineTimings, LoadedModel, ModelFile, ModelInfo, RowSink,
+    Settings, Token, TokenId, Window,
+};
+use crate::error::{Error, Result};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// BOS id of the fake vocabulary.
+pub const BOS: TokenId = 256;
+/// EOS id of the fake vocabulary.
+pub const EOS: TokenId = 257;
+/// Vocabulary size of the fake vocabulary.
+pub const N_VOCAB: usize = 258;
+
+/// How one fake model behaves.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FakeSpec {
+    /// Logit added to the favoured next byte.
+    pub confidence: f32,
+    /// The favoured next byte is `last + step`.
+    pub step: i32,
+    /// Whether the model asks for BOS.
+    pub add_bos: bool,
+    /// Training context.
+    pub n_ctx_train: u32,
+    /// Inject a NaN logit at (window, position).
+    pub nan_at: Option<(usize, usize)>,
+    /// Fail `llama_decode` in this window.
+    pub decode_error_in: Option<usize>,
+}
+
+impl Default for FakeSpec {
+    fn default() -> Self {
+        FakeSpec {
+            confidence: 4.0,
+            step: 1,
+            add_bos: true,
+            n_ctx_train: 4096,
+            nan_at: None,
+            decode_error_in: None,
+        }
+    }
+}
+
+impl FakeSpec {
+    /// The logit of token `j` after token `last` at position `pos`.
+    pub fn logit(&self, last: TokenId, pos: usize, j: usize) -> f32 {
+        let ripple = ((j as i64 * 31 + last as i64 * 17 + pos as i64 * 7).rem_euclid(23)) as f32;
+        let favoured = (last + self.step).rem_euclid(256) as usize;
+        0.1 * ripple + if j == favoured { self.confidence } else { 0.0 }
+    }
+
+    fn row(&self, last: TokenId, pos: usize, out: &mut Vec<f32>) {
+        out.clear();
+        out.extend((0..N_VOCAB).map(|j| self.logit(last, pos, j)));
+    }
+}
+
+/// The fake engine: per-alias specs, the default spec for other aliases.
+#[derive(Debug, Default, Clone)]
+pub struct FakeEngine {
+    /// Specs by model alias.
+    pub specs: HashMap<String, FakeSpec>,
+}
+
+impl FakeEngine {
+    /// An engine where every alias gets the default spec.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Give `alias` its own behaviour.
+    pub fn with(mut self, alias: &str, spec: FakeSpec) -> Self {
+        self.specs.insert(alias.to_string(), spec);
+        self
+    }
+}
+
+impl Engine for FakeEngine {
+    fn load(&self, file: &ModelFile) -> Result<Arc<dyn LoadedModel>> {
+        let spec = self.specs.get(&file.alias).cloned().unwrap_or_default();
+        Ok(Arc::new(FakeModel {
+            info: ModelInfo {
+                file: file.clone(),
+                n_vocab: N_VOCAB,
+                n_ctx_train: spec.n_ctx_train,
+                add_bos: spec.add_bos,
+                bos: BOS,
+                tokenizer_fingerprint: "fake-bytes-v1".into(),
+            },
+            spec,
+        }))
+    }
+
+    fn build(&self) -> EngineBuild {
+        EngineBuild {
+            engine: "fake".into(),
+            llama_cpp_2: "-".into(),
+            llama_cpp_sys_2: "-".into(),
+            ggml: "-".into(),
+            backend: "cpu".into(),
+        }
+    }
+
+    fn quantize(&self, _src: &std::path::Path, dst: &std::path::Path, quant: &str, _threads: u32) -> Result<()> {
+        Err(Error::engine(format!(
+            "the fake engine cannot quantize ({quant} -> {})",
+            dst.display()
+        )))
+    }
+}
+
+/// A loaded fake model.
+pub struct FakeModel {
+    info: ModelInfo,
+    spec: FakeSpec,
+}
+
+impl LoadedModel for FakeModel {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn tokenize(&self, text: &str, bos: BosPolicy) -> Result<Vec<Token>> {
+        let with_bos = match bos {
+            BosPolicy::Model => self.spec.add_bos,
+            BosPolicy::Always => true,
+            BosPolicy::Never => false,
+        };
+        let mut out = Vec::with_capacity(text.len() + 1);
+        if with_bos {
+            out.push(Token {
+                id: BOS,
+                piece: Vec::new(),
+                offset: None,
+            });
+        }
+        out.extend(text.bytes().enumerate().map(|(i, b)| Token {
+            id: TokenId::from(b),
+            piece: vec![b],
+            offset: Some(i),
+        }));
+        Ok(out)
+    }
+
+    fn piece(&self, id: TokenId) -> Vec<u8> {
+        u8::try_from(id).map(|b| vec![b]).unwrap_or_default()
+    }
+
+    fn score(
+        &self,
+        settings: &Settings,
+        windows: &[Window],
+        sink: &mut RowSink<'_>,
+    ) -> Result<EngineTimings> {
+        if settings.n_ctx > self.info.n_ctx_train {
+            return Err(Error::input(format!(
+                "model `{}`: n_ctx {} is larger than the model's training context {}",
+                self.info.file.alias, settings.n_ctx, self.info.n_ctx_train
+            )));
+        }
+        let mut row = Vec::with_capacity(N_VOCAB);
+        for (w, window) in windows.iter().enumerate() {
+            if window.tokens.len() > settings.n_ctx as usize {
+                return Err(self.info.file.error(format!(
+                    "window {w} has {} tokens, more than n_ctx {}",
+                    window.tokens.len(),
+                    settings.n_ctx
+                )));
+            }
+            if self.spec.decode_error_in == Some(w) {
+                return Err(self
+                    .info
+                    .file
+                    .error(format!("llama_decode failed (1) in window {w} at positions 0..{}", window.tokens.len())));
+            }
+            for (pos, &t) in window.tokens.iter().enumerate().skip(window.logits_from) {
+                self.spec.row(t, pos, &mut row);
+                if self.spec.nan_at == Some((w, pos)) {
+                    row[7] = f32::NAN;
+                }
+                if let Some(j) = super::first_non_finite(&row) {
+                    return Err(self.info.file.error(format!(
+                        "non-finite logit {} for token {j} at position {pos}",
+                        row[j]
+                    )));
+                }
+                sink(w, pos, &row)?;
+            }
+        }
+        Ok(EngineTimings::default())
+    }
+
+    fn generate(
+        &self,
+        _settings: &Settings,
+        prompt: &[TokenId],
+        max_new: usize,
+        stop: &mut dyn FnMut(&[TokenId]) -> bool,
+    ) -> Result<Vec<TokenId>> {
+        let mut last = *prompt
+            .last()
+            .ok_or_else(|| self.info.file.error("generation needs a non-empty prompt"))?;
+        let mut pos = prompt.len() - 1;
+        let mut row = Vec::with_capacity(N_VOCAB);
+        let mut out = Vec::new();
+        while out.len() < max_new {
+            self.spec.row(last, pos, &mut row);
+            let next = super::argmax(&row) as TokenId;
+            if next == EOS {
+                break;
+            }
+            out.push(next);
+            if stop(&out) {
+                break;
+            }
+            last = next;
+            pos += 1;
+        }
+        Ok(out)
+    }
+
+    fn chat_prompt(&self, user: &str) -> Result<String> {
+        Ok(format!("<user>{user}</user><assistant>"))
+    }
+}

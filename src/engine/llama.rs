@@ -1,0 +1,428 @@
+//! The llama.cpp engine, over `llama-cpp-2`. The only module that imports it.
+//!
+//! Contract: one `LlamaBackend` per process; contexts are created one at a
+//! time (llama.cpp mutates the model while creating one); every setting that
+//! changes numbers is pinned here and recorded in [`Settings`]; `llama_decode`
+//! failures and non-finite logits are errors naming the model.
+
+use super::{
+    first_non_finite, piece_offsets, BosPolicy, Engine, EngineBuild, EngineTimings, LoadedModel,
+    ModelFile, ModelInfo, RowSink, Settings, Token, TokenId, Window,
+};
+use crate::error::{Error, Result};
+use llama_cpp_2::context::params::{KvCacheType, LlamaContextParams};
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::llama_backend::LlamaBackend;
+use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::model::params::LlamaModelParams;
+use llama_cpp_2::model::{LlamaChatMessage, LlamaModel};
+use llama_cpp_2::token::LlamaToken;
+use sha2::{Digest, Sha256};
+use std::ffi::CStr;
+use std::num::NonZeroU32;
+use std::path::Path;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+/// The pinned crate versions (checked against Cargo.lock by a test).
+pub const LLAMA_CPP_2_VERSION: &str = "0.1.160";
+/// The pinned sys crate version, which carries the llama.cpp sources.
+pub const LLAMA_CPP_SYS_2_VERSION: &str = "0.1.161";
+
+static BACKEND: OnceLock<std::result::Result<LlamaBackend, String>> = OnceLock::new();
+static CONTEXT_LOCK: Mutex<()> = Mutex::new(());
+
+fn backend() -> Result<&'static LlamaBackend> {
+    BACKEND
+        .get_or_init(|| {
+            let mut b = LlamaBackend::init().map_err(|e| e.to_string())?;
+            // llama.cpp prints ~1,100 lines per load; QUANTGATE_LLAMA_LOG=1 keeps them.
+            if std::env::var_os("QUANTGATE_LLAMA_LOG").is_none() {
+                b.void_logs();
+            }
+            Ok(b)
+        })
+        .as_ref()
+        .map_err(|e| Error::engine(format!("llama.cpp backend failed to initialise: {e}")))
+}
+
+/// The llama.cpp engine.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LlamaEngine;
+
+impl LlamaEngine {
+    /// The engine (initialises the backend on first use).
+    pub fn new() -> Self {
+        LlamaEngine
+    }
+}
+
+fn compute_backend() -> &'static str {
+    if cfg!(feature = "cuda") {
+        "cuda"
+    } else if cfg!(feature = "vulkan") {
+        "vulkan"
+    } else if cfg!(feature = "metal") {
+        "metal"
+    } else {
+        "cpu"
+    }
+}
+
+/// ggml's own version string and commit.
+pub fn ggml_version() -> String {
+    // SAFETY: both return static NUL-terminated strings.
+    unsafe {
+        let v = CStr::from_ptr(llama_cpp_sys_2::ggml_version()).to_string_lossy();
+        let c = CStr::from_ptr(llama_cpp_sys_2::ggml_commit()).to_string_lossy();
+        format!("{v} ({c})")
+    }
+}
+
+impl Engine for LlamaEngine {
+    fn load(&self, file: &ModelFile) -> Result<Arc<dyn LoadedModel>> {
+        let backend = backend()?;
+        let path = file.path.to_str().ok_or_else(|| file.error("path is not UTF-8"))?;
+        let params = LlamaModelParams::default();
+        let model = LlamaModel::load_from_file(backend, Path::new(path), &params)
+            .map_err(|e| file.error(format!("llama.cpp could not load the model: {e}")))?;
+        let vocab = model.vocab();
+        let n_vocab = usize::try_from(vocab.n_tokens())
+            .map_err(|_| file.error("negative vocabulary size"))?;
+        let mut h = Sha256::new();
+        for id in 0..n_vocab as i32 {
+            let t = LlamaToken::new(id);
+            let text = vocab.text(t).map(|c| c.to_bytes().to_vec()).unwrap_or_default();
+            h.update((text.len() as u64).to_le_bytes());
+            h.update(&text);
+        }
+        for special in [vocab.bos(), vocab.eos(), vocab.eot()] {
+            h.update(special.0.to_le_bytes());
+        }
+        h.update([u8::from(vocab.should_add_bos()), u8::from(vocab.should_add_eos())]);
+        let info = ModelInfo {
+            file: file.clone(),
+            n_vocab,
+            n_ctx_train: model.n_ctx_train(),
+            add_bos: vocab.should_add_bos(),
+            bos: vocab.bos().0,
+            tokenizer_fingerprint: crate::fsutil::hex(&h.finalize()),
+        };
+        Ok(Arc::new(Loaded { model, info }))
+    }
+
+    fn build(&self) -> EngineBuild {
+        EngineBuild {
+            engine: "llama.cpp".into(),
+            llama_cpp_2: LLAMA_CPP_2_VERSION.into(),
+            llama_cpp_sys_2: LLAMA_CPP_SYS_2_VERSION.into(),
+            ggml: ggml_version(),
+            backend: compute_backend().into(),
+        }
+    }
+
+    fn quantize(&self, src: &Path, dst: &Path, quant: &str, threads: u32) -> Result<()> {
+        quantize(src, dst, quant, threads)
+    }
+}
+
+struct Loaded {
+    model: LlamaModel,
+    info: ModelInfo,
+}
+
+impl Loaded {
+    fn err(&self, what: impl std::fmt::Display) -> Error {
+        self.info.file.error(what)
+    }
+
+    fn context(&self, settings: &Settings) -> Result<LlamaContext<'_>> {
+        if settings.n_ctx > self.info.n_ctx_train {
+            return Err(Error::input(format!(
+                "model `{}`: n_ctx {} is larger than the model's training context {}",
+                self.info.file.alias, settings.n_ctx, self.info.n_ctx_train
+            )));
+        }
+        let params = LlamaContextParams::default()
+            .with_n_ctx(NonZeroU32::new(settings.n_ctx))
+            .with_n_batch(settings.n_batch)
+            .with_n_ubatch(settings.n_batch)
+            .with_n_seq_max(1)
+            .with_n_threads(settings.threads as i32)
+            .with_n_threads_batch(settings.threads as i32)
+            .with_flash_attention_policy(if settings.flash_attn {
+                llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_ENABLED
+            } else {
+                llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_DISABLED
+            })
+            .with_type_k(KvCacheType::F16)
+            .with_type_v(KvCacheType::F16);
+        let _guard = CONTEXT_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+        let ctx = self
+            .model
+            .new_context(backend()?, params)
+            .map_err(|e| self.err(format!("could not create a context: {e}")))?;
+        if ctx.n_ctx() < settings.n_ctx {
+            return Err(self.err(format!(
+                "context has {} positions, {} were asked for",
+                ctx.n_ctx(),
+                settings.n_ctx
+            )));
+        }
+        Ok(ctx)
+    }
+
+    fn row<'c>(&self, ctx: &'c LlamaContext<'_>, i: i32, pos: usize) -> Result<&'c [f32]> {
+        let row = ctx.get_logits_ith(i);
+        if row.len() != self.info.n_vocab {
+            return Err(self.err(format!(
+                "logit row at position {pos} has {} entries, expected {}",
+                row.len(),
+                self.info.n_vocab
+            )));
+        }
+        if let Some(j) = first_non_finite(row) {
+            return Err(self.err(format!(
+                "non-finite logit {} for token {j} at position {pos}",
+                row[j]
+            )));
+        }
+        Ok(row)
+    }
+}
+
+impl LoadedModel for Loaded {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn tokenize(&self, text: &str, bos: BosPolicy) -> Result<Vec<Token>> {
+        let vocab = self.model.vocab();
+        let mut ids = vocab.tokenize(text.as_bytes(), bos == BosPolicy::Model, false);
+        if bos == BosPolicy::Always && ids.first() != Some(&vocab.bos()) {
+            ids.insert(0, vocab.bos());
+        }
+        let bos_id = vocab.bos();
+        let pieces: Vec<Vec<u8>> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| {
+                if i == 0 && t == bos_id && bos != BosPolicy::Never {
+                    Vec::new()
+                } else {
+                    vocab.token_to_piece(t, false, None)
+                }
+            })
+            .collect();
+        let offsets = piece_offsets(text.as_bytes(), &pieces);
+        Ok(ids
+            .iter()
+            .zip(pieces)
+            .zip(offsets)
+            .map(|((t, piece), offset)| Token {
+                id: t.0,
+                piece,
+                offset,
+            })
+            .collect())
+    }
+
+    fn piece(&self, id: TokenId) -> Vec<u8> {
+        self.model
+            .vocab()
+            .token_to_piece(LlamaToken::new(id), false, None)
+    }
+
+    fn score(
+        &self,
+        settings: &Settings,
+        windows: &[Window],
+        sink: &mut RowSink<'_>,
+    ) -> Result<EngineTimings> {
+        let mut timings = EngineTimings::default();
+        let t0 = Instant::now();
+        let mut ctx = self.context(settings)?;
+        let n_batch = settings.n_batch as usize;
+        let mut batch = LlamaBatch::new(n_batch, 1);
+        let mut in_callback = std::time::Duration::ZERO;
+        for (w, window) in windows.iter().enumerate() {
+            if window.tokens.len() > settings.n_ctx as usize {
+                return Err(self.err(format!(
+                    "window {w} has {} tokens, more than n_ctx {}",
+                    window.tokens.len(),
+                    settings.n_ctx
+                )));
+            }
+            ctx.clear_kv_cache();
+            for (b, chunk) in window.tokens.chunks(n_batch).enumerate() {
+                batch.clear();
+                let base = b * n_batch;
+                for (k, &t) in chunk.iter().enumerate() {
+                    let pos = base + k;
+                    batch
+                        .add(LlamaToken::new(t), pos as i32, &[0], pos >= window.logits_from)
+                        .map_err(|e| self.err(format!("batch: {e}")))?;
+                }
+                ctx.decode(&mut batch).map_err(|e| {
+                    self.err(format!(
+                        "llama_decode failed ({e}) in window {w} at positions {base}..{}",
+                        base + chunk.len()
+                    ))
+                })?;
+                for k in 0..chunk.len() {
+                    let pos = base + k;
+                    if pos < window.logits_from {
+                        continue;
+                    }
+                    let row = self.row(&ctx, k as i32, pos)?;
+                    let tc = Instant::now();
+                    sink(w, pos, row)?;
+                    in_callback += tc.elapsed();
+                }
+            }
+        }
+        timings.callback = in_callback;
+        timings.decode = t0.elapsed().saturating_sub(in_callback);
+        Ok(timings)
+    }
+
+    fn generate(
+        &self,
+        settings: &Settings,
+        prompt: &[TokenId],
+        max_new: usize,
+        stop: &mut dyn FnMut(&[TokenId]) -> bool,
+    ) -> Result<Vec<TokenId>> {
+        if prompt.is_empty() {
+            return Err(self.err("generation needs a non-empty prompt"));
+        }
+        if prompt.len() + max_new > settings.n_ctx as usize {
+            return Err(Error::input(format!(
+                "model `{}`: prompt of {} tokens plus {max_new} new tokens exceeds n_ctx {}",
+                self.info.file.alias,
+                prompt.len(),
+                settings.n_ctx
+            )));
+        }
+        let mut ctx = self.context(settings)?;
+        let n_batch = settings.n_batch as usize;
+        let mut batch = LlamaBatch::new(n_batch, 1);
+        ctx.clear_kv_cache();
+        let mut last = 0i32;
+        for (b, chunk) in prompt.chunks(n_batch).enumerate() {
+            batch.clear();
+            for (k, &t) in chunk.iter().enumerate() {
+                let pos = b * n_batch + k;
+                let want = pos + 1 == prompt.len();
+                batch
+                    .add(LlamaToken::new(t), pos as i32, &[0], want)
+                    .map_err(|e| self.err(format!("batch: {e}")))?;
+                if want {
+                    last = k as i32;
+                }
+            }
+            ctx.decode(&mut batch)
+                .map_err(|e| self.err(format!("llama_decode failed ({e}) on the prompt")))?;
+        }
+        let vocab = self.model.vocab();
+        let mut out = Vec::new();
+        let mut pos = prompt.len();
+        while out.len() < max_new {
+            let row = self.row(&ctx, last, pos - 1)?;
+            let next = super::argmax(row) as TokenId;
+            if vocab.is_eog(LlamaToken::new(next)) {
+                break;
+            }
+            out.push(next);
+            if stop(&out) || out.len() == max_new {
+                break;
+            }
+            batch.clear();
+            batch
+                .add(LlamaToken::new(next), pos as i32, &[0], true)
+                .map_err(|e| self.err(format!("batch: {e}")))?;
+            ctx.decode(&mut batch).map_err(|e| {
+                self.err(format!("llama_decode failed ({e}) generating at position {pos}"))
+            })?;
+            last = 0;
+            pos += 1;
+        }
+        Ok(out)
+    }
+
+    fn chat_prompt(&self, user: &str) -> Result<String> {
+        let tmpl = self
+            .model
+            .chat_template(None)
+            .map_err(|e| self.err(format!("no chat template: {e}")))?;
+        let msg = LlamaChatMessage::new("user".into(), user.into())
+            .map_err(|e| self.err(format!("chat message: {e}")))?;
+        self.model
+            .apply_chat_template(&tmpl, &[msg], true)
+            .map_err(|e| self.err(format!("applying the chat template: {e}")))
+    }
+}
+
+/// The llama.cpp file type for a quant type name (as `llama-quantize` spells it).
+pub fn ftype(name: &str) -> Option<llama_cpp_sys_2::llama_ftype> {
+    use llama_cpp_sys_2 as s;
+    Some(match name {
+        "F16" => s::LLAMA_FTYPE_MOSTLY_F16,
+        "BF16" => s::LLAMA_FTYPE_MOSTLY_BF16,
+        "Q8_0" => s::LLAMA_FTYPE_MOSTLY_Q8_0,
+        "Q6_K" => s::LLAMA_FTYPE_MOSTLY_Q6_K,
+        "Q5_K_M" => s::LLAMA_FTYPE_MOSTLY_Q5_K_M,
+        "Q5_K_S" => s::LLAMA_FTYPE_MOSTLY_Q5_K_S,
+        "Q5_1" => s::LLAMA_FTYPE_MOSTLY_Q5_1,
+        "Q5_0" => s::LLAMA_FTYPE_MOSTLY_Q5_0,
+        "Q4_K_M" => s::LLAMA_FTYPE_MOSTLY_Q4_K_M,
+        "Q4_K_S" => s::LLAMA_FTYPE_MOSTLY_Q4_K_S,
+        "Q4_1" => s::LLAMA_FTYPE_MOSTLY_Q4_1,
+        "Q4_0" => s::LLAMA_FTYPE_MOSTLY_Q4_0,
+        "Q3_K_L" => s::LLAMA_FTYPE_MOSTLY_Q3_K_L,
+        "Q3_K_M" => s::LLAMA_FTYPE_MOSTLY_Q3_K_M,
+        "Q3_K_S" => s::LLAMA_FTYPE_MOSTLY_Q3_K_S,
+        "Q2_K" => s::LLAMA_FTYPE_MOSTLY_Q2_K,
+        _ => return None,
+    })
+}
+
+/// Quant type names [`ftype`] accepts.
+pub const QUANT_TYPES: &[&str] = &[
+    "F16", "BF16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_1", "Q5_0", "Q4_K_M", "Q4_K_S", "Q4_1",
+    "Q4_0", "Q3_K_L", "Q3_K_M", "Q3_K_S", "Q2_K",
+];
+
+/// Quantize `src` into `dst` with `llama_model_quantize` (default params,
+/// `allow_requantize`): byte-identical to `llama-quantize`.
+pub fn quantize(src: &Path, dst: &Path, quant: &str, threads: u32) -> Result<()> {
+    let ftype = ftype(quant).ok_or_else(|| {
+        Error::input(format!(
+            "unknown quant type `{quant}`; expected one of {}",
+            QUANT_TYPES.join(", ")
+        ))
+    })?;
+    backend()?;
+    let c = |p: &Path| {
+        std::ffi::CString::new(p.to_string_lossy().as_bytes())
+            .map_err(|_| Error::input(format!("{}: path contains NUL", p.display())))
+    };
+    let (src_c, dst_c) = (c(src)?, c(dst)?);
+    // SAFETY: plain C call with valid NUL-terminated paths and a params struct
+    // from llama.cpp's own defaults.
+    let rc = unsafe {
+        let mut params = llama_cpp_sys_2::llama_model_quantize_default_params();
+        params.ftype = ftype;
+        params.allow_requantize = true;
+        params.nthread = threads as i32;
+        llama_cpp_sys_2::llama_model_quantize(src_c.as_ptr(), dst_c.as_ptr(), &params)
+    };
+    if rc != 0 {
+        return Err(Error::engine(format!(
+            "llama_model_quantize {} -> {} ({quant}) failed with code {rc}",
+            src.display(),
+            dst.display()
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,307 @@
+//! The engine boundary. Contract: a model is loaded once per process per file
+//! ([`ModelPool`]); scoring streams one full-vocabulary logit row at a time to
+//! a callback and never holds a positions × vocab matrix; any decode failure
+//! or non-finite logit is an `Error` naming the model alias, path and sha256,
+//! never a number. `llama_cpp_2` is used only in [`llama`].
+
+pub mod fake;
+pub mod llama;
+
+use crate::error::{Error, Result};
+use serde::Serialize;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+/// A token id as llama.cpp numbers it.
+pub type TokenId = i32;
+
+/// One token of a tokenized text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Token {
+    /// Token id.
+    pub id: TokenId,
+    /// The token's bytes as it renders in text (empty for BOS).
+    pub piece: Vec<u8>,
+    /// Byte offset of the piece in the tokenized text, when the pieces
+    /// concatenate to the text there; `None` for BOS and unmatched pieces.
+    pub offset: Option<usize>,
+}
+
+/// Whether a BOS token is put in front of a tokenized text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BosPolicy {
+    /// As the model's metadata says (`tokenizer.ggml.add_bos_token`), like `llama-perplexity`.
+    Model,
+    /// Always.
+    Always,
+    /// Never.
+    Never,
+}
+
+/// Which file a model is, for messages and caching.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ModelFile {
+    /// Registry alias.
+    pub alias: String,
+    /// Path on disk.
+    pub path: PathBuf,
+    /// sha256 of the file (checked before loading).
+    pub sha256: String,
+}
+
+impl ModelFile {
+    /// Wrap an engine failure with the model's identity.
+    pub fn error(&self, what: impl std::fmt::Display) -> Error {
+        Error::engine(format!(
+            "model `{}` ({}, sha256 {}): {what}",
+            self.alias,
+            self.path.display(),
+            self.sha256
+        ))
+    }
+}
+
+/// Facts about a loaded model.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelInfo {
+    /// The file.
+    pub file: ModelFile,
+    /// Vocabulary size (length of every logit row).
+    pub n_vocab: usize,
+    /// Training context length.
+    pub n_ctx_train: u32,
+    /// Whether the model's metadata asks for BOS.
+    pub add_bos: bool,
+    /// BOS token id.
+    pub bos: TokenId,
+    /// sha256 over every token's piece and the special ids: equal fingerprints
+    /// mean the same tokenizer.
+    pub tokenizer_fingerprint: String,
+}
+
+/// Engine settings that change numbers; recorded with every result.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+pub struct Settings {
+    /// CPU threads for decoding.
+    pub threads: u32,
+    /// Context length of the llama.cpp context.
+    pub n_ctx: u32,
+    /// Logical and physical batch (`n_batch = n_ubatch`).
+    pub n_batch: u32,
+    /// Flash attention; pinned off (`auto` turns it on for CPU).
+    pub flash_attn: bool,
+    /// KV cache element type.
+    pub kv_type: &'static str,
+}
+
+impl Settings {
+    /// Defaults: n_batch 512, flash attention off, f16 KV cache.
+    pub fn new(n_ctx: u32, threads: u32) -> Self {
+        Settings {
+            threads,
+            n_ctx,
+            n_batch: 512.min(n_ctx.max(1)),
+            flash_attn: false,
+            kv_type: "f16",
+        }
+    }
+}
+
+/// One teacher-forced window: fresh memory, positions 0..tokens.len().
+#[derive(Debug, Clone)]
+pub struct Window {
+    /// Input tokens, position i gets `tokens[i]`.
+    pub tokens: Vec<TokenId>,
+    /// Rows are produced for positions `logits_from..tokens.len()`.
+    pub logits_from: usize,
+}
+
+/// Wall time spent inside the engine.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct EngineTimings {
+    /// Time in `llama_decode` (and context setup).
+    pub decode: Duration,
+    /// Time in the row callback (measurement).
+    pub callback: Duration,
+}
+
+/// The build that produced the numbers.
+#[derive(Debug, Clone, Serialize)]
+pub struct EngineBuild {
+    /// Engine name (`llama.cpp` or `fake`).
+    pub engine: String,
+    /// `llama-cpp-2` version.
+    pub llama_cpp_2: String,
+    /// `llama-cpp-sys-2` version.
+    pub llama_cpp_sys_2: String,
+    /// ggml version and commit.
+    pub ggml: String,
+    /// Compute backend (cpu, cuda, vulkan, metal).
+    pub backend: String,
+}
+
+impl EngineBuild {
+    /// One-line label, used in cache keys and golden headers.
+    pub fn label(&self) -> String {
+        format!(
+            "{} llama-cpp-2 {} llama-cpp-sys-2 {} ggml {} {}",
+            self.engine, self.llama_cpp_2, self.llama_cpp_sys_2, self.ggml, self.backend
+        )
+    }
+}
+
+/// A row callback: (window index, position, logits) → keep going or error.
+pub type RowSink<'a> = dyn FnMut(usize, usize, &[f32]) -> Result<()> + 'a;
+
+/// A loaded model.
+pub trait LoadedModel: Send + Sync {
+    /// Facts about the model.
+    fn info(&self) -> &ModelInfo;
+    /// Tokenize `text` (special tokens not parsed) with pieces and offsets.
+    fn tokenize(&self, text: &str, bos: BosPolicy) -> Result<Vec<Token>>;
+    /// The text piece of one token.
+    fn piece(&self, id: TokenId) -> Vec<u8>;
+    /// Teacher-forced scoring: memory cleared before each window; one finite
+    /// row per position from `logits_from`, in order.
+    fn score(
+        &self,
+        settings: &Settings,
+        windows: &[Window],
+        sink: &mut RowSink<'_>,
+    ) -> Result<EngineTimings>;
+    /// Greedy generation (argmax of raw logits, lowest id on ties) of up to
+    /// `max_new` tokens after `prompt`; stops early at end-of-generation or
+    /// when `stop` returns true for the tokens generated so far.
+    fn generate(
+        &self,
+        settings: &Settings,
+        prompt: &[TokenId],
+        max_new: usize,
+        stop: &mut dyn FnMut(&[TokenId]) -> bool,
+    ) -> Result<Vec<TokenId>>;
+    /// The model's chat template applied to one user message, with the
+    /// assistant turn opened.
+    fn chat_prompt(&self, user: &str) -> Result<String>;
+}
+
+/// An engine: loads models.
+pub trait Engine: Send + Sync {
+    /// Load a file (already sha-checked and preflighted by the caller).
+    fn load(&self, file: &ModelFile) -> Result<Arc<dyn LoadedModel>>;
+    /// What build produces the numbers.
+    fn build(&self) -> EngineBuild;
+    /// Derive a quantized file (`quant` as `llama-quantize` names it).
+    fn quantize(&self, src: &std::path::Path, dst: &std::path::Path, quant: &str, threads: u32) -> Result<()>;
+}
+
+type Slot = Arc<OnceLock<Result<Arc<dyn LoadedModel>>>>;
+
+/// Loads each file once per process and shares it between test threads.
+pub struct ModelPool {
+    engine: Arc<dyn Engine>,
+    slots: Mutex<HashMap<String, Slot>>,
+}
+
+impl ModelPool {
+    /// A pool over `engine`.
+    pub fn new(engine: Arc<dyn Engine>) -> Self {
+        ModelPool {
+            engine,
+            slots: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Arc<dyn Engine> {
+        &self.engine
+    }
+
+    /// Load `file`, or return the already loaded model. Two threads asking for
+    /// the same file wait for one load; a failed load is remembered.
+    pub fn get(&self, file: &ModelFile) -> Result<Arc<dyn LoadedModel>> {
+        let slot = {
+            let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+            slots
+                .entry(format!("{}|{}", file.sha256, file.path.display()))
+                .or_default()
+                .clone()
+        };
+        slot.get_or_init(|| self.engine.load(file)).clone()
+    }
+}
+
+/// Index of the largest value; the lowest index wins ties. NaN is never largest.
+pub fn argmax(row: &[f32]) -> usize {
+    let mut best = 0;
+    let mut best_v = f32::NEG_INFINITY;
+    for (i, &v) in row.iter().enumerate() {
+        if v > best_v {
+            best_v = v;
+            best = i;
+        }
+    }
+    best
+}
+
+/// Check a logit row; the position of the first non-finite value, if any.
+pub fn first_non_finite(row: &[f32]) -> Option<usize> {
+    // Fast path: a vectorisable check of the whole row first.
+    if row.iter().all(|v| v.is_finite()) {
+        return None;
+    }
+    row.iter().position(|v| !v.is_finite())
+}
+
+/// Byte offsets of pieces in `text`: a piece gets `Some(offset)` when it
+/// occurs exactly at the running cursor.
+pub fn piece_offsets(text: &[u8], pieces: &[Vec<u8>]) -> Vec<Option<usize>> {
+    let mut cursor = 0usize;
+    pieces
+        .iter()
+        .map(|p| {
+            if p.is_empty() {
+                return None;
+            }
+            if text.get(cursor..).is_some_and(|rest| rest.starts_with(p)) {
+                let at = cursor;
+                cursor += p.len();
+                Some(at)
+            } else if p.first() == Some(&b' ')
+                && cursor == 0
+                && text.starts_with(&p[1..])
+                && p.len() > 1
+            {
+                // SentencePiece adds a space before the first word.
+                cursor += p.len() - 1;
+                Some(0)
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argmax_prefers_lowest_index_on_ties() {
+        assert_eq!(argmax(&[1.0, 3.0, 3.0, 2.0]), 1);
+        assert_eq!(argmax(&[f32::NAN, 0.5]), 1);
+    }
+
+    #[test]
+    fn offsets_follow_the_pieces() {
+        let pieces = vec![b"".to_vec(), b"3".to_vec(), b".".to_vec(), b"14".to_vec()];
+        assert_eq!(
+            piece_offsets(b"3.14", &pieces),
+            vec![None, Some(0), Some(1), Some(2)]
+        );
+        let sp = vec![b" Hello".to_vec(), b" world".to_vec()];
+        assert_eq!(piece_offsets(b"Hello world", &sp), vec![Some(0), Some(5)]);
+    }
+}

@@ -1,0 +1,130 @@
+//! File helpers shared by every stage that writes: atomic writes (temp file in
+//! the same directory, fsync, rename, directory fsync) and streaming sha256.
+
+use crate::error::{Error, Result};
+use sha2::{Digest, Sha256};
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+/// Lower-case hex of a byte slice.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// sha256 of a byte slice, hex.
+pub fn sha256_bytes(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+/// sha256 and size of a file, read in 1 MiB blocks; `progress` gets bytes read.
+pub fn sha256_file(path: &Path, mut progress: impl FnMut(u64)) -> Result<(String, u64)> {
+    let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        let n = file.read(&mut buf).map_err(|e| Error::io(path, e))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        total += n as u64;
+        progress(n as u64);
+    }
+    Ok((hex(&hasher.finalize()), total))
+}
+
+/// A temp path beside `dest`, unique per process and call.
+pub fn temp_path(dest: &Path) -> PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let name = dest
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    dest.with_file_name(format!(".{name}.tmp-{}-{n}", std::process::id()))
+}
+
+/// Move a finished temp file into place: fsync it, rename, fsync the directory.
+pub fn commit_temp(tmp: &Path, dest: &Path) -> Result<()> {
+    File::open(tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| Error::io(tmp, e))?;
+    fs::rename(tmp, dest).map_err(|e| Error::io(dest, e))?;
+    if let Some(dir) = dest.parent() {
+        let dir = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        };
+        // Directory fsync makes the rename durable; not every filesystem allows it.
+        if let Ok(d) = File::open(dir) {
+            let _ = d.sync_all();
+        }
+    }
+    Ok(())
+}
+
+/// Write `bytes` to `dest` atomically.
+pub fn write_atomic(dest: &Path, bytes: &[u8]) -> Result<()> {
+    if let Some(dir) = dest.parent() {
+        if !dir.as_os_str().is_empty() {
+            fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        }
+    }
+    let tmp = temp_path(dest);
+    let result = File::create(&tmp)
+        .and_then(|mut f| f.write_all(bytes))
+        .map_err(|e| Error::io(&tmp, e))
+        .and_then(|()| commit_temp(&tmp, dest));
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// 1-based line and column of a byte offset.
+pub fn line_col(src: &str, offset: usize) -> (usize, usize) {
+    let offset = offset.min(src.len());
+    let before = &src[..offset];
+    let line = before.matches('\n').count() + 1;
+    let col = before.rfind('\n').map_or(offset, |i| offset - i - 1) + 1;
+    (line, col)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sha256_of_known_strings() {
+        // FIPS 180-2 test vector.
+        assert_eq!(
+            sha256_bytes(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[test]
+    fn line_col_counts_from_one() {
+        let s = "a = 1\nbb = 2\n";
+        assert_eq!(line_col(s, 0), (1, 1));
+        assert_eq!(line_col(s, 6), (2, 1));
+        assert_eq!(line_col(s, 9), (2, 4));
+    }
+
+    #[test]
+    fn atomic_write_replaces_and_leaves_no_temp() {
+        let dir = std::env::temp_dir().join(format!("qg-fsutil-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let dest = dir.join("x.txt");
+        write_atomic(&dest, b"one").unwrap();
+        write_atomic(&dest, b"two").unwrap();
+        assert_eq!(fs::read(&dest).unwrap(), b"two");
+        let names: Vec<_> = fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

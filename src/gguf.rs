@@ -1,0 +1,380 @@
+//! Bounded preflight of a GGUF header, in Rust, before llama.cpp sees the file.
+//!
+//! Contract: reads at most the header; every count and length is checked
+//! against the bytes left in the file with checked arithmetic, so a hostile
+//! header (absurd counts, huge strings, an HTML page or a git-lfs pointer saved
+//! as `.gguf`) is an `Error` naming the file and byte position, never a panic
+//! or an allocation of attacker-chosen size.
+
+use crate::error::{Error, Result};
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufReader, Read};
+use std::path::Path;
+
+/// What the header says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GgufHeader {
+    /// Format version (2 or 3).
+    pub version: u32,
+    /// Number of tensors.
+    pub n_tensors: u64,
+    /// Number of metadata key/value pairs.
+    pub n_kv: u64,
+    /// `general.architecture`, when present.
+    pub architecture: Option<String>,
+    /// Tensor count per ggml type name, as written in the file.
+    pub tensor_types: BTreeMap<String, u64>,
+}
+
+/// ggml type id → name (the ids are part of the GGUF format).
+pub fn ggml_type_name(id: u32) -> String {
+    let name = match id {
+        0 => "F32",
+        1 => "F16",
+        2 => "Q4_0",
+        3 => "Q4_1",
+        6 => "Q5_0",
+        7 => "Q5_1",
+        8 => "Q8_0",
+        9 => "Q8_1",
+        10 => "Q2_K",
+        11 => "Q3_K",
+        12 => "Q4_K",
+        13 => "Q5_K",
+        14 => "Q6_K",
+        15 => "Q8_K",
+        16 => "IQ2_XXS",
+        17 => "IQ2_XS",
+        18 => "IQ3_XXS",
+        19 => "IQ1_S",
+        20 => "IQ4_NL",
+        21 => "IQ3_S",
+        22 => "IQ2_S",
+        23 => "IQ4_XS",
+        24 => "I8",
+        25 => "I16",
+        26 => "I32",
+        27 => "I64",
+        28 => "F64",
+        29 => "IQ1_M",
+        30 => "BF16",
+        34 => "TQ1_0",
+        35 => "TQ2_0",
+        39 => "MXFP4",
+        _ => return format!("type{id}"),
+    };
+    name.to_string()
+}
+
+struct Reader<R> {
+    inner: R,
+    pos: u64,
+    len: u64,
+}
+
+impl<R: Read> Reader<R> {
+    fn left(&self) -> u64 {
+        self.len.saturating_sub(self.pos)
+    }
+
+    fn bytes(&mut self, n: u64, what: &str) -> std::result::Result<Vec<u8>, String> {
+        if n > self.left() {
+            return Err(format!(
+                "{what} needs {n} bytes at offset {}, but only {} are left in the file",
+                self.pos,
+                self.left()
+            ));
+        }
+        let n_usize = usize::try_from(n).map_err(|_| format!("{what}: length {n} too large"))?;
+        let mut buf = vec![0u8; n_usize];
+        self.inner
+            .read_exact(&mut buf)
+            .map_err(|e| format!("{what} at offset {}: {e}", self.pos))?;
+        self.pos += n;
+        Ok(buf)
+    }
+
+    fn skip(&mut self, n: u64, what: &str) -> std::result::Result<(), String> {
+        if n > self.left() {
+            return Err(format!(
+                "{what} needs {n} bytes at offset {}, but only {} are left in the file",
+                self.pos,
+                self.left()
+            ));
+        }
+        let copied = std::io::copy(&mut (&mut self.inner).take(n), &mut std::io::sink())
+            .map_err(|e| format!("{what} at offset {}: {e}", self.pos))?;
+        if copied != n {
+            return Err(format!("{what} at offset {}: file ended early", self.pos));
+        }
+        self.pos += n;
+        Ok(())
+    }
+
+    fn u32(&mut self, what: &str) -> std::result::Result<u32, String> {
+        let b = self.bytes(4, what)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    fn u64(&mut self, what: &str) -> std::result::Result<u64, String> {
+        let b = self.bytes(8, what)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(&b);
+        Ok(u64::from_le_bytes(a))
+    }
+
+    fn string(&mut self, what: &str) -> std::result::Result<Vec<u8>, String> {
+        let at = self.pos;
+        let n = self.u64(what)?;
+        if n > self.left() {
+            return Err(format!(
+                "{what} at offset {at} claims {n} bytes, but only {} are left in the file",
+                self.left()
+            ));
+        }
+        self.bytes(n, what)
+    }
+
+    fn skip_string(&mut self, what: &str) -> std::result::Result<(), String> {
+        let n = self.u64(what)?;
+        self.skip(n, what)
+    }
+}
+
+/// Size in bytes of a fixed-size GGUF value type, or None for string/array.
+fn scalar_size(t: u32) -> Option<u64> {
+    match t {
+        0 | 1 | 7 => Some(1), // u8, i8, bool
+        2 | 3 => Some(2),     // u16, i16
+        4..=6 => Some(4),     // u32, i32, f32
+        10..=12 => Some(8),   // u64, i64, f64
+        _ => None,
+    }
+}
+
+/// Check the header of `path`; return what it says.
+pub fn preflight(path: &Path) -> Result<GgufHeader> {
+    let file = File::open(path).map_err(|e| Error::input(format!("{}: {e}", path.display())))?;
+    let len = file
+        .metadata()
+        .map_err(|e| Error::input(format!("{}: {e}", path.display())))?
+        .len();
+    let mut r = Reader {
+        inner: BufReader::with_capacity(1 << 16, file),
+        pos: 0,
+        len,
+    };
+    parse(&mut r).map_err(|m| {
+        Error::input(format!("{}: not a usable GGUF file: {m}", path.display()))
+    })
+}
+
+/// Parse a header from any reader of known total length (used by tests and fuzzing).
+pub fn preflight_bytes(bytes: &[u8]) -> std::result::Result<GgufHeader, String> {
+    let mut r = Reader {
+        inner: bytes,
+        pos: 0,
+        len: bytes.len() as u64,
+    };
+    parse(&mut r)
+}
+
+fn parse<R: Read>(r: &mut Reader<R>) -> std::result::Result<GgufHeader, String> {
+    let magic = r.bytes(4, "magic").map_err(|_| {
+        format!("file is {} bytes, too short for a GGUF header", r.len)
+    })?;
+    if magic != b"GGUF" {
+        let hint = if magic.starts_with(b"<") {
+            " (it looks like an HTML or XML page)"
+        } else if magic == b"vers" {
+            " (it looks like a git-lfs pointer: run `git lfs pull`)"
+        } else {
+            ""
+        };
+        return Err(format!(
+            "bad magic {:?} at offset 0, expected \"GGUF\"{hint}",
+            String::from_utf8_lossy(&magic)
+        ));
+    }
+    let version = r.u32("version")?;
+    if version != 2 && version != 3 {
+        return Err(format!("unsupported GGUF version {version} at offset 4 (expected 2 or 3)"));
+    }
+    let n_tensors = r.u64("tensor count")?;
+    let n_kv = r.u64("metadata count")?;
+    // Each KV needs at least a key length (8), type (4); each tensor info at
+    // least a name length (8), n_dims (4), type (4), offset (8).
+    let min_kv = n_kv.checked_mul(12).ok_or("metadata count overflows")?;
+    let min_t = n_tensors.checked_mul(24).ok_or("tensor count overflows")?;
+    if min_kv.checked_add(min_t).is_none_or(|need| need > r.left()) {
+        return Err(format!(
+            "header claims {n_kv} metadata entries and {n_tensors} tensors, more than the {} bytes left can hold",
+            r.left()
+        ));
+    }
+    let mut architecture = None;
+    for i in 0..n_kv {
+        let key = r.string(&format!("metadata key #{i}"))?;
+        let key = String::from_utf8_lossy(&key).into_owned();
+        let t = r.u32(&format!("type of `{key}`"))?;
+        if key == "general.architecture" && t == 8 {
+            let v = r.string(&format!("value of `{key}`"))?;
+            architecture = Some(String::from_utf8_lossy(&v).into_owned());
+            continue;
+        }
+        skip_value(r, t, &key, 0)?;
+    }
+    let mut tensor_types = BTreeMap::new();
+    for i in 0..n_tensors {
+        r.skip_string(&format!("name of tensor #{i}"))?;
+        let n_dims = r.u32(&format!("dimension count of tensor #{i}"))?;
+        if n_dims > 8 {
+            return Err(format!("tensor #{i} claims {n_dims} dimensions (at most 8 are possible)"));
+        }
+        let mut elems: u64 = 1;
+        for _ in 0..n_dims {
+            let d = r.u64(&format!("dimension of tensor #{i}"))?;
+            elems = elems
+                .checked_mul(d)
+                .ok_or_else(|| format!("tensor #{i}: element count overflows"))?;
+        }
+        let t = r.u32(&format!("type of tensor #{i}"))?;
+        let _offset = r.u64(&format!("data offset of tensor #{i}"))?;
+        *tensor_types.entry(ggml_type_name(t)).or_insert(0u64) += 1;
+    }
+    Ok(GgufHeader {
+        version,
+        n_tensors,
+        n_kv,
+        architecture,
+        tensor_types,
+    })
+}
+
+fn skip_value<R: Read>(
+    r: &mut Reader<R>,
+    t: u32,
+    key: &str,
+    depth: u32,
+) -> std::result::Result<(), String> {
+    if let Some(size) = scalar_size(t) {
+        return r.skip(size, &format!("value of `{key}`"));
+    }
+    match t {
+        8 => r.skip_string(&format!("value of `{key}`")),
+        9 => {
+            if depth > 2 {
+                return Err(format!("`{key}`: arrays nested too deeply"));
+            }
+            let et = r.u32(&format!("array type of `{key}`"))?;
+            let n = r.u64(&format!("array length of `{key}`"))?;
+            if let Some(size) = scalar_size(et) {
+                let total = n
+                    .checked_mul(size)
+                    .ok_or_else(|| format!("`{key}`: array of {n} elements overflows"))?;
+                return r.skip(total, &format!("array `{key}`"));
+            }
+            // Each string or array element takes at least 8 bytes.
+            if n.checked_mul(8).is_none_or(|need| need > r.left()) {
+                return Err(format!(
+                    "`{key}`: array claims {n} elements, more than the {} bytes left can hold",
+                    r.left()
+                ));
+            }
+            for _ in 0..n {
+                skip_value(r, et, key, depth + 1)?;
+            }
+            Ok(())
+        }
+        _ => Err(format!("`{key}`: unknown value type {t} at offset {}", r.pos)),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A minimal valid GGUF v3 header with one string KV and one tensor.
+    pub fn tiny_header() -> Vec<u8> {
+        let mut v = Vec::new();
+        v.extend_from_slice(b"GGUF");
+        v.extend_from_slice(&3u32.to_le_bytes());
+        v.extend_from_slice(&1u64.to_le_bytes()); // tensors
+        v.extend_from_slice(&1u64.to_le_bytes()); // kv
+        let key = b"general.architecture";
+        v.extend_from_slice(&(key.len() as u64).to_le_bytes());
+        v.extend_from_slice(key);
+        v.extend_from_slice(&8u32.to_le_bytes());
+        v.extend_from_slice(&5u64.to_le_bytes());
+        v.extend_from_slice(b"llama");
+        let name = b"w";
+        v.extend_from_slice(&(name.len() as u64).to_le_bytes());
+        v.extend_from_slice(name);
+        v.extend_from_slice(&2u32.to_le_bytes());
+        v.extend_from_slice(&4u64.to_le_bytes());
+        v.extend_from_slice(&4u64.to_le_bytes());
+        v.extend_from_slice(&8u32.to_le_bytes()); // Q8_0
+        v.extend_from_slice(&0u64.to_le_bytes());
+        v
+    }
+
+    #[test]
+    fn parses_a_valid_header() {
+        let h = preflight_bytes(&tiny_header()).unwrap();
+        assert_eq!(h.version, 3);
+        assert_eq!(h.architecture.as_deref(), Some("llama"));
+        assert_eq!(h.tensor_types.get("Q8_0"), Some(&1));
+    }
+
+    #[test]
+    fn every_truncation_is_an_error_not_a_panic() {
+        let full = tiny_header();
+        for n in 0..full.len() {
+            assert!(preflight_bytes(&full[..n]).is_err(), "prefix of {n} bytes accepted");
+        }
+    }
+
+    #[test]
+    fn absurd_counts_are_rejected_before_allocation() {
+        let mut h = tiny_header();
+        h[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+        let e = preflight_bytes(&h).unwrap_err();
+        assert!(e.contains("tensor count overflows") || e.contains("more than"), "{e}");
+        let mut h = tiny_header();
+        h[16..24].copy_from_slice(&(1u64 << 40).to_le_bytes());
+        assert!(preflight_bytes(&h).unwrap_err().contains("metadata entries"));
+        // A string length far beyond the file.
+        let mut h = tiny_header();
+        h[24..32].copy_from_slice(&(1u64 << 62).to_le_bytes());
+        assert!(preflight_bytes(&h).unwrap_err().contains("claims"));
+    }
+
+    #[test]
+    fn html_and_lfs_pointers_are_named() {
+        let e = preflight_bytes(b"<!DOCTYPE html><html>...</html>").unwrap_err();
+        assert!(e.contains("HTML"), "{e}");
+        let e = preflight_bytes(b"version https://git-lfs.github.com/spec/v1\noid sha256:ab\n").unwrap_err();
+        assert!(e.contains("git-lfs"), "{e}");
+    }
+
+    #[test]
+    fn random_mutations_never_panic() {
+        // xorshift: deterministic, no dependency.
+        let mut s: u64 = 0x9E37_79B9_7F4A_7C15;
+        let base = tiny_header();
+        for _ in 0..20_000 {
+            let mut b = base.clone();
+            for _ in 0..(s % 4 + 1) {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                let i = (s as usize) % b.len();
+                b[i] = (s >> 32) as u8;
+            }
+            let cut = (s as usize >> 8) % (b.len() + 1);
+            let _ = preflight_bytes(&b[..cut]);
+            let _ = preflight_bytes(&b);
+        }
+    }
+}

@@ -1,0 +1,17 @@
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+
+pub mod case;
+pub mod discover;
+pub mod engine;
+pub mod error;
+pub mod execute;
+pub mod fsutil;
+pub mod gguf;
+pub mod harness;
+pub mod judge;
+pub mod measure;
+pub mod models;
+pub mod parse;
+pub mod report;
+pub mod runner;

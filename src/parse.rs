@@ -1,0 +1,217 @@
+//! TOML → typed values, with errors as `path:line:col: key: message`.
+//!
+//! Contract: syntax errors and every non-finite number (`nan`, `inf`) in a
+//! file are collected and reported together; then serde (with
+//! `deny_unknown_fields` on every struct) reports type errors, missing and
+//! unknown keys, an unknown key with the nearest known one.
+
+use crate::error::{Error, Result};
+use crate::fsutil::line_col;
+use serde::de::DeserializeOwned;
+use std::path::Path;
+use toml::de::{DeTable, DeValue};
+use toml::Spanned;
+
+/// Parse `src` (read from `path`) into `T`.
+pub fn parse_toml<T: DeserializeOwned>(path: &Path, src: &str) -> Result<T> {
+    let (root, syntax) = DeTable::parse_recoverable(src);
+    let mut errors: Vec<Error> = syntax
+        .iter()
+        .map(|e| located(path, src, e.span().map(|s| s.start), None, e.message()))
+        .collect();
+    if errors.is_empty() {
+        walk_non_finite(path, src, root.get_ref(), &mut String::new(), &mut errors);
+    }
+    if !errors.is_empty() {
+        return Err(crate::error::join(errors));
+    }
+    toml::from_str::<T>(src).map_err(|e| {
+        let at = e.span().map(|s| s.start);
+        let key = at.and_then(|p| key_path_at(root.get_ref(), p));
+        let mut msg = e.message().trim().to_string();
+        if let Some(unknown) = msg.strip_prefix("unknown field `").and_then(|r| r.split('`').next()) {
+            let expected = expected_names(&msg);
+            if let Some(n) = nearest(unknown, expected.iter().map(String::as_str)) {
+                msg = format!("unknown key `{unknown}` (did you mean `{n}`?); allowed: {}", expected.join(", "));
+            } else {
+                msg = format!("unknown key `{unknown}`; allowed: {}", expected.join(", "));
+            }
+        } else if let Some(rest) = msg.strip_prefix("missing field `") {
+            msg = format!("missing key `{}", rest);
+        }
+        located(path, src, at, key.as_deref(), &msg)
+    })
+}
+
+fn located(path: &Path, src: &str, at: Option<usize>, key: Option<&str>, msg: &str) -> Error {
+    let loc = at
+        .map(|p| {
+            let (l, c) = line_col(src, p);
+            format!(":{l}:{c}")
+        })
+        .unwrap_or_default();
+    let key = key.filter(|k| !k.is_empty()).map(|k| format!(" {k}:")).unwrap_or_default();
+    Error::input(format!("{}{loc}:{key} {msg}", path.display()))
+}
+
+fn walk_non_finite(path: &Path, src: &str, table: &DeTable<'_>, prefix: &mut String, errors: &mut Vec<Error>) {
+    for (k, v) in table {
+        let len = prefix.len();
+        if !prefix.is_empty() {
+            prefix.push('.');
+        }
+        prefix.push_str(k.get_ref());
+        walk_value(path, src, v, prefix, errors);
+        prefix.truncate(len);
+    }
+}
+
+fn walk_value(path: &Path, src: &str, v: &Spanned<DeValue<'_>>, prefix: &mut String, errors: &mut Vec<Error>) {
+    match v.get_ref() {
+        DeValue::Float(f) => {
+            let s = f.as_str();
+            if s.contains("nan") || s.contains("inf") {
+                errors.push(located(
+                    path,
+                    src,
+                    Some(v.span().start),
+                    Some(prefix),
+                    &format!("`{s}` is not a finite number; thresholds and parameters must be finite"),
+                ));
+            }
+        }
+        DeValue::Table(t) => walk_non_finite(path, src, t, prefix, errors),
+        DeValue::Array(a) => {
+            for (i, item) in a.iter().enumerate() {
+                let len = prefix.len();
+                prefix.push_str(&format!("[{i}]"));
+                walk_value(path, src, item, prefix, errors);
+                prefix.truncate(len);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The dotted key path whose key or value covers byte `pos`.
+fn key_path_at(table: &DeTable<'_>, pos: usize) -> Option<String> {
+    fn in_value(v: &Spanned<DeValue<'_>>, pos: usize, out: &mut String) {
+        match v.get_ref() {
+            DeValue::Table(t) => {
+                if let Some(p) = key_path_at(t, pos) {
+                    out.push('.');
+                    out.push_str(&p);
+                }
+            }
+            DeValue::Array(a) => {
+                for (i, item) in a.iter().enumerate() {
+                    if item.span().contains(&pos) || matches!(item.get_ref(), DeValue::Table(t) if key_path_at(t, pos).is_some()) {
+                        out.push_str(&format!("[{i}]"));
+                        in_value(item, pos, out);
+                        return;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    for (k, v) in table {
+        let inside_table = matches!(v.get_ref(), DeValue::Table(t) if key_path_at(t, pos).is_some())
+            || matches!(v.get_ref(), DeValue::Array(a) if a.iter().any(|i| i.span().contains(&pos) || matches!(i.get_ref(), DeValue::Table(t) if key_path_at(t, pos).is_some())));
+        if k.span().contains(&pos) || v.span().contains(&pos) || inside_table {
+            let mut out = k.get_ref().to_string();
+            in_value(v, pos, &mut out);
+            return Some(out);
+        }
+    }
+    None
+}
+
+fn expected_names(msg: &str) -> Vec<String> {
+    let Some(rest) = msg.split_once("expected").map(|(_, r)| r) else {
+        return Vec::new();
+    };
+    rest.split('`').skip(1).step_by(2).map(str::to_string).collect()
+}
+
+/// Levenshtein distance.
+pub fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != *cb);
+            cur.push(sub.min(prev[j + 1] + 1).min(cur[j] + 1));
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+/// The candidate closest to `word`, if it is close enough to be a typo.
+pub fn nearest<'a>(word: &str, candidates: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+    candidates
+        .map(|c| (edit_distance(word, c), c))
+        .filter(|(d, c)| *d <= (c.len().max(word.len()) / 3).max(2))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, c)| c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Inner {
+        prompt: String,
+        max: Option<f64>,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Outer {
+        name: String,
+        inner: Inner,
+    }
+
+    fn err(src: &str) -> String {
+        parse_toml::<Outer>(Path::new("suites/x.toml"), src).unwrap_err().message
+    }
+
+    #[test]
+    fn unknown_key_names_position_and_suggests() {
+        let e = err("name = \"a\"\n[inner]\npromt = \"x\"\n");
+        assert!(e.starts_with("suites/x.toml:3:1: inner.promt: unknown key `promt` (did you mean `prompt`?)"), "{e}");
+    }
+
+    #[test]
+    fn every_non_finite_number_is_reported() {
+        let e = err("name = \"a\"\n[inner]\nprompt = \"x\"\nmax = nan\nmin = -inf\n");
+        assert!(e.contains("suites/x.toml:4:7: inner.max: `nan` is not a finite number"), "{e}");
+        assert!(e.contains("suites/x.toml:5:7: inner.min: `-inf` is not a finite number"), "{e}");
+    }
+
+    #[test]
+    fn syntax_error_and_missing_key_and_wrong_type() {
+        assert!(err("name = \n").starts_with("suites/x.toml:1:"));
+        let e = err("name = \"a\"\n[inner]\nmax = 1.0\n");
+        assert!(e.contains("missing key `prompt`"), "{e}");
+        let e = err("name = 3\n[inner]\nprompt = \"x\"\n");
+        assert!(e.starts_with("suites/x.toml:1:8: name: invalid type"), "{e}");
+        let e = err("name = \"a\"\nname = \"b\"\n[inner]\nprompt = \"x\"\n");
+        assert!(e.starts_with("suites/x.toml:2:1:"), "{e}");
+        assert!(e.contains("duplicate"), "{e}");
+    }
+
+    #[test]
+    fn nearest_finds_typos_only() {
+        let c = ["prompt", "model", "gate"];
+        assert_eq!(nearest("promt", c.iter().copied()), Some("prompt"));
+        assert_eq!(nearest("zzzzzz", c.iter().copied()), None);
+    }
+}

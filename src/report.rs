@@ -1,0 +1,98 @@
+//! Report stage: the table a person reads, `--timings`, and the `--json` file.
+//!
+//! Contract: JSON is one object per case × model (DESIGN.md, Outputs),
+//! written atomically.
+
+use crate::error::Result;
+use crate::runner::{Outcome, Status};
+use std::fmt::Write as _;
+use std::path::Path;
+
+fn fmt_num(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.6}")
+    }
+}
+
+/// The results table.
+pub fn table(outcomes: &[Outcome]) -> String {
+    let width = outcomes
+        .iter()
+        .map(|o| o.case.len() + o.model.len() + 2)
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    let mut s = format!("{:<width$}  {:<6}  metrics\n", "test", "status");
+    for o in outcomes {
+        let status = match o.status {
+            Status::Pass => "pass",
+            Status::Fail => "FAIL",
+            Status::Error => "ERROR",
+        };
+        let metrics = if let Some(e) = &o.error {
+            e.lines().next().unwrap_or_default().to_string()
+        } else {
+            o.metrics
+                .iter()
+                .map(|(k, v)| format!("{k}={}", fmt_num(*v)))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let _ = writeln!(s, "{:<width$}  {status:<6}  {metrics}", format!("{}::{}", o.case, o.model));
+        for g in o.gates.iter().filter(|g| !g.passed) {
+            let _ = writeln!(s, "{:<width$}  {:<6}  gate: {}", "", "", g.describe());
+        }
+    }
+    let pass = outcomes.iter().filter(|o| o.status == Status::Pass).count();
+    let _ = writeln!(s, "\n{pass} passed, {} failed", outcomes.len() - pass);
+    s
+}
+
+/// Per-model stage timings (seconds), summed over that model's cases.
+pub fn timings(outcomes: &[Outcome]) -> String {
+    let mut by_model: std::collections::BTreeMap<&str, [f64; 7]> = Default::default();
+    for o in outcomes {
+        let t = &o.timings;
+        let e = by_model.entry(&o.model).or_default();
+        for (i, d) in [t.prepare, t.load, t.tokenize, t.decode, t.measure, t.total].iter().enumerate() {
+            e[i] += d.as_secs_f64();
+        }
+        e[6] += o.metrics.get("tokens_scored").copied().unwrap_or(0.0);
+    }
+    let mut s = format!(
+        "{:<16} {:>8} {:>8} {:>9} {:>8} {:>8} {:>8} {:>10} {:>10}\n",
+        "model", "prepare", "load", "tokenize", "decode", "measure", "total", "measure%", "peak_rss"
+    );
+    let rss = peak_rss_kib().map_or("-".to_string(), |k| format!("{} MiB", k / 1024));
+    for (m, e) in by_model {
+        let pct = if e[3] > 0.0 { 100.0 * e[4] / e[3] } else { f64::NAN };
+        let _ = writeln!(
+            s,
+            "{m:<16} {:>8.2} {:>8.2} {:>9.3} {:>8.2} {:>8.3} {:>8.2} {:>9.2}% {:>10}",
+            e[0], e[1], e[2], e[3], e[4], e[5], pct, rss
+        );
+    }
+    s
+}
+
+/// Peak resident set size of this process (Linux `VmHWM`), KiB.
+pub fn peak_rss_kib() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    s.lines()
+        .find(|l| l.starts_with("VmHWM:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// Write the `--json` file.
+pub fn write_json(path: &Path, outcomes: &[Outcome]) -> Result<()> {
+    let body = serde_json::to_string_pretty(outcomes)
+        .map_err(|e| crate::error::Error::harness(format!("serialising results: {e}")))?;
+    crate::fsutil::write_atomic(path, format!("{body}\n").as_bytes())
+}
