@@ -312,7 +312,7 @@ max = 10.0
     fn gate_on_unknown_metric_is_a_parse_error() {
         let p = write("badgate.toml", &GOOD.replace("metric = \"ppl\"", "metric = \"pll\""));
         let e = parse_case(&p, "x").unwrap_err().message;
-        assert!(e.contains(":12:10: gate[0].metric: `pll` is not a metric of a perplexity case (did you mean `ppl`?)"), "{e}");
+        assert!(e.contains(":11:10: gate[0].metric: `pll` is not a metric of a perplexity case (did you mean `ppl`?)"), "{e}");
     }
 
     #[test]
@@ -329,7 +329,7 @@ max = 10.0
     fn nan_threshold_and_bad_pin_are_reported_with_positions() {
         let p = write("nan.toml", &GOOD.replace("max = 10.0", "max = nan"));
         let e = parse_case(&p, "x").unwrap_err().message;
-        assert!(e.contains(":13:7: gate[0].max: `nan` is not a finite number"), "{e}");
+        assert!(e.contains(":12:7: gate[0].max: `nan` is not a finite number"), "{e}");
         let p = write("pin.toml", &GOOD.replace("d790b833", "D790B833"));
         let e = parse_case(&p, "x").unwrap_err().message;
         assert!(e.contains(":5:10: text.sha256:"), "{e}");

@@ -122,8 +122,8 @@ pub fn discover(root: &Path, patterns: &[String]) -> Result<Vec<Found>> {
 mod tests {
     use super::*;
 
-    fn tree() -> PathBuf {
-        let root = std::env::temp_dir().join(format!("qg-discover-{}", std::process::id()));
+    fn tree(tag: &str) -> PathBuf {
+        let root = std::env::temp_dir().join(format!("qg-discover-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         for p in ["b/two.toml", "a/one.toml", "models.toml", "data/x.toml", ".hidden.toml", "a/notes.txt"] {
             let f = root.join(p);
@@ -135,7 +135,7 @@ mod tests {
 
     #[test]
     fn finds_sorted_cases_and_skips_the_rest() {
-        let root = tree();
+        let root = tree("find");
         let rels: Vec<_> = discover(&root, &[]).unwrap().into_iter().map(|f| f.rel).collect();
         assert_eq!(rels, vec!["a/one.toml", "b/two.toml"]);
         let rels: Vec<_> = discover(&root, &["b/*".into()]).unwrap().into_iter().map(|f| f.rel).collect();
@@ -150,7 +150,7 @@ mod tests {
 
     #[test]
     fn no_match_names_root_and_pattern() {
-        let root = tree();
+        let root = tree("none");
         let e = discover(&root, &["zzz/*.toml".into()]).unwrap_err().message;
         assert!(e.starts_with("no test cases found: scanned "), "{e}");
         assert!(e.ends_with("with pattern 'zzz/*.toml'"), "{e}");

@@ -195,7 +195,22 @@ pub struct Verified {
     pub header: crate::gguf::GgufHeader,
 }
 
-static VERIFIED: Mutex<Option<HashMap<PathBuf, Verified>>> = Mutex::new(None);
+/// Files verified in this process, keyed by what was checked: path, expected
+/// sha256 and size, and the file's modification time and length.
+type VerifiedKey = (PathBuf, Option<String>, Option<u64>, Option<std::time::SystemTime>, u64);
+
+static VERIFIED: Mutex<Option<HashMap<VerifiedKey, Verified>>> = Mutex::new(None);
+
+fn verified_key(path: &Path, entry: &ModelEntry) -> VerifiedKey {
+    let meta = fs::metadata(path).ok();
+    (
+        path.to_path_buf(),
+        entry.sha256.clone(),
+        entry.bytes,
+        meta.as_ref().and_then(|m| m.modified().ok()),
+        meta.map_or(0, |m| m.len()),
+    )
+}
 
 /// Produces derived files; the llama.cpp engine in production.
 pub type Quantizer<'a> = &'a dyn Fn(&Path, &Path, &str) -> Result<()>;
@@ -214,11 +229,11 @@ fn ensure_locked(
     alias: &str,
     build_label: &str,
     quantize: Quantizer<'_>,
-    cache: &mut HashMap<PathBuf, Verified>,
+    cache: &mut HashMap<VerifiedKey, Verified>,
 ) -> Result<Verified> {
     let entry = reg.entry(alias)?.clone();
     let path = reg.location(alias, build_label)?;
-    if let Some(v) = cache.get(&path) {
+    if let Some(v) = cache.get(&verified_key(&path, &entry)) {
         return Ok(Verified {
             file: ModelFile {
                 alias: alias.to_string(),
@@ -243,7 +258,7 @@ fn ensure_locked(
         }
     }
     let v = verify(reg, alias, &entry, &path)?;
-    cache.insert(path, v.clone());
+    cache.insert(verified_key(&path, &entry), v.clone());
     Ok(v)
 }
 

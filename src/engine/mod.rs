@@ -199,7 +199,8 @@ pub trait Engine: Send + Sync {
 
 type Slot = Arc<OnceLock<Result<Arc<dyn LoadedModel>>>>;
 
-/// Loads each file once per process and shares it between test threads.
+/// Loads each (alias, file) once per process and shares it between test
+/// threads. Keyed by alias too, so errors name the alias the case used.
 pub struct ModelPool {
     engine: Arc<dyn Engine>,
     slots: Mutex<HashMap<String, Slot>>,
@@ -225,7 +226,7 @@ impl ModelPool {
         let slot = {
             let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
             slots
-                .entry(format!("{}|{}", file.sha256, file.path.display()))
+                .entry(format!("{}|{}|{}", file.alias, file.sha256, file.path.display()))
                 .or_default()
                 .clone()
         };
