@@ -1,0 +1,173 @@
+//! The `quantgate` binary on bad input and on the real fixture: exit codes
+//! (0 pass, 1 a case failed, 2 unusable input), messages that name the file
+//! and key, and the `--json` objects.
+
+use quantgate::engine::llama::LlamaEngine;
+use quantgate::engine::Engine;
+use quantgate::models::{ensure, Registry};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const WIKI_SHA: &str = "d790b833ef8cf03a90db7bf1271b7520b83c45ce07ba3c1a9699df81e239eca0";
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The fixture model's path, fetched if needed.
+fn fixture_path() -> PathBuf {
+    let reg = Registry::load(&repo().join("suites/models.toml")).unwrap();
+    let engine = LlamaEngine::new();
+    let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 1);
+    ensure(&reg, "smollm2-q4_1", &engine.build().label(), &q).unwrap().file.path
+}
+
+/// A suites dir with the real fixture registered as `tiny` and the corpus.
+fn suites(tag: &str) -> PathBuf {
+    let root = std::env::temp_dir().join(format!("qg-cli-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(root.join("ppl")).unwrap();
+    std::fs::write(
+        root.join("models.toml"),
+        format!(
+            "[tiny]\nsha256 = \"b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53\"\nbytes = 98362432\npath = \"{}\"\n",
+            fixture_path().display()
+        ),
+    )
+    .unwrap();
+    std::fs::copy(repo().join("suites/data/wikitext-2-test.txt"), root.join("ppl/wiki.txt")).unwrap();
+    root
+}
+
+fn case(n_ctx: u32, gate: &str) -> String {
+    format!(
+        "kind = \"perplexity\"\nmodels = [\"tiny\"]\n[text]\npath = \"wiki.txt\"\nsha256 = \"{WIKI_SHA}\"\n[window]\nmode = \"llama-perplexity\"\nn_ctx = {n_ctx}\nchunks = 2\n{gate}"
+    )
+}
+
+fn run(root: &Path, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_quantgate"))
+        .arg("--suites")
+        .arg(root)
+        .args(["run", "--threads", "1"])
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn passing_run_writes_json_and_exits_zero() {
+    let root = suites("pass");
+    std::fs::write(root.join("ppl/ok.toml"), case(128, "[[gate]]\nmetric = \"ppl\"\nmax = 1000\n")).unwrap();
+    let json = root.join("out.json");
+    let (code, stdout, stderr) = run(&root, &["--json", json.to_str().unwrap(), "--timings"]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stdout.contains("ppl/ok::tiny") && stdout.contains("pass"), "{stdout}");
+    assert!(stdout.contains("measure%"), "{stdout}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let o = &v[0];
+    assert_eq!(o["case"], "ppl/ok");
+    assert_eq!(o["model"], "tiny");
+    assert_eq!(o["status"], "pass");
+    assert_eq!(o["metrics"]["windows"], 2.0);
+    assert_eq!(o["metrics"]["tokens_scored"], 2.0 * 63.0);
+    assert!(o["metrics"]["ppl"].as_f64().unwrap() > 1.0);
+    assert_eq!(o["gates"][0]["metric"], "ppl");
+    assert_eq!(o["gates"][0]["passed"], true);
+    assert_eq!(o["settings"]["n_batch"], 128);
+    assert_eq!(o["settings"]["flash_attn"], false);
+    assert_eq!(o["build"]["llama_cpp_sys_2"], "0.1.161");
+}
+
+#[test]
+fn gate_violation_exits_one_with_the_numbers() {
+    let root = suites("gate");
+    std::fs::write(root.join("ppl/strict.toml"), case(128, "[[gate]]\nmetric = \"ppl\"\nmax = 1.5\n")).unwrap();
+    let (code, stdout, _) = run(&root, &[]);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.contains("FAIL") && stdout.contains("violates ppl ≤ 1.5 (max 1.5)"), "{stdout}");
+}
+
+#[test]
+fn n_ctx_beyond_training_context_is_unusable_input() {
+    let root = suites("ctx");
+    std::fs::write(root.join("ppl/big.toml"), case(16384, "")).unwrap();
+    let (code, stdout, _) = run(&root, &[]);
+    assert_eq!(code, 2, "{stdout}");
+    assert!(stdout.contains("big.toml:8:9: window.n_ctx: 16384 is larger than the training context 8192 of model `tiny`"), "{stdout}");
+}
+
+/// Each bad input: (what, file body or registry edit, expected message part).
+#[test]
+fn bad_inputs_exit_two_and_name_file_and_key() {
+    let good = case(128, "");
+    let cases: Vec<(&str, String, &str)> = vec![
+        ("malformed", "kind = \"perplexity\"\nmodels = [\"tiny\"\n".into(), "malformed.toml:2:"),
+        ("unknown", good.replace("chunks = 2", "chunks = 2\nn_ctxx = 3"), "unknown.toml:10:1: window.n_ctxx: unknown key `n_ctxx` (did you mean `n_ctx`?)"),
+        ("missing", good.replace("mode = \"llama-perplexity\"\n", ""), "missing.toml:6:1: window: missing key `mode`"),
+        ("nan", good.clone() + "[[gate]]\nmetric = \"ppl\"\nmax = nan\n", "nan.toml:12:7: gate[0].max: `nan` is not a finite number"),
+        ("inf", good.clone() + "[[gate]]\nmetric = \"ppl\"\nmin = -inf\n", "inf.toml:12:7: gate[0].min: `-inf` is not a finite number"),
+        ("alias", good.replace("[\"tiny\"]", "[\"tinny\"]"), "alias.toml:2:11: models: model alias `tinny` is not in"),
+        ("textpin", good.replace("d790b833", "0790b833"), "textpin.toml:5:10: text.sha256:"),
+        ("duplicate", good.replace("chunks = 2", "chunks = 2\nchunks = 3"), "duplicate.toml:10:1:"),
+        ("wrongtype", good.replace("chunks = 2", "chunks = \"two\""), "wrongtype.toml:9:10: window.chunks: invalid type"),
+    ];
+    for (name, body, want) in cases {
+        let root = suites(name);
+        std::fs::write(root.join(format!("ppl/{name}.toml")), &body).unwrap();
+        std::fs::write(root.join("ppl/fine.toml"), case(128, "")).unwrap();
+        let (code, stdout, stderr) = run(&root, &[]);
+        assert_eq!(code, 2, "{name}: {stdout}\n{stderr}");
+        assert!(stdout.contains(want), "{name}: expected {want:?} in\n{stdout}");
+        // The good case beside it still ran.
+        assert!(stdout.contains("ppl/fine::tiny") && stdout.contains("pass"), "{name}: {stdout}");
+    }
+}
+
+#[test]
+fn registry_and_model_file_problems_exit_two() {
+    let fixture = fixture_path();
+    // sha256 mismatch: a copy of the first 1 MiB of the model pinned by the real hash.
+    let root = suites("sha");
+    let part = root.join("part.gguf");
+    std::fs::write(&part, &std::fs::read(&fixture).unwrap()[..1 << 20]).unwrap();
+    std::fs::write(root.join("ppl/c.toml"), case(128, "")).unwrap();
+    let reg = std::fs::read_to_string(root.join("models.toml")).unwrap();
+    std::fs::write(root.join("models.toml"), reg.replace(&fixture.display().to_string(), "part.gguf")).unwrap();
+    let (code, stdout, _) = run(&root, &[]);
+    assert_eq!(code, 2, "{stdout}");
+    assert!(stdout.contains("model `tiny`: sha256 mismatch"), "{stdout}");
+    // Truncated GGUF pinned by its own hash: the preflight stops it.
+    let sha = quantgate::fsutil::sha256_file(&part, |_| {}).unwrap().0;
+    std::fs::write(root.join("models.toml"), format!("[tiny]\nsha256 = \"{sha}\"\npath = \"part.gguf\"\n")).unwrap();
+    let (code, stdout, _) = run(&root, &[]);
+    assert_eq!(code, 2, "{stdout}");
+    assert!(stdout.contains("part.gguf: not a usable GGUF file"), "{stdout}");
+    // Missing file.
+    std::fs::remove_file(&part).unwrap();
+    let (code, stdout, _) = run(&root, &[]);
+    assert_eq!(code, 2, "{stdout}");
+    assert!(stdout.contains("part.gguf does not exist"), "{stdout}");
+    // A registry that does not parse fails the whole run, naming the file.
+    std::fs::write(root.join("models.toml"), "[tiny]\nsha = 1\n").unwrap();
+    let (code, _, stderr) = run(&root, &[]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("models.toml:2:1: tiny.sha: unknown key `sha`"), "{stderr}");
+}
+
+#[test]
+fn glob_matching_nothing_exits_two() {
+    let root = suites("glob");
+    std::fs::write(root.join("ppl/c.toml"), case(128, "")).unwrap();
+    let (code, _, stderr) = run(&root, &["nothing/*.toml"]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("no test cases found: scanned") && stderr.contains("with pattern 'nothing/*.toml'"), "{stderr}");
+    let (code, _, stderr) = run(&root, &["--model", "nosuch"]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("model alias `nosuch` is not in"), "{stderr}");
+}
