@@ -1,31 +1,62 @@
 #!/usr/bin/env bash
-# Build llama.cpp's own `llama-perplexity` from the very sources that the pinned
-# llama-cpp-sys-2 crate compiles into quantgate (same commit, same CPU flags:
-# GGML_NATIVE=OFF, as the crate's build.rs sets without target-cpu), so that
-# tests can compare quantgate's numbers with the reference tool's.
+# Build llama.cpp's own `llama-perplexity` against the very llama.cpp sources the
+# pinned llama-cpp-sys-2 crate compiles into quantgate (same commit, same ggml
+# flags), so tests can compare quantgate's numbers with the reference tool's.
+#
+# The crate ships llama.cpp's library and common/ sources but not tools/, so the
+# tool's two files (perplexity.cpp, main.cpp) come from the llama-cpp-python sdist
+# on PyPI (pinned version and sha256); nothing of them is kept in this repository.
 # Prints the binary's path on stdout. Idempotent: a finished build is reused.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
+LCP_VERSION=0.3.36
+LCP_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+python=${QUANTGATE_PYTHON:-python3}
+
 sys_version=$(grep -A1 '^name = "llama-cpp-sys-2"' "$here/Cargo.lock" | sed -n 's/^version = "\(.*\)"/\1/p')
-[ -n "$sys_version" ] || { echo "llama-cpp-sys-2 not in Cargo.lock" >&2; exit 2; }
-src=""
-for d in "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/llama-cpp-sys-2-"$sys_version"/llama.cpp; do
-  [ -f "$d/tools/perplexity/perplexity.cpp" ] && src=$d
-done
-if [ -z "$src" ]; then
-  (cd "$here" && cargo fetch -q >&2)
+[ -n "$sys_version" ] || { echo "llama-cpp-sys-2 not found in Cargo.lock" >&2; exit 2; }
+find_src() {
   for d in "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/llama-cpp-sys-2-"$sys_version"/llama.cpp; do
-    [ -f "$d/tools/perplexity/perplexity.cpp" ] && src=$d
+    [ -f "$d/CMakeLists.txt" ] && echo "$d" && return 0
   done
-fi
-[ -n "$src" ] || { echo "llama-cpp-sys-2 $sys_version sources not found" >&2; exit 2; }
+  return 1
+}
+src=$(find_src) || { (cd "$here" && cargo fetch -q >&2); src=$(find_src); } \
+  || { echo "llama-cpp-sys-2 $sys_version sources not found" >&2; exit 2; }
+
 out=${QUANTGATE_LLAMA_BUILD_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/quantgate/llama-perplexity-$sys_version}
-bin="$out/bin/llama-perplexity"
-if [ ! -x "$bin" ]; then
-  echo "building llama-perplexity from $src into $out (a few minutes)" >&2
-  cmake -S "$src" -B "$out" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-    -DLLAMA_BUILD_TOOLS=ON -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=OFF >&2
-  cmake --build "$out" --target llama-perplexity -j "$(nproc)" >&2
+bin="$out/build/llama-perplexity"
+if [ -x "$bin" ]; then echo "$bin"; exit 0; fi
+mkdir -p "$out"
+
+if [ ! -f "$out/perplexity.cpp" ]; then
+  tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+  echo "fetching llama-cpp-python==$LCP_VERSION (sdist) for tools/perplexity" >&2
+  # pip prepares an sdist's metadata with its build backend; give it one.
+  "$python" -m pip install -q --disable-pip-version-check --target "$tmp/backend" scikit-build-core >&2
+  PYTHONPATH="$tmp/backend" "$python" -m pip download -q --disable-pip-version-check --no-deps \
+    --no-binary :all: --no-build-isolation -d "$tmp" "llama-cpp-python==$LCP_VERSION" >&2
+  sdist="$tmp/llama_cpp_python-$LCP_VERSION.tar.gz"
+  echo "$LCP_SHA256  $sdist" | sha256sum -c --quiet - >&2
+  member="llama_cpp_python-$LCP_VERSION/vendor/llama.cpp/tools/perplexity"
+  tar -xzf "$sdist" -C "$tmp" "$member/perplexity.cpp" "$member/main.cpp"
+  cp "$tmp/$member/main.cpp" "$out/main.cpp"
+  cp "$tmp/$member/perplexity.cpp" "$out/perplexity.cpp"
 fi
+
+cat > "$out/CMakeLists.txt" <<CMAKE
+cmake_minimum_required(VERSION 3.14)
+project(quantgate_llama_perplexity C CXX)
+set(LLAMA_BUILD_COMMON ON CACHE BOOL "" FORCE)
+foreach(opt LLAMA_BUILD_TOOLS LLAMA_BUILD_TESTS LLAMA_BUILD_EXAMPLES LLAMA_BUILD_SERVER LLAMA_CURL GGML_NATIVE BUILD_SHARED_LIBS)
+  set(\${opt} OFF CACHE BOOL "" FORCE)
+endforeach()
+add_subdirectory("$src" llama.cpp)
+add_executable(llama-perplexity main.cpp perplexity.cpp)
+target_link_libraries(llama-perplexity PRIVATE llama-common llama)
+target_compile_features(llama-perplexity PRIVATE cxx_std_17)
+CMAKE
+echo "building llama-perplexity against $src (a few minutes)" >&2
+cmake -S "$out" -B "$out/build" -DCMAKE_BUILD_TYPE=Release >&2
+cmake --build "$out/build" --target llama-perplexity -j "$(nproc)" >&2
 echo "$bin"

@@ -1,0 +1,90 @@
+//! quantgate's perplexity equals what llama.cpp's own `llama-perplexity` prints
+//! for the same model, text, `-c 512 --chunks 16 -b 512 -fa off`: every running
+//! per-chunk PPL, the final PPL and its ±, to the digits the tool prints.
+//! The tool is built from the pinned llama.cpp sources by
+//! `scripts/build-llama-perplexity.sh` (cached after the first build).
+
+use quantgate::engine::llama::LlamaEngine;
+use quantgate::engine::{BosPolicy, Engine, ModelPool};
+use quantgate::execute::run_perplexity;
+use quantgate::measure::perplexity_metrics;
+use quantgate::models::{ensure, Registry};
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn tool() -> String {
+    let out = Command::new("bash")
+        .arg(repo().join("scripts/build-llama-perplexity.sh"))
+        .output()
+        .expect("run scripts/build-llama-perplexity.sh");
+    assert!(out.status.success(), "building llama-perplexity failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// (running PPL after each chunk, final PPL, final ±) as printed.
+fn reference(tool: &str, model: &Path, text: &Path, threads: u32) -> (Vec<f64>, f64, f64) {
+    let out = Command::new(tool)
+        .args(["-m", &model.display().to_string(), "-f", &text.display().to_string()])
+        .args(["-c", "512", "--chunks", "16", "-b", "512", "-fa", "off", "-t", &threads.to_string()])
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    let line = log.lines().find(|l| l.starts_with("[1]")).unwrap_or_else(|| panic!("{log}"));
+    let running: Vec<f64> = line
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(|s| s.split(']').nth(1).unwrap().parse().unwrap())
+        .collect();
+    let fin = log.lines().find(|l| l.contains("Final estimate: PPL = ")).unwrap_or_else(|| panic!("{log}"));
+    let nums: Vec<f64> = fin
+        .split("PPL = ")
+        .nth(1)
+        .unwrap()
+        .split(" +/- ")
+        .map(|s| s.trim().parse().unwrap())
+        .collect();
+    (running, nums[0], nums[1])
+}
+
+/// Equal to the printed digits: |a − printed| ≤ half a unit in the last place.
+fn same_printed(ours: f64, printed: f64, decimals: i32) -> bool {
+    (ours - printed).abs() <= 0.5 * 10f64.powi(-decimals) + 1e-12
+}
+
+#[test]
+fn perplexity_equals_llama_perplexity() {
+    let tool = tool();
+    let reg = Registry::load(&repo().join("suites/models.toml")).unwrap();
+    let engine = Arc::new(LlamaEngine::new());
+    let label = engine.build().label();
+    let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 2);
+    let pool = ModelPool::new(engine.clone());
+    let text_path = repo().join("suites/data/wikitext-2-test.txt");
+    let text = std::fs::read_to_string(&text_path).unwrap();
+    for alias in ["smollm2-f16", "smollm2-q2_k"] {
+        let v = ensure(&reg, alias, &label, &q).unwrap();
+        let (running, ppl, pm) = reference(&tool, &v.file.path, &text_path, 2);
+        assert_eq!(running.len(), 16);
+        let model = pool.get(&v.file).unwrap();
+        let obs = run_perplexity(&*model, &text, BosPolicy::Model, 512, 512, Some(16), 2).unwrap();
+        let mut sum = 0.0;
+        let mut n = 0;
+        for (i, w) in obs.windows.iter().enumerate() {
+            sum += w.nll_sum;
+            n += w.count;
+            let ours = (sum / n as f64).exp();
+            assert!(same_printed(ours, running[i], 4), "{alias} chunk {}: ours {ours} vs llama-perplexity {}", i + 1, running[i]);
+        }
+        let m = perplexity_metrics(&obs.windows);
+        assert!(same_printed(m["ppl"], ppl, 4), "{alias}: ppl {} vs {ppl}", m["ppl"]);
+        assert!(same_printed(m["ppl_se"], pm, 5), "{alias}: ± {} vs {pm}", m["ppl_se"]);
+        assert_eq!(m["tokens_scored"], 16.0 * 255.0);
+        eprintln!("{alias}: quantgate ppl {:.6} ± {:.6}; llama-perplexity {ppl} ± {pm}", m["ppl"], m["ppl_se"]);
+    }
+}
