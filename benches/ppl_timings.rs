@@ -23,7 +23,11 @@ fn run(bin: &str, suites: &Path, case: &str, model: &str) -> Run {
         .output()
         .expect("run quantgate");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let row = stdout
         .lines()
         .skip_while(|l| !l.starts_with("model "))
@@ -59,7 +63,10 @@ fn main() -> ExitCode {
         .unwrap();
     }
     let mut ok = true;
-    println!("{:<14} {:>6} {:>9} {:>9} {:>9} {:>9}", "model", "chunks", "decode_s", "measure_s", "measure%", "rss_MiB");
+    println!(
+        "{:<14} {:>6} {:>9} {:>9} {:>9} {:>9}",
+        "model", "chunks", "decode_s", "measure_s", "measure%", "rss_MiB"
+    );
     for model in ["smollm2-f16", "smollm2-q4_1"] {
         let small = run(bin, &suites, "ppl/c4", model);
         let big = run(bin, &suites, "ppl/c32", model);

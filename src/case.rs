@@ -153,7 +153,8 @@ struct KindOnly {
 
 /// Parse the case at `path`; `name` is its test-name stem.
 pub fn parse_case(path: &Path, name: &str) -> Result<Case> {
-    let bytes = std::fs::read(path).map_err(|e| Error::input(format!("{}: {e}", path.display())))?;
+    let bytes =
+        std::fs::read(path).map_err(|e| Error::input(format!("{}: {e}", path.display())))?;
     let src = String::from_utf8(bytes.clone())
         .map_err(|e| Error::input(format!("{}: not UTF-8: {e}", path.display())))?;
     let at = |offset: usize| {
@@ -187,10 +188,17 @@ pub fn parse_case(path: &Path, name: &str) -> Result<Case> {
     let mut errors = Vec::new();
     let base = path.parent().unwrap_or(Path::new("."));
     if f.models.get_ref().is_empty() {
-        errors.push(Error::input(format!("{}: models: list at least one model alias", at(f.models.span().start))));
+        errors.push(Error::input(format!(
+            "{}: models: list at least one model alias",
+            at(f.models.span().start)
+        )));
     }
     let sha = f.text.sha256.get_ref().clone();
-    if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()) {
+    if sha.len() != 64
+        || !sha
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+    {
         errors.push(Error::input(format!(
             "{}: text.sha256: `{sha}` is not 64 lower-case hex digits",
             at(f.text.sha256.span().start)
@@ -205,10 +213,17 @@ pub fn parse_case(path: &Path, name: &str) -> Result<Case> {
     }
     if let Some(c) = &f.window.chunks {
         if *c.get_ref() == 0 {
-            errors.push(Error::input(format!("{}: window.chunks: must be ≥ 1", at(c.span().start))));
+            errors.push(Error::input(format!(
+                "{}: window.chunks: must be ≥ 1",
+                at(c.span().start)
+            )));
         }
     }
-    let n_batch = f.window.n_batch.as_ref().map_or(512.min(n_ctx), |b| *b.get_ref());
+    let n_batch = f
+        .window
+        .n_batch
+        .as_ref()
+        .map_or(512.min(n_ctx), |b| *b.get_ref());
     if let Some(b) = &f.window.n_batch {
         if n_batch == 0 || n_batch > n_ctx {
             errors.push(Error::input(format!(
@@ -303,14 +318,24 @@ max = 10.0
         let p = write("good.toml", GOOD);
         let c = parse_case(&p, "x/good").unwrap();
         assert_eq!(c.models[0].0, "a");
-        assert_eq!(c.gates, vec![Gate { metric: "ppl".into(), max: Some(10.0), min: None }]);
+        assert_eq!(
+            c.gates,
+            vec![Gate {
+                metric: "ppl".into(),
+                max: Some(10.0),
+                min: None
+            }]
+        );
         let Spec::Perplexity(pp) = &c.spec;
         assert_eq!((pp.n_ctx, pp.chunks, pp.n_batch), (64, Some(2), 64));
     }
 
     #[test]
     fn gate_on_unknown_metric_is_a_parse_error() {
-        let p = write("badgate.toml", &GOOD.replace("metric = \"ppl\"", "metric = \"pll\""));
+        let p = write(
+            "badgate.toml",
+            &GOOD.replace("metric = \"ppl\"", "metric = \"pll\""),
+        );
         let e = parse_case(&p, "x").unwrap_err().message;
         assert!(e.contains(":11:10: gate[0].metric: `pll` is not a metric of a perplexity case (did you mean `ppl`?)"), "{e}");
     }
@@ -319,7 +344,10 @@ max = 10.0
     fn unknown_kind_and_missing_kind() {
         let p = write("kind.toml", &GOOD.replace("perplexity\"", "perplex\""));
         let e = parse_case(&p, "x").unwrap_err().message;
-        assert!(e.contains(":1:8: kind: `perplex` is not one of perplexity"), "{e}");
+        assert!(
+            e.contains(":1:8: kind: `perplex` is not one of perplexity"),
+            "{e}"
+        );
         let p = write("nokind.toml", &GOOD.replace("kind = \"perplexity\"\n", ""));
         let e = parse_case(&p, "x").unwrap_err().message;
         assert!(e.contains("missing key `kind`"), "{e}");
@@ -329,7 +357,10 @@ max = 10.0
     fn nan_threshold_and_bad_pin_are_reported_with_positions() {
         let p = write("nan.toml", &GOOD.replace("max = 10.0", "max = nan"));
         let e = parse_case(&p, "x").unwrap_err().message;
-        assert!(e.contains(":12:7: gate[0].max: `nan` is not a finite number"), "{e}");
+        assert!(
+            e.contains(":12:7: gate[0].max: `nan` is not a finite number"),
+            "{e}"
+        );
         let p = write("pin.toml", &GOOD.replace("d790b833", "D790B833"));
         let e = parse_case(&p, "x").unwrap_err().message;
         assert!(e.contains(":5:10: text.sha256:"), "{e}");

@@ -40,7 +40,9 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<Found>) -> Result<()> {
             .map(|c| c.as_os_str().to_string_lossy().into_owned())
             .collect::<Vec<_>>()
             .join("/");
-        let ft = entry.file_type().map_err(|e| Error::input(format!("{}: {e}", path.display())))?;
+        let ft = entry
+            .file_type()
+            .map_err(|e| Error::input(format!("{}: {e}", path.display())))?;
         if ft.is_dir() {
             if rel != "data" {
                 walk(root, &path, out)?;
@@ -55,7 +57,10 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<Found>) -> Result<()> {
 /// All case files under `root`, sorted.
 pub fn all_cases(root: &Path) -> Result<Vec<Found>> {
     if !root.is_dir() {
-        return Err(Error::input(format!("suites root {} is not a directory", root.display())));
+        return Err(Error::input(format!(
+            "suites root {} is not a directory",
+            root.display()
+        )));
     }
     let mut out = Vec::new();
     walk(root, root, &mut out)?;
@@ -92,7 +97,8 @@ pub fn discover(root: &Path, patterns: &[String]) -> Result<Vec<Found>> {
                 .cloned()
                 .collect()
         } else {
-            let glob = Glob::new(pat).map_err(|e| Error::input(format!("error parsing glob '{pat}': {e}")))?;
+            let glob = Glob::new(pat)
+                .map_err(|e| Error::input(format!("error parsing glob '{pat}': {e}")))?;
             let set: GlobSet = GlobSetBuilder::new()
                 .add(glob)
                 .build()
@@ -125,7 +131,14 @@ mod tests {
     fn tree(tag: &str) -> PathBuf {
         let root = std::env::temp_dir().join(format!("qg-discover-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
-        for p in ["b/two.toml", "a/one.toml", "models.toml", "data/x.toml", ".hidden.toml", "a/notes.txt"] {
+        for p in [
+            "b/two.toml",
+            "a/one.toml",
+            "models.toml",
+            "data/x.toml",
+            ".hidden.toml",
+            "a/notes.txt",
+        ] {
             let f = root.join(p);
             std::fs::create_dir_all(f.parent().unwrap()).unwrap();
             std::fs::write(f, "").unwrap();
@@ -136,9 +149,17 @@ mod tests {
     #[test]
     fn finds_sorted_cases_and_skips_the_rest() {
         let root = tree("find");
-        let rels: Vec<_> = discover(&root, &[]).unwrap().into_iter().map(|f| f.rel).collect();
+        let rels: Vec<_> = discover(&root, &[])
+            .unwrap()
+            .into_iter()
+            .map(|f| f.rel)
+            .collect();
         assert_eq!(rels, vec!["a/one.toml", "b/two.toml"]);
-        let rels: Vec<_> = discover(&root, &["b/*".into()]).unwrap().into_iter().map(|f| f.rel).collect();
+        let rels: Vec<_> = discover(&root, &["b/*".into()])
+            .unwrap()
+            .into_iter()
+            .map(|f| f.rel)
+            .collect();
         assert_eq!(rels, vec!["b/two.toml"]);
         let rels: Vec<_> = discover(&root, &[root.join("a").display().to_string()])
             .unwrap()

@@ -106,7 +106,11 @@ pub fn run_perplexity(
     let mut timings = StageTimings::default();
     let info = model.info();
     let t = Instant::now();
-    let ids: Vec<TokenId> = model.tokenize(text, bos)?.into_iter().map(|t| t.id).collect();
+    let ids: Vec<TokenId> = model
+        .tokenize(text, bos)?
+        .into_iter()
+        .map(|t| t.id)
+        .collect();
     timings.tokenize = t.elapsed();
     let add_bos = match bos {
         crate::engine::BosPolicy::Model => info.add_bos,

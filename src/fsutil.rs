@@ -123,7 +123,10 @@ mod tests {
         write_atomic(&dest, b"one").unwrap();
         write_atomic(&dest, b"two").unwrap();
         assert_eq!(fs::read(&dest).unwrap(), b"two");
-        let names: Vec<_> = fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let names: Vec<_> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         assert_eq!(names.len(), 1, "{names:?}");
         fs::remove_dir_all(&dir).unwrap();
     }

@@ -165,9 +165,8 @@ pub fn preflight(path: &Path) -> Result<GgufHeader> {
         pos: 0,
         len,
     };
-    parse(&mut r).map_err(|m| {
-        Error::input(format!("{}: not a usable GGUF file: {m}", path.display()))
-    })
+    parse(&mut r)
+        .map_err(|m| Error::input(format!("{}: not a usable GGUF file: {m}", path.display())))
 }
 
 /// Parse a header from any reader of known total length (used by tests and fuzzing).
@@ -181,9 +180,9 @@ pub fn preflight_bytes(bytes: &[u8]) -> std::result::Result<GgufHeader, String> 
 }
 
 fn parse<R: Read>(r: &mut Reader<R>) -> std::result::Result<GgufHeader, String> {
-    let magic = r.bytes(4, "magic").map_err(|_| {
-        format!("file is {} bytes, too short for a GGUF header", r.len)
-    })?;
+    let magic = r
+        .bytes(4, "magic")
+        .map_err(|_| format!("file is {} bytes, too short for a GGUF header", r.len))?;
     if magic != b"GGUF" {
         let hint = if magic.starts_with(b"<") {
             " (it looks like an HTML or XML page)"
@@ -199,7 +198,9 @@ fn parse<R: Read>(r: &mut Reader<R>) -> std::result::Result<GgufHeader, String> 
     }
     let version = r.u32("version")?;
     if version != 2 && version != 3 {
-        return Err(format!("unsupported GGUF version {version} at offset 4 (expected 2 or 3)"));
+        return Err(format!(
+            "unsupported GGUF version {version} at offset 4 (expected 2 or 3)"
+        ));
     }
     let n_tensors = r.u64("tensor count")?;
     let n_kv = r.u64("metadata count")?;
@@ -230,7 +231,9 @@ fn parse<R: Read>(r: &mut Reader<R>) -> std::result::Result<GgufHeader, String> 
         r.skip_string(&format!("name of tensor #{i}"))?;
         let n_dims = r.u32(&format!("dimension count of tensor #{i}"))?;
         if n_dims > 8 {
-            return Err(format!("tensor #{i} claims {n_dims} dimensions (at most 8 are possible)"));
+            return Err(format!(
+                "tensor #{i} claims {n_dims} dimensions (at most 8 are possible)"
+            ));
         }
         let mut elems: u64 = 1;
         for _ in 0..n_dims {
@@ -287,7 +290,10 @@ fn skip_value<R: Read>(
             }
             Ok(())
         }
-        _ => Err(format!("`{key}`: unknown value type {t} at offset {}", r.pos)),
+        _ => Err(format!(
+            "`{key}`: unknown value type {t} at offset {}",
+            r.pos
+        )),
     }
 }
 
@@ -331,7 +337,10 @@ pub(crate) mod tests {
     fn every_truncation_is_an_error_not_a_panic() {
         let full = tiny_header();
         for n in 0..full.len() {
-            assert!(preflight_bytes(&full[..n]).is_err(), "prefix of {n} bytes accepted");
+            assert!(
+                preflight_bytes(&full[..n]).is_err(),
+                "prefix of {n} bytes accepted"
+            );
         }
     }
 
@@ -340,10 +349,15 @@ pub(crate) mod tests {
         let mut h = tiny_header();
         h[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
         let e = preflight_bytes(&h).unwrap_err();
-        assert!(e.contains("tensor count overflows") || e.contains("more than"), "{e}");
+        assert!(
+            e.contains("tensor count overflows") || e.contains("more than"),
+            "{e}"
+        );
         let mut h = tiny_header();
         h[16..24].copy_from_slice(&(1u64 << 40).to_le_bytes());
-        assert!(preflight_bytes(&h).unwrap_err().contains("metadata entries"));
+        assert!(preflight_bytes(&h)
+            .unwrap_err()
+            .contains("metadata entries"));
         // A string length far beyond the file.
         let mut h = tiny_header();
         h[24..32].copy_from_slice(&(1u64 << 62).to_le_bytes());
@@ -354,7 +368,8 @@ pub(crate) mod tests {
     fn html_and_lfs_pointers_are_named() {
         let e = preflight_bytes(b"<!DOCTYPE html><html>...</html>").unwrap_err();
         assert!(e.contains("HTML"), "{e}");
-        let e = preflight_bytes(b"version https://git-lfs.github.com/spec/v1\noid sha256:ab\n").unwrap_err();
+        let e = preflight_bytes(b"version https://git-lfs.github.com/spec/v1\noid sha256:ab\n")
+            .unwrap_err();
         assert!(e.contains("git-lfs"), "{e}");
     }
 

@@ -27,7 +27,10 @@ impl GateResult {
     pub fn describe(&self) -> String {
         let op = if self.bound == "max" { "≤" } else { "≥" };
         match self.observed {
-            None => format!("{}: missing, gate needs {} {op} {}", self.metric, self.metric, self.threshold),
+            None => format!(
+                "{}: missing, gate needs {} {op} {}",
+                self.metric, self.metric, self.threshold
+            ),
             Some(v) => format!(
                 "{} = {v} violates {} {op} {} ({} {})",
                 self.metric, self.metric, self.threshold, self.bound, self.threshold
@@ -68,13 +71,24 @@ mod tests {
     use super::*;
 
     fn gate(metric: &str, max: Option<f64>, min: Option<f64>) -> Gate {
-        Gate { metric: metric.into(), max, min }
+        Gate {
+            metric: metric.into(),
+            max,
+            min,
+        }
     }
 
     #[test]
     fn nan_and_missing_never_pass() {
         let m = BTreeMap::from([("ppl".to_string(), f64::NAN)]);
-        let r = judge(&[gate("ppl", Some(10.0), None), gate("ppl", None, Some(0.0)), gate("nll_mean", Some(1.0), None)], &m);
+        let r = judge(
+            &[
+                gate("ppl", Some(10.0), None),
+                gate("ppl", None, Some(0.0)),
+                gate("nll_mean", Some(1.0), None),
+            ],
+            &m,
+        );
         assert!(r.iter().all(|g| !g.passed), "{r:?}");
         assert_eq!(r.len(), 3);
     }

@@ -10,7 +10,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 #[derive(Parser)]
-#[command(name = "quantgate", version, about = "Evaluate GGUF models and their quants against gates and goldens")]
+#[command(
+    name = "quantgate",
+    version,
+    about = "Evaluate GGUF models and their quants against gates and goldens"
+)]
 struct Cli {
     /// The suites directory (holds models.toml and the cases).
     #[arg(long, global = true, default_value = "suites")]
@@ -66,7 +70,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     quantgate::models::clean_stale_temps();
     match cli.command {
-        Command::Run { patterns, models, json, timings, threads } => {
+        Command::Run {
+            patterns,
+            models,
+            json,
+            timings,
+            threads,
+        } => {
             let (registry, planned) = match plan(&cli.suites, &patterns, &models) {
                 Ok(p) => p,
                 Err(e) => return fail(&e),
@@ -90,7 +100,10 @@ fn main() -> ExitCode {
                     return fail(&e);
                 }
             }
-            if outcomes.iter().any(|o| o.status == Status::Error && o.input_error) {
+            if outcomes
+                .iter()
+                .any(|o| o.status == Status::Error && o.input_error)
+            {
                 ExitCode::from(2)
             } else if outcomes.iter().all(|o| o.status == Status::Pass) {
                 ExitCode::SUCCESS
@@ -108,15 +121,24 @@ fn main() -> ExitCode {
             match action {
                 None => {
                     println!("cache: {}", cache_dir().display());
-                    println!("{:<18} {:<8} {:>12}  {:<64}  source", "alias", "status", "bytes", "sha256");
+                    println!(
+                        "{:<18} {:<8} {:>12}  {:<64}  source",
+                        "alias", "status", "bytes", "sha256"
+                    );
                     for (alias, m) in &registry.models {
-                        let present = registry.location(alias, &label).map(|p| p.exists()).unwrap_or(false);
+                        let present = registry
+                            .location(alias, &label)
+                            .map(|p| p.exists())
+                            .unwrap_or(false);
                         let source = if let Some(f) = &m.fetch {
                             format!("pip {} :: {}", f.pip, f.member)
                         } else if let Some(d) = &m.derive {
                             format!("derive {} from {}", d.quant, d.from)
                         } else {
-                            m.path.as_ref().map(|p| p.display().to_string()).unwrap_or_default()
+                            m.path
+                                .as_ref()
+                                .map(|p| p.display().to_string())
+                                .unwrap_or_default()
                         };
                         println!(
                             "{alias:<18} {:<8} {:>12}  {:<64}  {source}",
@@ -134,13 +156,25 @@ fn main() -> ExitCode {
                         aliases
                     };
                     let threads = threads_per_trial(1);
-                    let q = |s: &std::path::Path, d: &std::path::Path, t: &str| quantgate::engine::llama::quantize(s, d, t, threads);
+                    let q = |s: &std::path::Path, d: &std::path::Path, t: &str| {
+                        quantgate::engine::llama::quantize(s, d, t, threads)
+                    };
                     let mut code = ExitCode::SUCCESS;
                     for a in &aliases {
                         match ensure(&registry, a, &label, &q) {
                             Ok(v) => {
-                                let types: Vec<String> = v.header.tensor_types.iter().map(|(t, n)| format!("{t}×{n}")).collect();
-                                println!("{a:<18} ok {} {} bytes [{}]", v.file.sha256, v.bytes, types.join(" "));
+                                let types: Vec<String> = v
+                                    .header
+                                    .tensor_types
+                                    .iter()
+                                    .map(|(t, n)| format!("{t}×{n}"))
+                                    .collect();
+                                println!(
+                                    "{a:<18} ok {} {} bytes [{}]",
+                                    v.file.sha256,
+                                    v.bytes,
+                                    types.join(" ")
+                                );
                             }
                             Err(e) => code = fail(&e),
                         }

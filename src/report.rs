@@ -42,7 +42,11 @@ pub fn table(outcomes: &[Outcome]) -> String {
                 .collect::<Vec<_>>()
                 .join(" ")
         };
-        let _ = writeln!(s, "{:<width$}  {status:<6}  {metrics}", format!("{}::{}", o.case, o.model));
+        let _ = writeln!(
+            s,
+            "{:<width$}  {status:<6}  {metrics}",
+            format!("{}::{}", o.case, o.model)
+        );
         for g in o.gates.iter().filter(|g| !g.passed) {
             let _ = writeln!(s, "{:<width$}  {:<6}  gate: {}", "", "", g.describe());
         }
@@ -58,18 +62,33 @@ pub fn timings(outcomes: &[Outcome]) -> String {
     for o in outcomes {
         let t = &o.timings;
         let e = by_model.entry(&o.model).or_default();
-        for (i, d) in [t.prepare, t.load, t.tokenize, t.decode, t.measure, t.total].iter().enumerate() {
+        for (i, d) in [t.prepare, t.load, t.tokenize, t.decode, t.measure, t.total]
+            .iter()
+            .enumerate()
+        {
             e[i] += d.as_secs_f64();
         }
         e[6] += o.metrics.get("tokens_scored").copied().unwrap_or(0.0);
     }
     let mut s = format!(
         "{:<16} {:>8} {:>8} {:>9} {:>8} {:>8} {:>8} {:>10} {:>10}\n",
-        "model", "prepare", "load", "tokenize", "decode", "measure", "total", "measure%", "peak_rss"
+        "model",
+        "prepare",
+        "load",
+        "tokenize",
+        "decode",
+        "measure",
+        "total",
+        "measure%",
+        "peak_rss"
     );
     let rss = peak_rss_kib().map_or("-".to_string(), |k| format!("{} MiB", k / 1024));
     for (m, e) in by_model {
-        let pct = if e[3] > 0.0 { 100.0 * e[4] / e[3] } else { f64::NAN };
+        let pct = if e[3] > 0.0 {
+            100.0 * e[4] / e[3]
+        } else {
+            f64::NAN
+        };
         let _ = writeln!(
             s,
             "{m:<16} {:>8.2} {:>8.2} {:>9.3} {:>8.2} {:>8.3} {:>8.2} {:>9.2}% {:>10}",

@@ -31,7 +31,11 @@ pub struct Planned {
 }
 
 /// Discover and parse; build the case × model matrix, sorted by model then name.
-pub fn plan(suites: &Path, patterns: &[String], models: &[String]) -> Result<(Registry, Vec<Planned>)> {
+pub fn plan(
+    suites: &Path,
+    patterns: &[String],
+    models: &[String],
+) -> Result<(Registry, Vec<Planned>)> {
     let registry = Registry::load(&suites.join("models.toml"))?;
     for m in models {
         registry.entry(m)?;
@@ -44,7 +48,10 @@ pub fn plan(suites: &Path, patterns: &[String], models: &[String]) -> Result<(Re
                 name: found.name().to_string(),
                 case: Err(Error {
                     kind: e.kind,
-                    message: e.message.replace(&found.path.display().to_string(), &rel_path.display().to_string()),
+                    message: e.message.replace(
+                        &found.path.display().to_string(),
+                        &rel_path.display().to_string(),
+                    ),
                 }),
                 model: String::new(),
             }),
@@ -156,8 +163,14 @@ impl Runner {
     pub fn prepare(&self, alias: &str) -> Result<crate::models::Verified> {
         let engine = self.pool.engine().clone();
         let threads = self.threads;
-        let quantize = move |src: &Path, dst: &Path, quant: &str| engine.quantize(src, dst, quant, threads);
-        ensure(&self.registry, alias, &self.pool.engine().build().label(), &quantize)
+        let quantize =
+            move |src: &Path, dst: &Path, quant: &str| engine.quantize(src, dst, quant, threads);
+        ensure(
+            &self.registry,
+            alias,
+            &self.pool.engine().build().label(),
+            &quantize,
+        )
     }
 
     /// Run one planned trial.
@@ -219,7 +232,11 @@ impl Runner {
         match &case.spec {
             Spec::Perplexity(pp) => {
                 let bytes = std::fs::read(&pp.text).map_err(|e| {
-                    Error::input(format!("{}: text.path: {}: {e}", case.path.display(), pp.text.display()))
+                    Error::input(format!(
+                        "{}: text.path: {}: {e}",
+                        case.path.display(),
+                        pp.text.display()
+                    ))
                 })?;
                 let sha = crate::fsutil::sha256_bytes(&bytes);
                 if sha != pp.text_sha256 {
@@ -244,11 +261,19 @@ impl Runner {
                 let mut settings = Settings::new(pp.n_ctx, self.threads);
                 settings.n_batch = pp.n_batch;
                 out.settings = Some(settings);
-                let obs = run_perplexity(&*model, &text, pp.bos, pp.n_ctx, pp.n_batch, pp.chunks, self.threads)
-                    .map_err(|e| match e.kind {
-                        ErrorKind::Input => e.context(case.path.display()),
-                        _ => e,
-                    })?;
+                let obs = run_perplexity(
+                    &*model,
+                    &text,
+                    pp.bos,
+                    pp.n_ctx,
+                    pp.n_batch,
+                    pp.chunks,
+                    self.threads,
+                )
+                .map_err(|e| match e.kind {
+                    ErrorKind::Input => e.context(case.path.display()),
+                    _ => e,
+                })?;
                 let t = Instant::now();
                 out.metrics = perplexity_metrics(&obs.windows);
                 let measure = t.elapsed();
@@ -289,7 +314,9 @@ mod tests {
             ),
         )
         .unwrap();
-        let text: String = (0..300).map(|i| char::from(b'a' + (i * 7 % 26) as u8)).collect();
+        let text: String = (0..300)
+            .map(|i| char::from(b'a' + (i * 7 % 26) as u8))
+            .collect();
         std::fs::write(root.join("ppl/t.txt"), &text).unwrap();
         let tsha = crate::fsutil::sha256_bytes(text.as_bytes());
         std::fs::write(
@@ -311,8 +338,14 @@ mod tests {
         for c in 0..chunks.min(toks.len() / n_ctx) {
             let start = c * n_ctx;
             for pos in n_ctx / 2..n_ctx - 1 {
-                let input = if pos == 0 { crate::engine::fake::BOS } else { toks[start + pos] };
-                let row: Vec<f64> = (0..N_VOCAB).map(|j| f64::from(spec.logit(input, pos, j))).collect();
+                let input = if pos == 0 {
+                    crate::engine::fake::BOS
+                } else {
+                    toks[start + pos]
+                };
+                let row: Vec<f64> = (0..N_VOCAB)
+                    .map(|j| f64::from(spec.logit(input, pos, j)))
+                    .collect();
                 let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let lse = row.iter().map(|v| (v - m).exp()).sum::<f64>().ln() + m;
                 sum += lse - row[toks[start + pos + 1] as usize];
@@ -330,7 +363,10 @@ mod tests {
 
     #[test]
     fn fake_engine_through_every_stage() {
-        let sharp = FakeSpec { confidence: 9.0, ..FakeSpec::default() };
+        let sharp = FakeSpec {
+            confidence: 9.0,
+            ..FakeSpec::default()
+        };
         let root = suite("stages", "[[gate]]\nmetric = \"ppl\"\nmax = 1e9\n");
         let out = run_all(&root, FakeEngine::new().with("sharp", sharp.clone()));
         assert_eq!(out.len(), 2);
@@ -340,19 +376,29 @@ mod tests {
             let (want, n) = reference_nll(&spec, &text, 64, 3);
             assert_eq!(o.metrics["tokens_scored"], n as f64);
             assert_eq!(o.metrics["windows"], 3.0);
-            assert!((o.metrics["nll_mean"] - want).abs() < 1e-12, "{} vs {want}", o.metrics["nll_mean"]);
+            assert!(
+                (o.metrics["nll_mean"] - want).abs() < 1e-12,
+                "{} vs {want}",
+                o.metrics["nll_mean"]
+            );
             assert!((o.metrics["ppl"] - want.exp()).abs() < 1e-9);
         }
     }
 
     #[test]
     fn gate_violation_fails_with_observed_and_threshold() {
-        let root = suite("gate", "[[gate]]\nmetric = \"ppl\"\nmax = 1.5\n[[gate]]\nmetric = \"windows\"\nmin = 3\n");
+        let root = suite(
+            "gate",
+            "[[gate]]\nmetric = \"ppl\"\nmax = 1.5\n[[gate]]\nmetric = \"windows\"\nmin = 3\n",
+        );
         let out = run_all(&root, FakeEngine::new());
         let o = &out[0];
         assert_eq!(o.status, Status::Fail);
         let msg = o.failure_message().unwrap();
-        assert!(msg.starts_with("ppl/case::good: gate violated\n  ppl = "), "{msg}");
+        assert!(
+            msg.starts_with("ppl/case::good: gate violated\n  ppl = "),
+            "{msg}"
+        );
         assert!(msg.contains("violates ppl ≤ 1.5 (max 1.5)"), "{msg}");
         assert!(!msg.contains("windows"), "{msg}");
     }
@@ -361,13 +407,35 @@ mod tests {
     fn nan_logits_and_decode_errors_are_errors_not_numbers() {
         let root = suite("faults", "[[gate]]\nmetric = \"ppl\"\nmax = 1e9\n");
         let engine = FakeEngine::new()
-            .with("good", FakeSpec { nan_at: Some((1, 40)), ..FakeSpec::default() })
-            .with("sharp", FakeSpec { decode_error_in: Some(2), ..FakeSpec::default() });
+            .with(
+                "good",
+                FakeSpec {
+                    nan_at: Some((1, 40)),
+                    ..FakeSpec::default()
+                },
+            )
+            .with(
+                "sharp",
+                FakeSpec {
+                    decode_error_in: Some(2),
+                    ..FakeSpec::default()
+                },
+            );
         let out = run_all(&root, engine);
-        assert!(out.iter().all(|o| o.status == Status::Error && o.metrics.is_empty()), "{out:?}");
+        assert!(
+            out.iter()
+                .all(|o| o.status == Status::Error && o.metrics.is_empty()),
+            "{out:?}"
+        );
         let e0 = out[0].error.as_deref().unwrap();
-        assert!(e0.contains("model `good`") && e0.contains("m.gguf") && e0.contains("sha256 "), "{e0}");
-        assert!(e0.contains("non-finite logit NaN for token 7 at position 40"), "{e0}");
+        assert!(
+            e0.contains("model `good`") && e0.contains("m.gguf") && e0.contains("sha256 "),
+            "{e0}"
+        );
+        assert!(
+            e0.contains("non-finite logit NaN for token 7 at position 40"),
+            "{e0}"
+        );
         let e1 = out[1].error.as_deref().unwrap();
         assert!(e1.contains("llama_decode failed (1) in window 2"), "{e1}");
     }
@@ -375,7 +443,10 @@ mod tests {
     #[test]
     fn n_ctx_beyond_training_and_text_pin_mismatch_name_the_case() {
         let root = suite("ctx", "");
-        let small = FakeSpec { n_ctx_train: 32, ..FakeSpec::default() };
+        let small = FakeSpec {
+            n_ctx_train: 32,
+            ..FakeSpec::default()
+        };
         let out = run_all(&root, FakeEngine::new().with("good", small));
         let e = out[0].error.as_deref().unwrap();
         assert!(e.contains("case.toml:8:9: window.n_ctx: 64 is larger than the training context 32 of model `good`"), "{e}");
@@ -383,49 +454,109 @@ mod tests {
         std::fs::write(root.join("ppl/t.txt"), "changed").unwrap();
         let out = run_all(&root, FakeEngine::new());
         let e = out[1].error.as_deref().unwrap();
-        assert!(e.contains("case.toml:5:10: text.sha256:") && e.contains("does not match its pin"), "{e}");
+        assert!(
+            e.contains("case.toml:5:10: text.sha256:") && e.contains("does not match its pin"),
+            "{e}"
+        );
     }
 
     #[test]
     fn broken_case_fails_alone_and_unknown_alias_names_the_case() {
         let root = suite("broken", "");
         std::fs::write(root.join("ppl/bad.toml"), "kind = \"perplexity\"\nmodels = [\"nosuch\"]\n[text]\npath = \"t.txt\"\nsha256 = \"x\"\npromt = 1\n").unwrap();
-        std::fs::write(root.join("ppl/alias.toml"), std::fs::read_to_string(root.join("ppl/case.toml")).unwrap().replace("\"sharp\"", "\"shrap\"")).unwrap();
+        std::fs::write(
+            root.join("ppl/alias.toml"),
+            std::fs::read_to_string(root.join("ppl/case.toml"))
+                .unwrap()
+                .replace("\"sharp\"", "\"shrap\""),
+        )
+        .unwrap();
         let (_, planned) = plan(&root, &[], &[]).unwrap();
         let names: Vec<_> = planned.iter().map(|p| p.name.as_str()).collect();
-        assert!(names.contains(&"ppl/bad") && names.contains(&"ppl/case::good"), "{names:?}");
+        assert!(
+            names.contains(&"ppl/bad") && names.contains(&"ppl/case::good"),
+            "{names:?}"
+        );
         let bad = planned.iter().find(|p| p.name == "ppl/bad").unwrap();
         let e = bad.case.as_ref().unwrap_err();
-        assert!(e.message.contains("suites/ppl/bad.toml:6:1: text.promt: unknown key `promt`"), "{}", e.message);
-        let alias = planned.iter().find(|p| p.name == "ppl/alias::shrap").unwrap();
+        assert!(
+            e.message
+                .contains("suites/ppl/bad.toml:6:1: text.promt: unknown key `promt`"),
+            "{}",
+            e.message
+        );
+        let alias = planned
+            .iter()
+            .find(|p| p.name == "ppl/alias::shrap")
+            .unwrap();
         let e = alias.case.as_ref().unwrap_err();
-        assert!(e.message.contains("alias.toml:2:19: models: model alias `shrap` is not in"), "{}", e.message);
-        assert!(e.message.contains("(did you mean `sharp`?)"), "{}", e.message);
+        assert!(
+            e.message
+                .contains("alias.toml:2:19: models: model alias `shrap` is not in"),
+            "{}",
+            e.message
+        );
+        assert!(
+            e.message.contains("(did you mean `sharp`?)"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]
     fn registry_problems_are_input_errors() {
         let root = suite("registry", "");
         let good = std::fs::read_to_string(root.join("models.toml")).unwrap();
-        std::fs::write(root.join("models.toml"), good.replace("path = \"m.gguf\"\n\n", "path = \"missing.gguf\"\n\n")).unwrap();
+        std::fs::write(
+            root.join("models.toml"),
+            good.replace("path = \"m.gguf\"\n\n", "path = \"missing.gguf\"\n\n"),
+        )
+        .unwrap();
         let out = run_all(&root, FakeEngine::new());
         let e = out[0].error.as_deref().unwrap_or_else(|| panic!("{out:?}"));
-        assert!(e.contains("model `good`: file") && e.contains("missing.gguf does not exist"), "{e}");
+        assert!(
+            e.contains("model `good`: file") && e.contains("missing.gguf does not exist"),
+            "{e}"
+        );
         // Wrong sha256: expected, actual and size are shown.
-        std::fs::write(root.join("models.toml"), good.replacen("sha256 = \"", "sha256 = \"0", 1).replacen("\"\nbytes", "\"\nbytes", 1)).unwrap();
+        std::fs::write(
+            root.join("models.toml"),
+            good.replacen("sha256 = \"", "sha256 = \"0", 1)
+                .replacen("\"\nbytes", "\"\nbytes", 1),
+        )
+        .unwrap();
         let reg = std::fs::read_to_string(root.join("models.toml")).unwrap();
-        let fixed: String = reg.lines().map(|l| if l.starts_with("sha256 = \"0") { format!("{}\"", &l[..l.len() - 2]) } else { l.to_string() }).collect::<Vec<_>>().join("\n");
+        let fixed: String = reg
+            .lines()
+            .map(|l| {
+                if l.starts_with("sha256 = \"0") {
+                    format!("{}\"", &l[..l.len() - 2])
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
         std::fs::write(root.join("models.toml"), fixed).unwrap();
         let out = run_all(&root, FakeEngine::new());
         let e = out[0].error.as_deref().unwrap();
-        assert!(e.contains("sha256 mismatch") && e.contains("expected 0") && e.contains("actual   ") && e.contains("bytes)"), "{e}");
+        assert!(
+            e.contains("sha256 mismatch")
+                && e.contains("expected 0")
+                && e.contains("actual   ")
+                && e.contains("bytes)"),
+            "{e}"
+        );
         // A truncated GGUF pinned by its own sha256 is stopped by the preflight.
         let t = &crate::gguf::tests::tiny_header()[..30];
         std::fs::write(root.join("m.gguf"), t).unwrap();
         std::fs::write(root.join("models.toml"), format!("[good]\nsha256 = \"{}\"\npath = \"m.gguf\"\n[sharp]\nsha256 = \"{}\"\npath = \"m.gguf\"\n", crate::fsutil::sha256_bytes(t), crate::fsutil::sha256_bytes(t))).unwrap();
         let out = run_all(&root, FakeEngine::new());
         let e = out[0].error.as_deref().unwrap();
-        assert!(e.contains("not a usable GGUF file") && e.contains("m.gguf"), "{e}");
+        assert!(
+            e.contains("not a usable GGUF file") && e.contains("m.gguf"),
+            "{e}"
+        );
         assert!(out[0].input_error);
     }
 }

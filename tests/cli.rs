@@ -19,7 +19,10 @@ fn fixture_path() -> PathBuf {
     let reg = Registry::load(&repo().join("suites/models.toml")).unwrap();
     let engine = LlamaEngine::new();
     let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 1);
-    ensure(&reg, "smollm2-q4_1", &engine.build().label(), &q).unwrap().file.path
+    ensure(&reg, "smollm2-q4_1", &engine.build().label(), &q)
+        .unwrap()
+        .file
+        .path
 }
 
 /// A suites dir with the real fixture registered as `tiny` and the corpus.
@@ -35,7 +38,11 @@ fn suites(tag: &str) -> PathBuf {
         ),
     )
     .unwrap();
-    std::fs::copy(repo().join("suites/data/wikitext-2-test.txt"), root.join("ppl/wiki.txt")).unwrap();
+    std::fs::copy(
+        repo().join("suites/data/wikitext-2-test.txt"),
+        root.join("ppl/wiki.txt"),
+    )
+    .unwrap();
     root
 }
 
@@ -63,13 +70,21 @@ fn run(root: &Path, args: &[&str]) -> (i32, String, String) {
 #[test]
 fn passing_run_writes_json_and_exits_zero() {
     let root = suites("pass");
-    std::fs::write(root.join("ppl/ok.toml"), case(128, "[[gate]]\nmetric = \"ppl\"\nmax = 1000\n")).unwrap();
+    std::fs::write(
+        root.join("ppl/ok.toml"),
+        case(128, "[[gate]]\nmetric = \"ppl\"\nmax = 1000\n"),
+    )
+    .unwrap();
     let json = root.join("out.json");
     let (code, stdout, stderr) = run(&root, &["--json", json.to_str().unwrap(), "--timings"]);
     assert_eq!(code, 0, "{stdout}\n{stderr}");
-    assert!(stdout.contains("ppl/ok::tiny") && stdout.contains("pass"), "{stdout}");
+    assert!(
+        stdout.contains("ppl/ok::tiny") && stdout.contains("pass"),
+        "{stdout}"
+    );
     assert!(stdout.contains("measure%"), "{stdout}");
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let o = &v[0];
     assert_eq!(o["case"], "ppl/ok");
     assert_eq!(o["model"], "tiny");
@@ -87,10 +102,17 @@ fn passing_run_writes_json_and_exits_zero() {
 #[test]
 fn gate_violation_exits_one_with_the_numbers() {
     let root = suites("gate");
-    std::fs::write(root.join("ppl/strict.toml"), case(128, "[[gate]]\nmetric = \"ppl\"\nmax = 1.5\n")).unwrap();
+    std::fs::write(
+        root.join("ppl/strict.toml"),
+        case(128, "[[gate]]\nmetric = \"ppl\"\nmax = 1.5\n"),
+    )
+    .unwrap();
     let (code, stdout, _) = run(&root, &[]);
     assert_eq!(code, 1, "{stdout}");
-    assert!(stdout.contains("FAIL") && stdout.contains("violates ppl ≤ 1.5 (max 1.5)"), "{stdout}");
+    assert!(
+        stdout.contains("FAIL") && stdout.contains("violates ppl ≤ 1.5 (max 1.5)"),
+        "{stdout}"
+    );
 }
 
 #[test]
@@ -107,15 +129,51 @@ fn n_ctx_beyond_training_context_is_unusable_input() {
 fn bad_inputs_exit_two_and_name_file_and_key() {
     let good = case(128, "");
     let cases: Vec<(&str, String, &str)> = vec![
-        ("malformed", "kind = \"perplexity\"\nmodels = [\"tiny\"\n".into(), "malformed.toml:2:"),
-        ("unknown", good.replace("chunks = 2", "chunks = 2\nn_ctxx = 3"), "unknown.toml:10:1: window.n_ctxx: unknown key `n_ctxx` (did you mean `n_ctx`?)"),
-        ("missing", good.replace("mode = \"llama-perplexity\"\n", ""), "missing.toml:6:1: window: missing key `mode`"),
-        ("nan", good.clone() + "[[gate]]\nmetric = \"ppl\"\nmax = nan\n", "nan.toml:12:7: gate[0].max: `nan` is not a finite number"),
-        ("inf", good.clone() + "[[gate]]\nmetric = \"ppl\"\nmin = -inf\n", "inf.toml:12:7: gate[0].min: `-inf` is not a finite number"),
-        ("alias", good.replace("[\"tiny\"]", "[\"tinny\"]"), "alias.toml:2:11: models: model alias `tinny` is not in"),
-        ("textpin", good.replace("d790b833", "0790b833"), "textpin.toml:5:10: text.sha256:"),
-        ("duplicate", good.replace("chunks = 2", "chunks = 2\nchunks = 3"), "duplicate.toml:10:1:"),
-        ("wrongtype", good.replace("chunks = 2", "chunks = \"two\""), "wrongtype.toml:9:10: window.chunks: invalid type"),
+        (
+            "malformed",
+            "kind = \"perplexity\"\nmodels = [\"tiny\"\n".into(),
+            "malformed.toml:2:",
+        ),
+        (
+            "unknown",
+            good.replace("chunks = 2", "chunks = 2\nn_ctxx = 3"),
+            "unknown.toml:10:1: window.n_ctxx: unknown key `n_ctxx` (did you mean `n_ctx`?)",
+        ),
+        (
+            "missing",
+            good.replace("mode = \"llama-perplexity\"\n", ""),
+            "missing.toml:6:1: window: missing key `mode`",
+        ),
+        (
+            "nan",
+            good.clone() + "[[gate]]\nmetric = \"ppl\"\nmax = nan\n",
+            "nan.toml:12:7: gate[0].max: `nan` is not a finite number",
+        ),
+        (
+            "inf",
+            good.clone() + "[[gate]]\nmetric = \"ppl\"\nmin = -inf\n",
+            "inf.toml:12:7: gate[0].min: `-inf` is not a finite number",
+        ),
+        (
+            "alias",
+            good.replace("[\"tiny\"]", "[\"tinny\"]"),
+            "alias.toml:2:11: models: model alias `tinny` is not in",
+        ),
+        (
+            "textpin",
+            good.replace("d790b833", "0790b833"),
+            "textpin.toml:5:10: text.sha256:",
+        ),
+        (
+            "duplicate",
+            good.replace("chunks = 2", "chunks = 2\nchunks = 3"),
+            "duplicate.toml:10:1:",
+        ),
+        (
+            "wrongtype",
+            good.replace("chunks = 2", "chunks = \"two\""),
+            "wrongtype.toml:9:10: window.chunks: invalid type",
+        ),
     ];
     for (name, body, want) in cases {
         let root = suites(name);
@@ -123,9 +181,15 @@ fn bad_inputs_exit_two_and_name_file_and_key() {
         std::fs::write(root.join("ppl/fine.toml"), case(128, "")).unwrap();
         let (code, stdout, stderr) = run(&root, &[]);
         assert_eq!(code, 2, "{name}: {stdout}\n{stderr}");
-        assert!(stdout.contains(want), "{name}: expected {want:?} in\n{stdout}");
+        assert!(
+            stdout.contains(want),
+            "{name}: expected {want:?} in\n{stdout}"
+        );
         // The good case beside it still ran.
-        assert!(stdout.contains("ppl/fine::tiny") && stdout.contains("pass"), "{name}: {stdout}");
+        assert!(
+            stdout.contains("ppl/fine::tiny") && stdout.contains("pass"),
+            "{name}: {stdout}"
+        );
     }
 }
 
@@ -138,16 +202,27 @@ fn registry_and_model_file_problems_exit_two() {
     std::fs::write(&part, &std::fs::read(&fixture).unwrap()[..1 << 20]).unwrap();
     std::fs::write(root.join("ppl/c.toml"), case(128, "")).unwrap();
     let reg = std::fs::read_to_string(root.join("models.toml")).unwrap();
-    std::fs::write(root.join("models.toml"), reg.replace(&fixture.display().to_string(), "part.gguf")).unwrap();
+    std::fs::write(
+        root.join("models.toml"),
+        reg.replace(&fixture.display().to_string(), "part.gguf"),
+    )
+    .unwrap();
     let (code, stdout, _) = run(&root, &[]);
     assert_eq!(code, 2, "{stdout}");
     assert!(stdout.contains("model `tiny`: sha256 mismatch"), "{stdout}");
     // Truncated GGUF pinned by its own hash: the preflight stops it.
     let sha = quantgate::fsutil::sha256_file(&part, |_| {}).unwrap().0;
-    std::fs::write(root.join("models.toml"), format!("[tiny]\nsha256 = \"{sha}\"\npath = \"part.gguf\"\n")).unwrap();
+    std::fs::write(
+        root.join("models.toml"),
+        format!("[tiny]\nsha256 = \"{sha}\"\npath = \"part.gguf\"\n"),
+    )
+    .unwrap();
     let (code, stdout, _) = run(&root, &[]);
     assert_eq!(code, 2, "{stdout}");
-    assert!(stdout.contains("part.gguf: not a usable GGUF file"), "{stdout}");
+    assert!(
+        stdout.contains("part.gguf: not a usable GGUF file"),
+        "{stdout}"
+    );
     // Missing file.
     std::fs::remove_file(&part).unwrap();
     let (code, stdout, _) = run(&root, &[]);
@@ -157,7 +232,10 @@ fn registry_and_model_file_problems_exit_two() {
     std::fs::write(root.join("models.toml"), "[tiny]\nsha = 1\n").unwrap();
     let (code, _, stderr) = run(&root, &[]);
     assert_eq!(code, 2);
-    assert!(stderr.contains("models.toml:2:1: tiny.sha: unknown key `sha`"), "{stderr}");
+    assert!(
+        stderr.contains("models.toml:2:1: tiny.sha: unknown key `sha`"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -166,8 +244,15 @@ fn glob_matching_nothing_exits_two() {
     std::fs::write(root.join("ppl/c.toml"), case(128, "")).unwrap();
     let (code, _, stderr) = run(&root, &["nothing/*.toml"]);
     assert_eq!(code, 2);
-    assert!(stderr.contains("no test cases found: scanned") && stderr.contains("with pattern 'nothing/*.toml'"), "{stderr}");
+    assert!(
+        stderr.contains("no test cases found: scanned")
+            && stderr.contains("with pattern 'nothing/*.toml'"),
+        "{stderr}"
+    );
     let (code, _, stderr) = run(&root, &["--model", "nosuch"]);
     assert_eq!(code, 2);
-    assert!(stderr.contains("model alias `nosuch` is not in"), "{stderr}");
+    assert!(
+        stderr.contains("model alias `nosuch` is not in"),
+        "{stderr}"
+    );
 }

@@ -17,7 +17,8 @@ fn pool() -> &'static ModelPool {
 }
 
 fn fixture() -> Arc<dyn LoadedModel> {
-    let reg = Registry::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("suites/models.toml")).unwrap();
+    let reg =
+        Registry::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("suites/models.toml")).unwrap();
     let engine = LlamaEngine::new();
     let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 1);
     let v = ensure(&reg, FIXTURE, &engine.build().label(), &q).unwrap();
@@ -26,7 +27,10 @@ fn fixture() -> Arc<dyn LoadedModel> {
 
 /// Independent reference: naive f64 log-softmax with libm's exp.
 fn naive_logprob(row: &[f32], j: usize) -> f64 {
-    let m = row.iter().map(|&v| f64::from(v)).fold(f64::NEG_INFINITY, f64::max);
+    let m = row
+        .iter()
+        .map(|&v| f64::from(v))
+        .fold(f64::NEG_INFINITY, f64::max);
     let s: f64 = row.iter().map(|&v| (f64::from(v) - m).exp()).sum();
     f64::from(row[j]) - m - s.ln()
 }
@@ -56,42 +60,62 @@ fn tokenization_gives_pieces_offsets_and_explicit_bos() {
 fn teacher_forced_window_matches_an_independent_log_softmax() {
     let m = fixture();
     let ids: Vec<i32> = m
-        .tokenize("The quick brown fox jumps over the lazy dog. The quick brown fox", BosPolicy::Always)
+        .tokenize(
+            "The quick brown fox jumps over the lazy dog. The quick brown fox",
+            BosPolicy::Always,
+        )
         .unwrap()
         .iter()
         .map(|t| t.id)
         .collect();
-    let window = Window { tokens: ids.clone(), logits_from: 0 };
+    let window = Window {
+        tokens: ids.clone(),
+        logits_from: 0,
+    };
     let settings = Settings::new(64, 1);
     let mut rows = 0;
     let mut nll_fast = 0.0;
     let mut nll_naive = 0.0;
     let mut first_pass = Vec::new();
-    m.score(&settings, std::slice::from_ref(&window), &mut |w, pos, row| {
-        assert_eq!((w, pos), (0, rows));
-        assert_eq!(row.len(), 49_152);
-        rows += 1;
-        if pos + 1 < ids.len() {
-            let target = ids[pos + 1] as usize;
-            let st = row_stats(row);
-            let (a, b) = (st.logprob(row, target), naive_logprob(row, target));
-            assert!((a - b).abs() < 1e-9, "position {pos}: {a} vs {b}");
-            nll_fast -= a;
-            nll_naive -= b;
-        }
-        first_pass.push(row.iter().map(|v| v.to_bits()).fold(0u64, |h, b| h.rotate_left(5) ^ u64::from(b)));
-        Ok(())
-    })
+    m.score(
+        &settings,
+        std::slice::from_ref(&window),
+        &mut |w, pos, row| {
+            assert_eq!((w, pos), (0, rows));
+            assert_eq!(row.len(), 49_152);
+            rows += 1;
+            if pos + 1 < ids.len() {
+                let target = ids[pos + 1] as usize;
+                let st = row_stats(row);
+                let (a, b) = (st.logprob(row, target), naive_logprob(row, target));
+                assert!((a - b).abs() < 1e-9, "position {pos}: {a} vs {b}");
+                nll_fast -= a;
+                nll_naive -= b;
+            }
+            first_pass.push(
+                row.iter()
+                    .map(|v| v.to_bits())
+                    .fold(0u64, |h, b| h.rotate_left(5) ^ u64::from(b)),
+            );
+            Ok(())
+        },
+    )
     .unwrap();
     assert_eq!(rows, ids.len());
     assert!((nll_fast - nll_naive).abs() < 1e-8);
     // The memorable second "quick brown fox" is easy for the model.
     let mean = nll_naive / (ids.len() - 1) as f64;
-    assert!(mean.is_finite() && mean > 0.0 && mean < 6.0, "mean NLL {mean}");
+    assert!(
+        mean.is_finite() && mean > 0.0 && mean < 6.0,
+        "mean NLL {mean}"
+    );
     // Bitwise reproducible: a second pass gives the same rows.
     let mut i = 0;
     m.score(&settings, &[window], &mut |_, _, row| {
-        let h = row.iter().map(|v| v.to_bits()).fold(0u64, |h, b| h.rotate_left(5) ^ u64::from(b));
+        let h = row
+            .iter()
+            .map(|v| v.to_bits())
+            .fold(0u64, |h, b| h.rotate_left(5) ^ u64::from(b));
         assert_eq!(h, first_pass[i], "row {i} changed between passes");
         i += 1;
         Ok(())
@@ -117,7 +141,10 @@ fn greedy_generation_starts_with_the_teacher_forced_argmax() {
     // Same batch shape as the prompt pass: the first generated token is the
     // argmax of the last teacher-forced row.
     let mut last_argmax = None;
-    let window = Window { tokens: prompt.clone(), logits_from: prompt.len() - 1 };
+    let window = Window {
+        tokens: prompt.clone(),
+        logits_from: prompt.len() - 1,
+    };
     m.score(&settings, &[window], &mut |_, _, row| {
         last_argmax = Some(quantgate::engine::argmax(row) as i32);
         Ok(())
@@ -125,7 +152,9 @@ fn greedy_generation_starts_with_the_teacher_forced_argmax() {
     .unwrap();
     assert_eq!(last_argmax, Some(out[0]));
     // A stop condition ends generation at once.
-    let one = m.generate(&settings, &prompt, 8, &mut |g| !g.is_empty()).unwrap();
+    let one = m
+        .generate(&settings, &prompt, 8, &mut |g| !g.is_empty())
+        .unwrap();
     assert_eq!(one, out[..1]);
 }
 
@@ -133,7 +162,10 @@ fn greedy_generation_starts_with_the_teacher_forced_argmax() {
 fn chat_template_wraps_the_user_message() {
     let m = fixture();
     let p = m.chat_prompt("Recite pi.").unwrap();
-    assert!(p.contains("<|im_start|>user\nRecite pi.<|im_end|>"), "{p:?}");
+    assert!(
+        p.contains("<|im_start|>user\nRecite pi.<|im_end|>"),
+        "{p:?}"
+    );
     assert!(p.trim_end().ends_with("<|im_start|>assistant"), "{p:?}");
 }
 
@@ -143,12 +175,24 @@ fn threads_share_one_loaded_model_and_agree() {
         .map(|_| {
             std::thread::spawn(|| {
                 let m = fixture();
-                let ids: Vec<i32> = m.tokenize("Hello world, hello world.", BosPolicy::Always).unwrap().iter().map(|t| t.id).collect();
+                let ids: Vec<i32> = m
+                    .tokenize("Hello world, hello world.", BosPolicy::Always)
+                    .unwrap()
+                    .iter()
+                    .map(|t| t.id)
+                    .collect();
                 let mut sum = 0.0;
-                m.score(&Settings::new(32, 1), &[Window { tokens: ids, logits_from: 0 }], &mut |_, _, row| {
-                    sum += row_stats(row).log_sum_exp;
-                    Ok(())
-                })
+                m.score(
+                    &Settings::new(32, 1),
+                    &[Window {
+                        tokens: ids,
+                        logits_from: 0,
+                    }],
+                    &mut |_, _, row| {
+                        sum += row_stats(row).log_sum_exp;
+                        Ok(())
+                    },
+                )
                 .unwrap();
                 (Arc::as_ptr(&m) as *const u8 as usize, sum.to_bits())
             })
@@ -161,20 +205,41 @@ fn threads_share_one_loaded_model_and_agree() {
 #[test]
 fn window_longer_than_the_context_is_an_error_naming_the_model() {
     let m = fixture();
-    let w = Window { tokens: vec![1; 40], logits_from: 0 };
-    let e = m.score(&Settings::new(32, 1), &[w], &mut |_, _, _| Ok(())).unwrap_err();
-    assert!(e.message.contains("model `smollm2-q4_1`") && e.message.contains("sha256 b179c952"), "{}", e.message);
-    assert!(e.message.contains("window 0 has 40 tokens, more than n_ctx 32"), "{}", e.message);
+    let w = Window {
+        tokens: vec![1; 40],
+        logits_from: 0,
+    };
+    let e = m
+        .score(&Settings::new(32, 1), &[w], &mut |_, _, _| Ok(()))
+        .unwrap_err();
+    assert!(
+        e.message.contains("model `smollm2-q4_1`") && e.message.contains("sha256 b179c952"),
+        "{}",
+        e.message
+    );
+    assert!(
+        e.message
+            .contains("window 0 has 40 tokens, more than n_ctx 32"),
+        "{}",
+        e.message
+    );
 }
 
 #[test]
 fn pinned_versions_match_cargo_lock() {
-    let lock = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.lock")).unwrap();
+    let lock =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.lock")).unwrap();
     for (name, v) in [
         ("llama-cpp-2", quantgate::engine::llama::LLAMA_CPP_2_VERSION),
-        ("llama-cpp-sys-2", quantgate::engine::llama::LLAMA_CPP_SYS_2_VERSION),
+        (
+            "llama-cpp-sys-2",
+            quantgate::engine::llama::LLAMA_CPP_SYS_2_VERSION,
+        ),
     ] {
-        assert!(lock.contains(&format!("name = \"{name}\"\nversion = \"{v}\"")), "{name} {v} not in Cargo.lock");
+        assert!(
+            lock.contains(&format!("name = \"{name}\"\nversion = \"{v}\"")),
+            "{name} {v} not in Cargo.lock"
+        );
     }
     let b = LlamaEngine::new().build();
     assert!(b.ggml.starts_with("0.26.0"), "{}", b.ggml);

@@ -22,26 +22,53 @@ fn tool() -> String {
         .arg(repo().join("scripts/build-llama-perplexity.sh"))
         .output()
         .expect("run scripts/build-llama-perplexity.sh");
-    assert!(out.status.success(), "building llama-perplexity failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "building llama-perplexity failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
 /// (running PPL after each chunk, final PPL, final ±) as printed.
 fn reference(tool: &str, model: &Path, text: &Path, threads: u32) -> (Vec<f64>, f64, f64) {
     let out = Command::new(tool)
-        .args(["-m", &model.display().to_string(), "-f", &text.display().to_string()])
-        .args(["-c", "512", "--chunks", "16", "-b", "512", "-fa", "off", "-t", &threads.to_string()])
+        .args([
+            "-m",
+            &model.display().to_string(),
+            "-f",
+            &text.display().to_string(),
+        ])
+        .args([
+            "-c",
+            "512",
+            "--chunks",
+            "16",
+            "-b",
+            "512",
+            "-fa",
+            "off",
+            "-t",
+            &threads.to_string(),
+        ])
         .output()
         .unwrap();
-    let log = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let log =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{log}");
-    let line = log.lines().find(|l| l.starts_with("[1]")).unwrap_or_else(|| panic!("{log}"));
+    let line = log
+        .lines()
+        .find(|l| l.starts_with("[1]"))
+        .unwrap_or_else(|| panic!("{log}"));
     let running: Vec<f64> = line
         .split(',')
         .filter(|s| !s.is_empty())
         .map(|s| s.split(']').nth(1).unwrap().parse().unwrap())
         .collect();
-    let fin = log.lines().find(|l| l.contains("Final estimate: PPL = ")).unwrap_or_else(|| panic!("{log}"));
+    let fin = log
+        .lines()
+        .find(|l| l.contains("Final estimate: PPL = "))
+        .unwrap_or_else(|| panic!("{log}"));
     let nums: Vec<f64> = fin
         .split("PPL = ")
         .nth(1)
@@ -79,12 +106,28 @@ fn perplexity_equals_llama_perplexity() {
             sum += w.nll_sum;
             n += w.count;
             let ours = (sum / n as f64).exp();
-            assert!(same_printed(ours, running[i], 4), "{alias} chunk {}: ours {ours} vs llama-perplexity {}", i + 1, running[i]);
+            assert!(
+                same_printed(ours, running[i], 4),
+                "{alias} chunk {}: ours {ours} vs llama-perplexity {}",
+                i + 1,
+                running[i]
+            );
         }
         let m = perplexity_metrics(&obs.windows);
-        assert!(same_printed(m["ppl"], ppl, 4), "{alias}: ppl {} vs {ppl}", m["ppl"]);
-        assert!(same_printed(m["ppl_se"], pm, 5), "{alias}: ± {} vs {pm}", m["ppl_se"]);
+        assert!(
+            same_printed(m["ppl"], ppl, 4),
+            "{alias}: ppl {} vs {ppl}",
+            m["ppl"]
+        );
+        assert!(
+            same_printed(m["ppl_se"], pm, 5),
+            "{alias}: ± {} vs {pm}",
+            m["ppl_se"]
+        );
         assert_eq!(m["tokens_scored"], 16.0 * 255.0);
-        eprintln!("{alias}: quantgate ppl {:.6} ± {:.6}; llama-perplexity {ppl} ± {pm}", m["ppl"], m["ppl_se"]);
+        eprintln!(
+            "{alias}: quantgate ppl {:.6} ± {:.6}; llama-perplexity {ppl} ± {pm}",
+            m["ppl"], m["ppl_se"]
+        );
     }
 }

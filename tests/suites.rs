@@ -5,5 +5,8 @@ use std::sync::Arc;
 
 fn main() -> ExitCode {
     let suites = Path::new(env!("CARGO_MANIFEST_DIR")).join("suites");
-    quantgate::harness::run_suites(&suites, Arc::new(quantgate::engine::llama::LlamaEngine::new()))
+    quantgate::harness::run_suites(
+        &suites,
+        Arc::new(quantgate::engine::llama::LlamaEngine::new()),
+    )
 }

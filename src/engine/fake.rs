@@ -112,7 +112,13 @@ impl Engine for FakeEngine {
         }
     }
 
-    fn quantize(&self, _src: &std::path::Path, dst: &std::path::Path, quant: &str, _threads: u32) -> Result<()> {
+    fn quantize(
+        &self,
+        _src: &std::path::Path,
+        dst: &std::path::Path,
+        quant: &str,
+        _threads: u32,
+    ) -> Result<()> {
         Err(Error::engine(format!(
             "the fake engine cannot quantize ({quant} -> {})",
             dst.display()
@@ -179,10 +185,10 @@ impl LoadedModel for FakeModel {
                 )));
             }
             if self.spec.decode_error_in == Some(w) {
-                return Err(self
-                    .info
-                    .file
-                    .error(format!("llama_decode failed (1) in window {w} at positions 0..{}", window.tokens.len())));
+                return Err(self.info.file.error(format!(
+                    "llama_decode failed (1) in window {w} at positions 0..{}",
+                    window.tokens.len()
+                )));
             }
             for (pos, &t) in window.tokens.iter().enumerate().skip(window.logits_from) {
                 self.spec.row(t, pos, &mut row);

@@ -82,7 +82,10 @@ pub fn ggml_version() -> String {
 impl Engine for LlamaEngine {
     fn load(&self, file: &ModelFile) -> Result<Arc<dyn LoadedModel>> {
         let backend = backend()?;
-        let path = file.path.to_str().ok_or_else(|| file.error("path is not UTF-8"))?;
+        let path = file
+            .path
+            .to_str()
+            .ok_or_else(|| file.error("path is not UTF-8"))?;
         let params = LlamaModelParams::default();
         let model = LlamaModel::load_from_file(backend, Path::new(path), &params)
             .map_err(|e| file.error(format!("llama.cpp could not load the model: {e}")))?;
@@ -92,14 +95,20 @@ impl Engine for LlamaEngine {
         let mut h = Sha256::new();
         for id in 0..n_vocab as i32 {
             let t = LlamaToken::new(id);
-            let text = vocab.text(t).map(|c| c.to_bytes().to_vec()).unwrap_or_default();
+            let text = vocab
+                .text(t)
+                .map(|c| c.to_bytes().to_vec())
+                .unwrap_or_default();
             h.update((text.len() as u64).to_le_bytes());
             h.update(&text);
         }
         for special in [vocab.bos(), vocab.eos(), vocab.eot()] {
             h.update(special.0.to_le_bytes());
         }
-        h.update([u8::from(vocab.should_add_bos()), u8::from(vocab.should_add_eos())]);
+        h.update([
+            u8::from(vocab.should_add_bos()),
+            u8::from(vocab.should_add_eos()),
+        ]);
         let info = ModelInfo {
             file: file.clone(),
             n_vocab,
@@ -260,7 +269,12 @@ impl LoadedModel for Loaded {
                 for (k, &t) in chunk.iter().enumerate() {
                     let pos = base + k;
                     batch
-                        .add(LlamaToken::new(t), pos as i32, &[0], pos >= window.logits_from)
+                        .add(
+                            LlamaToken::new(t),
+                            pos as i32,
+                            &[0],
+                            pos >= window.logits_from,
+                        )
                         .map_err(|e| self.err(format!("batch: {e}")))?;
                 }
                 ctx.decode(&mut batch).map_err(|e| {
@@ -342,7 +356,9 @@ impl LoadedModel for Loaded {
                 .add(LlamaToken::new(next), pos as i32, &[0], true)
                 .map_err(|e| self.err(format!("batch: {e}")))?;
             ctx.decode(&mut batch).map_err(|e| {
-                self.err(format!("llama_decode failed ({e}) generating at position {pos}"))
+                self.err(format!(
+                    "llama_decode failed ({e}) generating at position {pos}"
+                ))
             })?;
             last = 0;
             pos += 1;

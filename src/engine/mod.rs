@@ -194,7 +194,13 @@ pub trait Engine: Send + Sync {
     /// What build produces the numbers.
     fn build(&self) -> EngineBuild;
     /// Derive a quantized file (`quant` as `llama-quantize` names it).
-    fn quantize(&self, src: &std::path::Path, dst: &std::path::Path, quant: &str, threads: u32) -> Result<()>;
+    fn quantize(
+        &self,
+        src: &std::path::Path,
+        dst: &std::path::Path,
+        quant: &str,
+        threads: u32,
+    ) -> Result<()>;
 }
 
 type Slot = Arc<OnceLock<Result<Arc<dyn LoadedModel>>>>;
@@ -226,7 +232,12 @@ impl ModelPool {
         let slot = {
             let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
             slots
-                .entry(format!("{}|{}|{}", file.alias, file.sha256, file.path.display()))
+                .entry(format!(
+                    "{}|{}|{}",
+                    file.alias,
+                    file.sha256,
+                    file.path.display()
+                ))
                 .or_default()
                 .clone()
         };
