@@ -205,7 +205,7 @@ pub fn parse_case(path: &Path, name: &str) -> Result<Case> {
         )));
     }
     let n_ctx = *f.window.n_ctx.get_ref();
-    if n_ctx < 8 || n_ctx % 2 != 0 {
+    if n_ctx < 8 || !n_ctx.is_multiple_of(2) {
         errors.push(Error::input(format!(
             "{}: window.n_ctx: {n_ctx} must be an even number ≥ 8",
             at(f.window.n_ctx.span().start)

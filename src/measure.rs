@@ -35,8 +35,9 @@ const LANES: usize = 8;
 #[inline(always)]
 pub fn exp_nonpos(x: f64) -> f64 {
     const LOG2E: f64 = std::f64::consts::LOG2_E;
-    const LN2_HI: f64 = 6.931_471_803_691_238_164_90e-1;
-    const LN2_LO: f64 = 1.908_214_929_270_587_700_02e-10;
+    // fdlibm's split of ln 2: the high part has 21 trailing zero bits.
+    const LN2_HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
+    const LN2_LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76);
     const SHIFT: f64 = 6_755_399_441_055_744.0; // 1.5 · 2^52: rounds to an integer
     let x = x.max(-700.0);
     let t = x * LOG2E + SHIFT;

@@ -519,25 +519,12 @@ mod tests {
             "{e}"
         );
         // Wrong sha256: expected, actual and size are shown.
+        let wrong = format!("0{}", &crate::fsutil::sha256_bytes(b"other")[1..]);
         std::fs::write(
             root.join("models.toml"),
-            good.replacen("sha256 = \"", "sha256 = \"0", 1)
-                .replacen("\"\nbytes", "\"\nbytes", 1),
+            format!("[good]\nsha256 = \"{wrong}\"\npath = \"m.gguf\"\n[sharp]\nsha256 = \"{wrong}\"\npath = \"m.gguf\"\n"),
         )
         .unwrap();
-        let reg = std::fs::read_to_string(root.join("models.toml")).unwrap();
-        let fixed: String = reg
-            .lines()
-            .map(|l| {
-                if l.starts_with("sha256 = \"0") {
-                    format!("{}\"", &l[..l.len() - 2])
-                } else {
-                    l.to_string()
-                }
-            })
-            .collect::<Vec<_>>()
-            .join("\n");
-        std::fs::write(root.join("models.toml"), fixed).unwrap();
         let out = run_all(&root, FakeEngine::new());
         let e = out[0].error.as_deref().unwrap();
         assert!(
