@@ -29,9 +29,13 @@ pub fn run_with_args(suites: &Path, engine: Arc<dyn Engine>, args: &Arguments) -
             return libtest_mimic::run(args, vec![trial]).exit_code();
         }
     };
-    let concurrent = args
-        .test_threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    // nextest runs one process per test, as many at once as there are cores.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let concurrent = if std::env::var_os("NEXTEST").is_some() {
+        cores
+    } else {
+        args.test_threads.unwrap_or(cores)
+    };
     let runner = Arc::new(Runner::new(registry, engine, threads_per_trial(concurrent)));
     let trials = planned
         .into_iter()
