@@ -12,11 +12,36 @@ use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use toml::Spanned;
 
-/// Case kinds and the metrics each produces.
-pub const KINDS: &[(&str, &[&str])] = &[(
-    "perplexity",
-    &["nll_mean", "ppl", "ppl_se", "tokens_scored", "windows"],
-)];
+/// Case kinds.
+pub const KINDS: &[&str] = &["perplexity"];
+
+/// Metrics of every perplexity case.
+pub const PPL_METRICS: &[&str] = &[
+    "nll_mean",
+    "ppl",
+    "ppl_se",
+    "tokens_scored",
+    "top1_matches",
+    "windows",
+];
+
+/// Metrics a perplexity case adds when it names a reference.
+pub const PAIRED_METRICS: &[&str] = &[
+    "delta_nll_mean",
+    "delta_nll_ci95_lo",
+    "delta_nll_ci95_hi",
+    "delta_nll_boot95_lo",
+    "delta_nll_boot95_hi",
+    "windows_better",
+    "ppl_ref",
+    "nll_mean_ref",
+    "top1_matches_ref",
+    "ln_ppl_ratio",
+    "ln_ppl_ratio_se",
+    "ppl_ratio",
+    "ppl_ratio_se",
+    "nll_token_corr",
+];
 
 /// A parsed case.
 #[derive(Debug, Clone)]
@@ -37,6 +62,23 @@ pub struct Case {
     pub gates: Vec<Gate>,
 }
 
+impl Case {
+    /// The metrics this case produces.
+    pub fn metrics(&self) -> Vec<&'static str> {
+        match &self.spec {
+            Spec::Perplexity(p) => metrics_for(p.reference.is_some()),
+        }
+    }
+}
+
+fn metrics_for(paired: bool) -> Vec<&'static str> {
+    let mut m = PPL_METRICS.to_vec();
+    if paired {
+        m.extend_from_slice(PAIRED_METRICS);
+    }
+    m
+}
+
 /// `path:line:col` of a value, for messages after parsing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Location(pub String);
@@ -50,7 +92,7 @@ impl std::fmt::Display for Location {
 /// The kind-specific part of a case.
 #[derive(Debug, Clone)]
 pub enum Spec {
-    /// Teacher-forced perplexity of a text over windows.
+    /// Teacher-forced scoring of a text or token-id file over windows.
     Perplexity(Perplexity),
 }
 
@@ -63,36 +105,132 @@ impl Spec {
     }
 }
 
-/// How a text is cut into windows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum WindowMode {
+/// What is scored.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// A text, tokenized by the model.
+    Text {
+        /// The file.
+        path: PathBuf,
+        /// BOS policy for tokenizing.
+        bos: BosPolicy,
+    },
+    /// Token ids, whitespace-separated decimal integers; never retokenized,
+    /// no synthetic BOS.
+    TokenIds {
+        /// The file.
+        path: PathBuf,
+    },
+}
+
+impl Source {
+    /// The case table that names it.
+    pub fn table(&self) -> &'static str {
+        match self {
+            Source::Text { .. } => "text",
+            Source::TokenIds { .. } => "tokens",
+        }
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        match self {
+            Source::Text { path, .. } | Source::TokenIds { path } => path,
+        }
+    }
+}
+
+/// How a token stream is cut into windows.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Windowing {
     /// `llama-perplexity` default: chunks of n_ctx, first token → BOS when
     /// the model adds one, the second half of each chunk scored.
-    LlamaPerplexity,
+    LlamaPerplexity {
+        /// Chunk length.
+        n_ctx: u32,
+        /// At most this many chunks.
+        chunks: Option<usize>,
+    },
+    /// `llama-perplexity --ppl-stride`: context n_ctx + stride/2, chunks
+    /// every `stride` tokens, the last `stride` positions of each scored.
+    Strided {
+        /// `-c` as given (before the tool's enlargement by stride/2).
+        n_ctx: u32,
+        /// `--ppl-stride`.
+        stride: u32,
+        /// At most this many chunks.
+        chunks: Option<usize>,
+    },
+    /// Independent contexts of `length` input tokens at `starts`, scoring the
+    /// actual next id at every position (seed 002).
+    Resets {
+        /// Input tokens per window.
+        length: u32,
+        /// Start offsets.
+        starts: Vec<usize>,
+    },
+}
+
+impl Windowing {
+    /// The mode's name as the case writes it.
+    pub fn mode(&self) -> &'static str {
+        match self {
+            Windowing::LlamaPerplexity { .. } => "llama-perplexity",
+            Windowing::Strided { .. } => "strided",
+            Windowing::Resets { .. } => "resets",
+        }
+    }
+
+    /// Context length the engine needs.
+    pub fn context(&self) -> u32 {
+        match self {
+            Windowing::LlamaPerplexity { n_ctx, .. } => *n_ctx,
+            Windowing::Strided { n_ctx, stride, .. } => n_ctx + stride / 2,
+            Windowing::Resets { length, .. } => *length,
+        }
+    }
 }
 
 /// A perplexity case.
 #[derive(Debug, Clone)]
 pub struct Perplexity {
-    /// The text file.
-    pub text: PathBuf,
+    /// What is scored.
+    pub source: Source,
     /// Its pinned sha256.
-    pub text_sha256: String,
+    pub sha256: String,
     /// Where the pin is written.
-    pub text_sha256_at: Location,
+    pub sha256_at: Location,
     /// Windowing.
-    pub mode: WindowMode,
-    /// Window length.
-    pub n_ctx: u32,
-    /// Where n_ctx is written.
-    pub n_ctx_at: Location,
-    /// At most this many windows.
-    pub chunks: Option<usize>,
+    pub windowing: Windowing,
+    /// Where the windowing is written (`window.mode`).
+    pub window_at: Location,
     /// Batch size (`n_batch = n_ubatch`).
     pub n_batch: u32,
-    /// BOS policy for tokenizing the text.
-    pub bos: BosPolicy,
+    /// Reference model alias for paired comparisons.
+    pub reference: Option<(String, Location)>,
+    /// Bootstrap settings.
+    pub bootstrap: Bootstrap,
+}
+
+/// Moving-block bootstrap settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Bootstrap {
+    /// Seed of the documented generator (SplitMix64).
+    pub seed: u64,
+    /// Number of resamples.
+    pub resamples: usize,
+    /// Block length in windows (0: ⌈n^(1/3)⌉).
+    pub block: usize,
+}
+
+impl Default for Bootstrap {
+    fn default() -> Self {
+        Bootstrap {
+            seed: 20_251_130,
+            resamples: 2000,
+            block: 0,
+        }
+    }
 }
 
 /// A gate: the metric must be ≤ max and ≥ min.
@@ -114,8 +252,11 @@ struct PerplexityFile {
     #[serde(default)]
     description: String,
     models: Spanned<Vec<Spanned<String>>>,
-    text: TextFile,
-    window: WindowFile,
+    reference: Option<Spanned<String>>,
+    text: Option<TextFile>,
+    tokens: Option<TokensFile>,
+    window: Spanned<WindowFile>,
+    bootstrap: Option<BootstrapFile>,
     #[serde(default)]
     gate: Vec<GateFile>,
 }
@@ -131,11 +272,29 @@ struct TextFile {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct TokensFile {
+    path: Spanned<String>,
+    sha256: Spanned<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct WindowFile {
-    mode: WindowMode,
-    n_ctx: Spanned<u32>,
+    mode: Spanned<String>,
+    n_ctx: Option<Spanned<u32>>,
     chunks: Option<Spanned<usize>>,
+    stride: Option<Spanned<u32>>,
+    length: Option<Spanned<u32>>,
+    starts: Option<Spanned<Vec<usize>>>,
     n_batch: Option<Spanned<u32>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BootstrapFile {
+    seed: Option<u64>,
+    resamples: Option<Spanned<usize>>,
+    block: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -151,6 +310,8 @@ struct KindOnly {
     kind: Option<Spanned<String>>,
 }
 
+const MODES: &[&str] = &["llama-perplexity", "strided", "resets"];
+
 /// Parse the case at `path`; `name` is its test-name stem.
 pub fn parse_case(path: &Path, name: &str) -> Result<Case> {
     let bytes =
@@ -163,75 +324,239 @@ pub fn parse_case(path: &Path, name: &str) -> Result<Case> {
     };
     // `kind` picks the schema; read it leniently first.
     let kind = toml::from_str::<KindOnly>(&src).ok().and_then(|k| k.kind);
-    let kinds: Vec<&str> = KINDS.iter().map(|(k, _)| *k).collect();
     let Some(kind) = kind else {
         // Let the full parser report syntax errors first.
         parse_toml::<toml::Table>(path, &src)?;
         return Err(Error::input(format!(
             "{}: missing key `kind` (one of {})",
             path.display(),
-            kinds.join(", ")
+            KINDS.join(", ")
         )));
     };
-    let metrics = match KINDS.iter().find(|(k, _)| *k == kind.get_ref()) {
-        Some((_, m)) => *m,
-        None => {
+    if !KINDS.contains(&kind.get_ref().as_str()) {
+        return Err(Error::input(format!(
+            "{}: kind: `{}` is not one of {}",
+            at(kind.span().start),
+            kind.get_ref(),
+            KINDS.join(", ")
+        )));
+    }
+    let f: PerplexityFile = parse_toml(path, &src)?;
+    let mut errors = Vec::new();
+    let mut err = |loc: Location, msg: String| errors.push(Error::input(format!("{loc}: {msg}")));
+    let base = path.parent().unwrap_or(Path::new("."));
+    if f.models.get_ref().is_empty() {
+        err(
+            at(f.models.span().start),
+            "models: list at least one model alias".into(),
+        );
+    }
+    let (source, sha) = match (&f.text, &f.tokens) {
+        (Some(t), None) => (
+            Source::Text {
+                path: base.join(t.path.get_ref()),
+                bos: t.bos.unwrap_or(BosPolicy::Model),
+            },
+            ("text", &t.sha256),
+        ),
+        (None, Some(t)) => (
+            Source::TokenIds {
+                path: base.join(t.path.get_ref()),
+            },
+            ("tokens", &t.sha256),
+        ),
+        _ => {
             return Err(Error::input(format!(
-                "{}: kind: `{}` is not one of {}",
-                at(kind.span().start),
-                kind.get_ref(),
-                kinds.join(", ")
+                "{}: give exactly one of [text] (a text to tokenize) or [tokens] (a token-id file)",
+                path.display()
             )))
         }
     };
-    let f: PerplexityFile = parse_toml(path, &src)?;
-    let mut errors = Vec::new();
-    let base = path.parent().unwrap_or(Path::new("."));
-    if f.models.get_ref().is_empty() {
-        errors.push(Error::input(format!(
-            "{}: models: list at least one model alias",
-            at(f.models.span().start)
-        )));
-    }
-    let sha = f.text.sha256.get_ref().clone();
-    if sha.len() != 64
+    let (table, sha) = sha;
+    if sha.get_ref().len() != 64
         || !sha
+            .get_ref()
             .bytes()
-            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     {
-        errors.push(Error::input(format!(
-            "{}: text.sha256: `{sha}` is not 64 lower-case hex digits",
-            at(f.text.sha256.span().start)
-        )));
+        err(
+            at(sha.span().start),
+            format!(
+                "{table}.sha256: `{}` is not 64 lower-case hex digits",
+                sha.get_ref()
+            ),
+        );
     }
-    let n_ctx = *f.window.n_ctx.get_ref();
-    if n_ctx < 8 || !n_ctx.is_multiple_of(2) {
-        errors.push(Error::input(format!(
-            "{}: window.n_ctx: {n_ctx} must be an even number ≥ 8",
-            at(f.window.n_ctx.span().start)
-        )));
-    }
-    if let Some(c) = &f.window.chunks {
-        if *c.get_ref() == 0 {
-            errors.push(Error::input(format!(
-                "{}: window.chunks: must be ≥ 1",
-                at(c.span().start)
-            )));
+    let w = f.window.get_ref();
+    let mode = w.mode.get_ref().as_str();
+    // Which keys each mode takes.
+    let allowed: &[&str] = match mode {
+        "llama-perplexity" => &["n_ctx", "chunks", "n_batch"],
+        "strided" => &["n_ctx", "stride", "chunks", "n_batch"],
+        "resets" => &["length", "starts", "n_batch"],
+        _ => {
+            err(
+                at(w.mode.span().start),
+                format!("window.mode: `{mode}` is not one of {}", MODES.join(", ")),
+            );
+            &[]
+        }
+    };
+    let present: [(&str, Option<usize>); 6] = [
+        ("n_ctx", w.n_ctx.as_ref().map(|v| v.span().start)),
+        ("chunks", w.chunks.as_ref().map(|v| v.span().start)),
+        ("stride", w.stride.as_ref().map(|v| v.span().start)),
+        ("length", w.length.as_ref().map(|v| v.span().start)),
+        ("starts", w.starts.as_ref().map(|v| v.span().start)),
+        ("n_batch", w.n_batch.as_ref().map(|v| v.span().start)),
+    ];
+    if MODES.contains(&mode) {
+        for (key, pos) in present {
+            if let Some(pos) = pos {
+                if !allowed.contains(&key) {
+                    err(
+                        at(pos),
+                        format!(
+                            "window.{key}: not used by mode = \"{mode}\" (it takes {})",
+                            allowed.join(", ")
+                        ),
+                    );
+                }
+            }
+        }
+        if mode == "resets" && source_is_text(&source) {
+            err(
+                at(w.mode.span().start),
+                "window.mode: `resets` scores a pinned token-id file: use [tokens], not [text]"
+                    .into(),
+            );
         }
     }
-    let n_batch = f
-        .window
+    let mode_at = at(w.mode.span().start);
+    let need = |v: &Option<Spanned<u32>>, key: &str, errs: &mut Vec<(Location, String)>| -> u32 {
+        match v {
+            Some(v) => *v.get_ref(),
+            None => {
+                errs.push((
+                    mode_at.clone(),
+                    format!("window: mode = \"{mode}\" needs `{key}`"),
+                ));
+                0
+            }
+        }
+    };
+    let mut later: Vec<(Location, String)> = Vec::new();
+    let chunks = w.chunks.as_ref().map(|c| *c.get_ref());
+    if let Some(c) = &w.chunks {
+        if *c.get_ref() == 0 {
+            later.push((
+                at(c.span().start),
+                "window.chunks: must be ≥ 1 (zero windows)".into(),
+            ));
+        }
+    }
+    let windowing = match mode {
+        "strided" => {
+            let n_ctx = need(&w.n_ctx, "n_ctx", &mut later);
+            let stride = need(&w.stride, "stride", &mut later);
+            if let Some(s) = &w.stride {
+                // The first scored row is (n_ctx + stride/2) − stride − 1.
+                if stride == 0 || stride - stride / 2 >= n_ctx.max(1) {
+                    later.push((
+                        at(s.span().start),
+                        format!("window.stride: {stride} does not fit: it must be ≥ 1 and leave a scored position inside the context n_ctx + stride/2 = {}", n_ctx + stride / 2),
+                    ));
+                }
+            }
+            Windowing::Strided {
+                n_ctx,
+                stride,
+                chunks,
+            }
+        }
+        "resets" => {
+            let length = need(&w.length, "length", &mut later);
+            let starts = match &w.starts {
+                Some(s) if s.get_ref().is_empty() => {
+                    later.push((
+                        at(s.span().start),
+                        "window.starts: list at least one start (zero windows)".into(),
+                    ));
+                    Vec::new()
+                }
+                Some(s) => s.get_ref().clone(),
+                None => {
+                    later.push((
+                        mode_at.clone(),
+                        "window: mode = \"resets\" needs `starts`".into(),
+                    ));
+                    Vec::new()
+                }
+            };
+            if length < 2 && w.length.is_some() {
+                later.push((
+                    mode_at.clone(),
+                    format!("window.length: {length} must be ≥ 2"),
+                ));
+            }
+            Windowing::Resets { length, starts }
+        }
+        _ => Windowing::LlamaPerplexity {
+            n_ctx: need(&w.n_ctx, "n_ctx", &mut later),
+            chunks,
+        },
+    };
+    if let Windowing::LlamaPerplexity { n_ctx, .. } | Windowing::Strided { n_ctx, .. } = &windowing
+    {
+        if let Some(v) = &w.n_ctx {
+            if *n_ctx < 8 || !n_ctx.is_multiple_of(2) {
+                later.push((
+                    at(v.span().start),
+                    format!("window.n_ctx: {n_ctx} must be an even number ≥ 8"),
+                ));
+            }
+        }
+    }
+    let context = windowing.context();
+    // llama-perplexity: n_batch = min(-b, -c), before the strided enlargement.
+    let batch_cap = match &windowing {
+        Windowing::Strided { n_ctx, .. } => *n_ctx,
+        _ => context,
+    };
+    let n_batch = w
         .n_batch
         .as_ref()
-        .map_or(512.min(n_ctx), |b| *b.get_ref());
-    if let Some(b) = &f.window.n_batch {
-        if n_batch == 0 || n_batch > n_ctx {
-            errors.push(Error::input(format!(
-                "{}: window.n_batch: {n_batch} must be between 1 and n_ctx ({n_ctx})",
-                at(b.span().start)
-            )));
+        .map_or(512.min(batch_cap.max(1)), |b| *b.get_ref());
+    if let Some(b) = &w.n_batch {
+        if n_batch == 0 || n_batch > context {
+            later.push((
+                at(b.span().start),
+                format!("window.n_batch: {n_batch} must be between 1 and the context ({context})"),
+            ));
         }
     }
+    for (loc, msg) in later {
+        err(loc, msg);
+    }
+    let mut bootstrap = Bootstrap::default();
+    if let Some(b) = &f.bootstrap {
+        if let Some(s) = b.seed {
+            bootstrap.seed = s;
+        }
+        if let Some(r) = &b.resamples {
+            if *r.get_ref() < 100 {
+                err(
+                    at(r.span().start),
+                    format!("bootstrap.resamples: {} is too few (≥ 100)", r.get_ref()),
+                );
+            }
+            bootstrap.resamples = *r.get_ref();
+        }
+        if let Some(k) = b.block {
+            bootstrap.block = k;
+        }
+    }
+    let metrics = metrics_for(f.reference.is_some());
     let mut gates = Vec::new();
     for (i, g) in f.gate.iter().enumerate() {
         let m = g.metric.get_ref();
@@ -239,18 +564,25 @@ pub fn parse_case(path: &Path, name: &str) -> Result<Case> {
             let hint = nearest(m, metrics.iter().copied())
                 .map(|n| format!(" (did you mean `{n}`?)"))
                 .unwrap_or_default();
-            errors.push(Error::input(format!(
-                "{}: gate[{i}].metric: `{m}` is not a metric of a {} case{hint}; metrics: {}",
+            let why = if PAIRED_METRICS.contains(&m.as_str()) {
+                " without a `reference`".to_string()
+            } else {
+                String::new()
+            };
+            err(
                 at(g.metric.span().start),
-                kind.get_ref(),
-                metrics.join(", ")
-            )));
+                format!(
+                    "gate[{i}].metric: `{m}` is not a metric of a {} case{why}{hint}; metrics: {}",
+                    kind.get_ref(),
+                    metrics.join(", ")
+                ),
+            );
         }
         if g.max.is_none() && g.min.is_none() {
-            errors.push(Error::input(format!(
-                "{}: gate[{i}]: give `max`, `min` or both",
-                at(g.metric.span().start)
-            )));
+            err(
+                at(g.metric.span().start),
+                format!("gate[{i}]: give `max`, `min` or both"),
+            );
         }
         gates.push(Gate {
             metric: m.clone(),
@@ -273,18 +605,23 @@ pub fn parse_case(path: &Path, name: &str) -> Result<Case> {
             .map(|m| (m.get_ref().clone(), at(m.span().start)))
             .collect(),
         spec: Spec::Perplexity(Perplexity {
-            text: base.join(f.text.path.get_ref()),
-            text_sha256: sha,
-            text_sha256_at: at(f.text.sha256.span().start),
-            mode: f.window.mode,
-            n_ctx,
-            n_ctx_at: at(f.window.n_ctx.span().start),
-            chunks: f.window.chunks.map(|c| c.into_inner()),
+            source,
+            sha256: sha.get_ref().clone(),
+            sha256_at: at(sha.span().start),
+            windowing,
+            window_at: mode_at,
             n_batch,
-            bos: f.text.bos.unwrap_or(BosPolicy::Model),
+            reference: f
+                .reference
+                .map(|r| (r.get_ref().clone(), at(r.span().start))),
+            bootstrap,
         }),
         gates,
     })
+}
+
+fn source_is_text(s: &Source) -> bool {
+    matches!(s, Source::Text { .. })
 }
 
 #[cfg(test)]
@@ -327,7 +664,14 @@ max = 10.0
             }]
         );
         let Spec::Perplexity(pp) = &c.spec;
-        assert_eq!((pp.n_ctx, pp.chunks, pp.n_batch), (64, Some(2), 64));
+        assert_eq!(
+            pp.windowing,
+            Windowing::LlamaPerplexity {
+                n_ctx: 64,
+                chunks: Some(2)
+            }
+        );
+        assert_eq!(pp.n_batch, 64);
     }
 
     #[test]

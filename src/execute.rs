@@ -1,66 +1,169 @@
-//! Execute stage: run a planned case on a loaded model and collect
-//! observations, reducing each logit row as it arrives.
+//! Execute stage: cut a token stream into windows, run them on a loaded
+//! model and collect observations, reducing each logit row as it arrives.
 //!
-//! Contract: windows are built exactly as `llama-perplexity` builds them
-//! (tools/perplexity/perplexity.cpp, `perplexity()`): chunks of n_ctx tokens
-//! from the text tokenized with BOS per the model, the first token of each
-//! chunk replaced by BOS when the model adds one, logits requested from
-//! position n_ctx/2, and positions n_ctx/2 .. n_ctx−2 scored against the
-//! next token. Too short a text is an error, as it is there.
+//! Contract: the windows are exactly those `llama-perplexity`
+//! (tools/perplexity/perplexity.cpp) builds, in each of its modes:
+//! - default: chunks of n_ctx tokens of the text tokenized with BOS per the
+//!   model; the first token of each chunk replaced by BOS when the model adds
+//!   one; logits requested from n_ctx/2; positions n_ctx/2 .. n_ctx−2 scored.
+//! - strided (`--ppl-stride S`): context n_ctx + S/2; chunk i is tokens
+//!   [i·S, i·S + context); every position's logits requested; the last S
+//!   positions before the end scored. The tool writes its BOS into the token
+//!   list only after the chunk is decoded, so chunks after the first start
+//!   with an ordinary token: the model sees no BOS there, and neither here.
+//! - resets (seed 002): independent windows of L pinned ids at given starts,
+//!   no BOS added, every position scored against the actual next id.
+//!
+//! Too few tokens is an error, as it is in the tool.
 
+use crate::case::Windowing;
 use crate::engine::{LoadedModel, Settings, TokenId, Window};
 use crate::error::{Error, Result};
 use crate::measure::{row_stats, WindowNll};
 use serde::Serialize;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// Windows of a text in llama-perplexity's default mode.
+/// A window with what to score in it.
 #[derive(Debug, Clone)]
-pub struct PplWindows {
-    /// The windows, BOS substituted.
-    pub windows: Vec<Window>,
-    /// Token index in the text where each window starts.
-    pub starts: Vec<usize>,
-    /// Window length.
-    pub n_ctx: usize,
+pub struct PlannedWindow {
+    /// What the engine decodes.
+    pub window: Window,
+    /// First scored position; positions `first_scored..first_scored + targets.len()`.
+    pub first_scored: usize,
+    /// The true next token of each scored position.
+    pub targets: Vec<TokenId>,
 }
 
-/// Cut `tokens` into llama-perplexity's default windows.
-pub fn perplexity_windows(
-    tokens: &[TokenId],
-    n_ctx: usize,
-    chunks: Option<usize>,
-    add_bos: bool,
-    bos: TokenId,
-) -> std::result::Result<PplWindows, String> {
-    if tokens.len() < 2 * n_ctx {
-        return Err(format!(
-            "the text tokenizes to only {} tokens; llama-perplexity needs at least 2 × n_ctx = {}",
-            tokens.len(),
-            2 * n_ctx
-        ));
-    }
-    let n_chunk_max = tokens.len() / n_ctx;
-    let n_chunk = chunks.map_or(n_chunk_max, |c| c.min(n_chunk_max));
-    let mut windows = Vec::with_capacity(n_chunk);
-    let mut starts = Vec::with_capacity(n_chunk);
-    for i in 0..n_chunk {
-        let start = i * n_ctx;
-        let mut w = tokens[start..start + n_ctx].to_vec();
-        if add_bos {
-            w[0] = bos;
+/// All windows of a case on one token stream.
+#[derive(Debug, Clone)]
+pub struct ScoringPlan {
+    /// Windows in order.
+    pub windows: Vec<PlannedWindow>,
+    /// Context length the engine needs.
+    pub n_ctx: u32,
+    /// sha256 over every window's input ids and targets (little-endian i32):
+    /// two models scoring equal hashes scored identical tokens.
+    pub token_stream_sha256: String,
+}
+
+/// Cut `ids` into windows. `bos` is Some(id) when the model adds BOS
+/// (llama-perplexity default mode substitutes it).
+pub fn plan_windows(
+    ids: &[TokenId],
+    windowing: &Windowing,
+    bos: Option<TokenId>,
+) -> std::result::Result<ScoringPlan, String> {
+    let mut windows = Vec::new();
+    let n = ids.len();
+    match windowing {
+        Windowing::LlamaPerplexity { n_ctx, chunks } => {
+            let n_ctx = *n_ctx as usize;
+            if n < 2 * n_ctx {
+                return Err(format!("the text tokenizes to only {n} tokens; llama-perplexity needs at least 2 × n_ctx = {}", 2 * n_ctx));
+            }
+            let n_chunk = chunks.map_or(n / n_ctx, |c| c.min(n / n_ctx));
+            let first = n_ctx / 2;
+            for i in 0..n_chunk {
+                let start = i * n_ctx;
+                let mut tokens = ids[start..start + n_ctx].to_vec();
+                if let Some(b) = bos {
+                    tokens[0] = b;
+                }
+                windows.push(PlannedWindow {
+                    window: Window {
+                        tokens,
+                        logits_from: first,
+                    },
+                    first_scored: first,
+                    targets: ids[start + first + 1..start + n_ctx].to_vec(),
+                });
+            }
         }
-        windows.push(Window {
-            tokens: w,
-            logits_from: n_ctx / 2,
-        });
-        starts.push(start);
+        Windowing::Strided { stride, chunks, .. } => {
+            let calc = windowing.context() as usize;
+            let stride = *stride as usize;
+            if n < 2 * calc || n <= calc {
+                return Err(format!(
+                    "the text tokenizes to only {n} tokens; strided mode needs at least 2 × context = {}",
+                    2 * calc
+                ));
+            }
+            let n_chunk_max = (n - calc + stride - 1) / stride;
+            let n_chunk = chunks.map_or(n_chunk_max, |c| c.min(n_chunk_max));
+            let first = calc - stride - 1;
+            for i in 0..n_chunk {
+                let start = i * stride;
+                windows.push(PlannedWindow {
+                    window: Window {
+                        tokens: ids[start..start + calc].to_vec(),
+                        logits_from: 0,
+                    },
+                    first_scored: first,
+                    targets: ids[start + first + 1..start + calc].to_vec(),
+                });
+            }
+        }
+        Windowing::Resets { length, starts } => {
+            let l = *length as usize;
+            for &s in starts {
+                if s + l + 1 > n {
+                    return Err(format!(
+                        "the window at start {s} needs ids {s}..={}, so at least {} ids; the file has {n}",
+                        s + l,
+                        s + l + 1
+                    ));
+                }
+                windows.push(PlannedWindow {
+                    window: Window {
+                        tokens: ids[s..s + l].to_vec(),
+                        logits_from: 0,
+                    },
+                    first_scored: 0,
+                    targets: ids[s + 1..s + l + 1].to_vec(),
+                });
+            }
+        }
     }
-    Ok(PplWindows {
+    if windows.is_empty() {
+        return Err("zero windows to score".into());
+    }
+    let mut h = sha2::Sha256::default();
+    for w in &windows {
+        for id in w.window.tokens.iter().chain(&w.targets) {
+            sha2::Digest::update(&mut h, id.to_le_bytes());
+        }
+    }
+    Ok(ScoringPlan {
         windows,
-        starts,
-        n_ctx,
+        n_ctx: windowing.context(),
+        token_stream_sha256: crate::fsutil::hex(&sha2::Digest::finalize(h)),
     })
+}
+
+/// Parse a token-id file: decimal integers separated by whitespace.
+/// Errors name the line and column.
+pub fn parse_token_ids(src: &str) -> std::result::Result<Vec<TokenId>, String> {
+    let mut out = Vec::new();
+    for (l, line) in src.lines().enumerate() {
+        let mut col = 0;
+        for word in line.split_whitespace() {
+            col = line[col..].find(word).map_or(col, |i| col + i);
+            let id: TokenId = word
+                .parse()
+                .ok()
+                .filter(|v: &TokenId| *v >= 0)
+                .ok_or_else(|| {
+                    format!(
+                        "{}:{}: `{word}` is not a token id (a non-negative integer)",
+                        l + 1,
+                        col + 1
+                    )
+                })?;
+            out.push(id);
+            col += word.len();
+        }
+    }
+    Ok(out)
 }
 
 /// Time per stage, for `--timings`.
@@ -80,81 +183,68 @@ pub struct StageTimings {
     pub total: Duration,
 }
 
-/// What a perplexity run observed.
-#[derive(Debug, Clone)]
-pub struct PplObservation {
+/// What scoring a plan observed.
+#[derive(Debug, Clone, Default)]
+pub struct Scored {
     /// Per-window sums.
     pub windows: Vec<WindowNll>,
-    /// Tokens in the whole text.
-    pub tokens_total: usize,
-    /// sha256 of the scored token stream (all windows' ids, little-endian i32).
-    pub token_stream_sha256: String,
-    /// Time spent.
-    pub timings: StageTimings,
+    /// NLL of every scored position, window after window.
+    pub token_nll: Vec<f64>,
+    /// Whether the argmax was the true token, same order.
+    pub token_top1: Vec<bool>,
+    /// Decode time.
+    pub decode: Duration,
+    /// Row reduction time.
+    pub measure: Duration,
 }
 
-/// Score `text` on `model` in llama-perplexity's default mode.
-pub fn run_perplexity(
+/// Score every planned window on `model`.
+pub fn score_plan(
     model: &dyn LoadedModel,
-    text: &str,
-    bos: crate::engine::BosPolicy,
-    n_ctx: u32,
+    plan: &ScoringPlan,
     n_batch: u32,
-    chunks: Option<usize>,
     threads: u32,
-) -> Result<PplObservation> {
-    let mut timings = StageTimings::default();
-    let info = model.info();
-    let t = Instant::now();
-    let ids: Vec<TokenId> = model
-        .tokenize(text, bos)?
-        .into_iter()
-        .map(|t| t.id)
-        .collect();
-    timings.tokenize = t.elapsed();
-    let add_bos = match bos {
-        crate::engine::BosPolicy::Model => info.add_bos,
-        crate::engine::BosPolicy::Always => true,
-        crate::engine::BosPolicy::Never => false,
-    };
-    let plan = perplexity_windows(&ids, n_ctx as usize, chunks, add_bos, info.bos)
-        .map_err(Error::input)?;
-    let mut h = sha2::Sha256::default();
-    for w in &plan.windows {
-        for id in &w.tokens {
-            sha2::Digest::update(&mut h, id.to_le_bytes());
-        }
-    }
-    let token_stream_sha256 = crate::fsutil::hex(&sha2::Digest::finalize(h));
-    let mut settings = Settings::new(n_ctx, threads);
+) -> Result<Scored> {
+    let mut settings = Settings::new(plan.n_ctx, threads);
     settings.n_batch = n_batch;
-    let mut sums = vec![WindowNll::default(); plan.windows.len()];
-    let n = plan.n_ctx;
-    let et = model.score(&settings, &plan.windows, &mut |w, pos, row| {
-        // The last position predicts a token outside the window.
-        if pos + 1 >= n {
+    let windows: Vec<Window> = plan.windows.iter().map(|w| w.window.clone()).collect();
+    let total: usize = plan.windows.iter().map(|w| w.targets.len()).sum();
+    let mut out = Scored {
+        windows: vec![WindowNll::default(); windows.len()],
+        token_nll: Vec::with_capacity(total),
+        token_top1: Vec::with_capacity(total),
+        ..Scored::default()
+    };
+    let n_vocab = model.info().n_vocab;
+    let et = model.score(&settings, &windows, &mut |w, pos, row| {
+        let pw = &plan.windows[w];
+        let Some(k) = pos.checked_sub(pw.first_scored).filter(|k| *k < pw.targets.len()) else {
             return Ok(());
-        }
-        let target = ids[plan.starts[w] + pos + 1] as usize;
-        if target >= row.len() {
-            return Err(Error::engine(format!(
-                "token id {target} at position {} is outside the vocabulary ({})",
-                pos + 1,
-                row.len()
+        };
+        let target = pw.targets[k];
+        if target < 0 || target as usize >= n_vocab {
+            return Err(Error::input(format!(
+                "token id {target} (window {w}, position {}) is outside the vocabulary of {n_vocab} tokens",
+                pos + 1
             )));
         }
         let st = row_stats(row);
-        sums[w].add(-st.logprob(row, target), st.argmax == target);
+        let nll = -st.logprob(row, target as usize);
+        let top1 = st.argmax == target as usize;
+        out.windows[w].add(nll, top1);
+        out.token_nll.push(nll);
+        out.token_top1.push(top1);
         Ok(())
     })?;
-    timings.decode = et.decode;
-    timings.measure = et.callback;
-    Ok(PplObservation {
-        windows: sums,
-        tokens_total: ids.len(),
-        token_stream_sha256,
-        timings,
-    })
+    if out.token_nll.len() != total {
+        return Err(Error::engine(format!(
+            "scored {} positions, planned {total}: rows went missing",
+            out.token_nll.len()
+        )));
+    }
+    out.decode = et.decode;
+    out.measure = et.callback;
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -162,18 +252,92 @@ mod tests {
     use super::*;
 
     #[test]
-    fn windows_match_llama_perplexity() {
+    fn default_windows_match_llama_perplexity() {
         let toks: Vec<TokenId> = (0..100).collect();
-        let p = perplexity_windows(&toks, 16, None, true, -1).unwrap();
+        let w = Windowing::LlamaPerplexity {
+            n_ctx: 16,
+            chunks: None,
+        };
+        let p = plan_windows(&toks, &w, Some(-1)).unwrap();
         assert_eq!(p.windows.len(), 6); // 100 / 16
-        assert_eq!(p.windows[1].tokens[0], -1);
-        assert_eq!(p.windows[1].tokens[1], 17);
-        assert_eq!(p.windows[1].logits_from, 8);
-        assert_eq!(p.starts[5], 80);
-        let p = perplexity_windows(&toks, 16, Some(2), false, -1).unwrap();
+        let w1 = &p.windows[1];
+        assert_eq!(w1.window.tokens[0], -1);
+        assert_eq!(w1.window.tokens[1], 17);
+        assert_eq!(w1.window.logits_from, 8);
+        assert_eq!((w1.first_scored, w1.targets.len()), (8, 7));
+        assert_eq!(w1.targets[0], 16 + 9);
+        assert_eq!(*w1.targets.last().unwrap(), 31);
+        let p = plan_windows(
+            &toks,
+            &Windowing::LlamaPerplexity {
+                n_ctx: 16,
+                chunks: Some(2),
+            },
+            None,
+        )
+        .unwrap();
         assert_eq!(p.windows.len(), 2);
-        assert_eq!(p.windows[1].tokens[0], 16);
-        let e = perplexity_windows(&toks, 64, None, true, -1).unwrap_err();
+        assert_eq!(p.windows[1].window.tokens[0], 16);
+        let e = plan_windows(
+            &toks,
+            &Windowing::LlamaPerplexity {
+                n_ctx: 64,
+                chunks: None,
+            },
+            None,
+        )
+        .unwrap_err();
         assert!(e.contains("only 100 tokens"), "{e}");
+    }
+
+    #[test]
+    fn strided_windows_match_ppl_stride() {
+        // -c 16 --ppl-stride 8: context 20, chunks every 8 tokens, 8 scored each.
+        let toks: Vec<TokenId> = (0..100).collect();
+        let w = Windowing::Strided {
+            n_ctx: 16,
+            stride: 8,
+            chunks: None,
+        };
+        let p = plan_windows(&toks, &w, Some(-1)).unwrap();
+        assert_eq!(p.n_ctx, 20);
+        assert_eq!(p.windows.len(), (100 - 20 + 7) / 8);
+        let w2 = &p.windows[2];
+        // No BOS in the decoded tokens: the tool writes it after decoding.
+        assert_eq!(w2.window.tokens[0], 16);
+        assert_eq!(w2.window.logits_from, 0);
+        assert_eq!(w2.first_scored, 20 - 8 - 1);
+        assert_eq!(w2.targets, (16 + 12..16 + 20).collect::<Vec<_>>());
+        // Consecutive chunks score consecutive targets.
+        assert_eq!(
+            *p.windows[1].targets.last().unwrap() + 1,
+            p.windows[2].targets[0]
+        );
+    }
+
+    #[test]
+    fn resets_score_every_next_id_without_bos() {
+        let toks: Vec<TokenId> = (0..1025).collect();
+        let w = Windowing::Resets {
+            length: 512,
+            starts: vec![0, 512],
+        };
+        let p = plan_windows(&toks, &w, Some(-1)).unwrap();
+        assert_eq!(p.windows[1].window.tokens[0], 512);
+        let targets: Vec<TokenId> = p.windows.iter().flat_map(|w| w.targets.clone()).collect();
+        assert_eq!(targets, (1..=1024).collect::<Vec<_>>());
+        let e = plan_windows(&toks[..1024], &w, None).unwrap_err();
+        assert!(
+            e.contains("start 512 needs ids 512..=1024, so at least 1025 ids; the file has 1024"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn token_id_files_name_the_bad_position() {
+        assert_eq!(parse_token_ids("1 2\n3\n\n 4").unwrap(), vec![1, 2, 3, 4]);
+        let e = parse_token_ids("1 2\n3 x4 5\n").unwrap_err();
+        assert_eq!(e, "2:3: `x4` is not a token id (a non-negative integer)");
+        assert!(parse_token_ids("-1").unwrap_err().starts_with("1:1:"));
     }
 }

@@ -20,6 +20,9 @@ pub struct GateResult {
     pub observed: Option<f64>,
     /// Whether it held.
     pub passed: bool,
+    /// The metric's 95% interval and the number of windows behind it, when
+    /// the case measures one (`X_ci95_lo`/`_hi`, or `X` less `_mean`).
+    pub interval: Option<(f64, f64, usize)>,
 }
 
 impl GateResult {
@@ -31,10 +34,16 @@ impl GateResult {
                 "{}: missing, gate needs {} {op} {}",
                 self.metric, self.metric, self.threshold
             ),
-            Some(v) => format!(
-                "{} = {v} violates {} {op} {} ({} {})",
-                self.metric, self.metric, self.threshold, self.bound, self.threshold
-            ),
+            Some(v) => {
+                let ci = self
+                    .interval
+                    .map(|(lo, hi, n)| format!(" (95% CI {lo:.6} … {hi:.6} over {n} windows)"))
+                    .unwrap_or_default();
+                format!(
+                    "{} = {v}{ci} violates {} {op} {} ({} {})",
+                    self.metric, self.metric, self.threshold, self.bound, self.threshold
+                )
+            }
         }
     }
 }
@@ -44,6 +53,16 @@ pub fn judge(gates: &[Gate], metrics: &BTreeMap<String, f64>) -> Vec<GateResult>
     let mut out = Vec::new();
     for g in gates {
         let observed = metrics.get(&g.metric).copied();
+        let stem = g.metric.strip_suffix("_mean").unwrap_or(&g.metric);
+        let interval = match (
+            metrics.get(&format!("{stem}_ci95_lo")),
+            metrics.get(&format!("{stem}_ci95_hi")),
+        ) {
+            (Some(lo), Some(hi)) => {
+                Some((*lo, *hi, metrics.get("windows").map_or(0, |w| *w as usize)))
+            }
+            _ => None,
+        };
         for (bound, threshold) in [("max", g.max), ("min", g.min)] {
             let Some(threshold) = threshold else { continue };
             // NaN compares false both ways, so it fails either bound.
@@ -60,6 +79,7 @@ pub fn judge(gates: &[Gate], metrics: &BTreeMap<String, f64>) -> Vec<GateResult>
                 threshold,
                 observed,
                 passed,
+                interval,
             });
         }
     }
@@ -91,6 +111,21 @@ mod tests {
         );
         assert!(r.iter().all(|g| !g.passed), "{r:?}");
         assert_eq!(r.len(), 3);
+    }
+
+    #[test]
+    fn a_paired_gate_names_its_interval() {
+        let m = BTreeMap::from([
+            ("delta_nll_mean".to_string(), 0.25),
+            ("delta_nll_ci95_lo".to_string(), 0.2),
+            ("delta_nll_ci95_hi".to_string(), 0.3),
+            ("windows".to_string(), 16.0),
+        ]);
+        let r = judge(&[gate("delta_nll_mean", Some(0.05), None)], &m);
+        assert_eq!(
+            r[0].describe(),
+            "delta_nll_mean = 0.25 (95% CI 0.200000 … 0.300000 over 16 windows) violates delta_nll_mean ≤ 0.05 (max 0.05)"
+        );
     }
 
     #[test]

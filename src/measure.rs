@@ -172,7 +172,184 @@ pub fn perplexity_metrics(windows: &[WindowNll]) -> BTreeMap<String, f64> {
         ("ppl".to_string(), ppl),
         ("ppl_se".to_string(), se),
         ("tokens_scored".to_string(), n),
+        (
+            "top1_matches".to_string(),
+            windows.iter().map(|w| w.top1).sum::<usize>() as f64,
+        ),
         ("windows".to_string(), windows.len() as f64),
+    ])
+}
+
+/// SplitMix64 (Steele, Lea, Flood 2014): the documented generator behind
+/// seeded bootstraps, so a seed gives the same interval everywhere.
+#[derive(Debug, Clone)]
+pub struct SplitMix64(pub u64);
+
+impl SplitMix64 {
+    /// Next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform integer in 0..n (n ≥ 1), by rejection: no modulo bias.
+    pub fn below(&mut self, n: u64) -> u64 {
+        let zone = u64::MAX - u64::MAX % n;
+        loop {
+            let v = self.next_u64();
+            if v < zone {
+                return v % n;
+            }
+        }
+    }
+}
+
+/// Sample quantile with linear interpolation between order statistics
+/// (Hyndman–Fan type 7, the default of R and numpy). `sorted` is ascending.
+pub fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let h = (sorted.len() - 1) as f64 * q;
+    let lo = h.floor() as usize;
+    let hi = h.ceil() as usize;
+    sorted[lo] + (h - lo as f64) * (sorted[hi] - sorted[lo])
+}
+
+/// Mean and 95% Student-t interval of `xs` (NaN bounds with fewer than 2).
+pub fn t_interval95(xs: &[f64]) -> (f64, f64, f64) {
+    let n = xs.len() as f64;
+    let mean = xs.iter().sum::<f64>() / n;
+    if xs.len() < 2 {
+        return (mean, f64::NAN, f64::NAN);
+    }
+    let var = xs.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (n - 1.0);
+    let t = statrs::distribution::ContinuousCDF::inverse_cdf(
+        &statrs::distribution::StudentsT::new(0.0, 1.0, n - 1.0).expect("df ≥ 1"),
+        0.975,
+    );
+    let half = t * (var / n).sqrt();
+    (mean, mean - half, mean + half)
+}
+
+/// 95% percentile interval of the mean of `xs` by a moving-block bootstrap:
+/// blocks of `block` consecutive values (0: ⌈n^(1/3)⌉) start anywhere in
+/// 0..=n−block, are drawn with replacement and concatenated to length n.
+pub fn block_bootstrap95(xs: &[f64], block: usize, resamples: usize, seed: u64) -> (f64, f64) {
+    let n = xs.len();
+    if n < 2 || resamples == 0 {
+        return (f64::NAN, f64::NAN);
+    }
+    let b = if block == 0 {
+        (n as f64).cbrt().ceil() as usize
+    } else {
+        block
+    }
+    .clamp(1, n);
+    let starts = (n - b + 1) as u64;
+    let mut rng = SplitMix64(seed);
+    let mut means = Vec::with_capacity(resamples);
+    for _ in 0..resamples {
+        let mut sum = 0.0;
+        let mut taken = 0;
+        while taken < n {
+            let s = rng.below(starts) as usize;
+            for x in &xs[s..s + b.min(n - taken)] {
+                sum += x;
+            }
+            taken += b.min(n - taken);
+        }
+        means.push(sum / n as f64);
+    }
+    means.sort_by(f64::total_cmp);
+    (quantile(&means, 0.025), quantile(&means, 0.975))
+}
+
+/// llama-perplexity's `mean_and_uncertainty`: mean and standard error from
+/// sums, the error 0 unless the variance is positive and count > 10.
+fn mean_and_uncertainty(sum: f64, sum2: f64, count: usize) -> (f64, f64) {
+    if count < 1 {
+        return (0.0, 0.0);
+    }
+    let c = count as f64;
+    let f = sum / c;
+    let df = sum2 / c - f * f;
+    (
+        f,
+        if df > 0.0 && count > 10 {
+            (df / (c - 1.0)).sqrt()
+        } else {
+            0.0
+        },
+    )
+}
+
+/// llama-perplexity's `covariance` of the means (0 below 10 values).
+fn covariance(suma: f64, sumb: f64, sumab: f64, count: usize) -> f64 {
+    if count < 10 {
+        return 0.0;
+    }
+    let c = count as f64;
+    (sumab / c - (suma / c) * (sumb / c)) / (c - 1.0)
+}
+
+/// Candidate vs reference on identical tokens: per-window paired ΔNLL with a
+/// Student-t and a block-bootstrap interval, and llama-perplexity's
+/// token-level figures (`Mean ln(PPL(Q)/PPL(base))` ±, `PPL(Q)/PPL(base)` ±,
+/// `Cor(ln(PPL(Q)), ln(PPL(base)))`) from the per-token NLLs.
+pub fn paired_metrics(
+    cand: &[WindowNll],
+    reference: &[WindowNll],
+    cand_nll: &[f64],
+    ref_nll: &[f64],
+    boot: (usize, usize, u64),
+) -> BTreeMap<String, f64> {
+    assert_eq!(cand.len(), reference.len(), "paired windows");
+    assert_eq!(cand_nll.len(), ref_nll.len(), "paired tokens");
+    let d: Vec<f64> = cand
+        .iter()
+        .zip(reference)
+        .map(|(c, r)| c.nll_sum / c.count as f64 - r.nll_sum / r.count as f64)
+        .collect();
+    let (mean, lo, hi) = t_interval95(&d);
+    let (blo, bhi) = block_bootstrap95(&d, boot.0, boot.1, boot.2);
+    let n = cand_nll.len();
+    let (s, s2) = (
+        cand_nll.iter().sum::<f64>(),
+        cand_nll.iter().map(|x| x * x).sum::<f64>(),
+    );
+    let (sb, sb2) = (
+        ref_nll.iter().sum::<f64>(),
+        ref_nll.iter().map(|x| x * x).sum::<f64>(),
+    );
+    let sab: f64 = cand_nll.iter().zip(ref_nll).map(|(a, b)| a * b).sum();
+    let (f, sf) = mean_and_uncertainty(s, s2, n);
+    let (fb, sfb) = mean_and_uncertainty(sb, sb2, n);
+    let cov = covariance(s, sb, sab, n);
+    let ln_ratio = f - fb;
+    let ln_ratio_se = (sf * sf + sfb * sfb - 2.0 * cov).sqrt();
+    let ref_base = perplexity_metrics(reference);
+    BTreeMap::from([
+        ("delta_nll_mean".to_string(), mean),
+        ("delta_nll_ci95_lo".to_string(), lo),
+        ("delta_nll_ci95_hi".to_string(), hi),
+        ("delta_nll_boot95_lo".to_string(), blo),
+        ("delta_nll_boot95_hi".to_string(), bhi),
+        (
+            "windows_better".to_string(),
+            d.iter().filter(|x| **x < 0.0).count() as f64,
+        ),
+        ("ppl_ref".to_string(), ref_base["ppl"]),
+        ("nll_mean_ref".to_string(), ref_base["nll_mean"]),
+        ("top1_matches_ref".to_string(), ref_base["top1_matches"]),
+        ("ln_ppl_ratio".to_string(), ln_ratio),
+        ("ln_ppl_ratio_se".to_string(), ln_ratio_se),
+        ("ppl_ratio".to_string(), ln_ratio.exp()),
+        ("ppl_ratio_se".to_string(), ln_ratio.exp() * ln_ratio_se),
+        ("nll_token_corr".to_string(), cov / (sf * sfb)),
     ])
 }
 
@@ -243,6 +420,50 @@ mod tests {
     fn argmax_takes_the_first_of_equal_maxima() {
         let st = row_stats(&[1.0, 5.0, 5.0, 0.0, 0.0, 0.0, 0.0, 0.0, 5.0]);
         assert_eq!(st.argmax, 1);
+    }
+
+    #[test]
+    fn t_interval_by_hand() {
+        // Student t, 4 df, 97.5%: 2.7764451051977987 (tables).
+        let xs = [1.0, 2.0, 3.0, 4.0, 5.0];
+        let (m, lo, hi) = t_interval95(&xs);
+        let half = 2.776_445_105_197_798_7 * (2.5f64 / 5.0).sqrt();
+        assert_eq!(m, 3.0);
+        assert!(
+            (lo - (3.0 - half)).abs() < 1e-9 && (hi - (3.0 + half)).abs() < 1e-9,
+            "{lo} {hi}"
+        );
+        assert!(t_interval95(&[1.0]).1.is_nan());
+    }
+
+    #[test]
+    fn bootstrap_is_seeded_and_brackets_the_mean() {
+        let xs: Vec<f64> = (0..40)
+            .map(|i| ((i * 37) % 11) as f64 * 0.01 - 0.03)
+            .collect();
+        let mean = xs.iter().sum::<f64>() / 40.0;
+        let a = block_bootstrap95(&xs, 0, 2000, 7);
+        assert_eq!(a, block_bootstrap95(&xs, 0, 2000, 7));
+        assert_ne!(a, block_bootstrap95(&xs, 0, 2000, 8));
+        assert!(a.0 < mean && mean < a.1, "{a:?} vs {mean}");
+        // A constant series has a zero-width interval.
+        assert_eq!(block_bootstrap95(&[0.5; 10], 3, 200, 1), (0.5, 0.5));
+    }
+
+    #[test]
+    fn splitmix_matches_its_reference_output() {
+        // First outputs for seed 1234567 from the reference C implementation.
+        let mut r = SplitMix64(1_234_567);
+        assert_eq!(r.next_u64(), 6_457_827_717_110_365_317);
+        assert_eq!(r.next_u64(), 3_203_168_211_198_807_973);
+    }
+
+    #[test]
+    fn quantile_type7() {
+        let v = [1.0, 2.0, 3.0, 4.0];
+        assert_eq!(quantile(&v, 0.5), 2.5);
+        assert_eq!(quantile(&v, 0.0), 1.0);
+        assert!((quantile(&v, 0.975) - 3.925).abs() < 1e-12);
     }
 
     #[test]

@@ -5,18 +5,20 @@
 //! model; a broken case becomes one failing trial of its own and the others
 //! still run; an engine error is an `error` outcome, never numbers.
 
-use crate::case::{parse_case, Case, Spec};
+use crate::case::{parse_case, Case, Source, Spec};
 use crate::discover::discover;
 use crate::engine::{Engine, EngineBuild, ModelPool, Settings};
 use crate::error::{Error, ErrorKind, Result};
-use crate::execute::{run_perplexity, StageTimings};
+use crate::execute::{
+    parse_token_ids, plan_windows, score_plan, Scored, ScoringPlan, StageTimings,
+};
 use crate::judge::{judge, GateResult};
-use crate::measure::perplexity_metrics;
+use crate::measure::{paired_metrics, perplexity_metrics};
 use crate::models::{ensure, Registry};
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 /// One planned test: a case on a model, or a case that failed to parse.
@@ -61,9 +63,16 @@ pub fn plan(
                     if !models.is_empty() && !models.contains(alias) {
                         continue;
                     }
-                    let case = match registry.entry(alias) {
-                        Ok(_) => Ok(case.clone()),
-                        Err(e) => Err(e.context(format!("{at}: models"))),
+                    let reference = match &case.spec {
+                        Spec::Perplexity(p) => p.reference.clone(),
+                    };
+                    let case = match (registry.entry(alias), reference) {
+                        (Err(e), _) => Err(e.context(format!("{at}: models"))),
+                        (Ok(_), Some((r, rat))) if registry.entry(&r).is_err() => Err(registry
+                            .entry(&r)
+                            .unwrap_err()
+                            .context(format!("{rat}: reference"))),
+                        _ => Ok(case.clone()),
                     };
                     out.push(Planned {
                         name: format!("{}::{alias}", found.name()),
@@ -147,6 +156,9 @@ pub struct Runner {
     pub pool: ModelPool,
     /// llama.cpp threads per trial.
     pub threads: u32,
+    /// Reference scores, computed once per process per (reference file,
+    /// token stream, context, batch) and shared by every candidate.
+    reference_scores: Mutex<HashMap<String, Arc<OnceLock<Result<Arc<Scored>>>>>>,
 }
 
 impl Runner {
@@ -156,6 +168,7 @@ impl Runner {
             registry,
             pool: ModelPool::new(engine),
             threads: threads.max(1),
+            reference_scores: Mutex::new(HashMap::new()),
         }
     }
 
@@ -221,70 +234,187 @@ impl Runner {
         out
     }
 
+    fn load(
+        &self,
+        alias: &str,
+    ) -> Result<(crate::models::Verified, Arc<dyn crate::engine::LoadedModel>)> {
+        let v = self.prepare(alias)?;
+        let m = self.pool.get(&v.file)?;
+        Ok((v, m))
+    }
+
     fn run_case(&self, case: &Case, alias: &str, out: &mut Outcome) -> Result<()> {
+        let Spec::Perplexity(pp) = &case.spec;
+        let in_case = |e: Error| match e.kind {
+            ErrorKind::Input if !e.message.contains(&case.path.display().to_string()) => {
+                e.context(case.path.display())
+            }
+            _ => e,
+        };
+        let path = pp.source.path();
+        let bytes = std::fs::read(path).map_err(|e| {
+            Error::input(format!(
+                "{}: {}.path: {}: {e}",
+                pp.sha256_at,
+                pp.source.table(),
+                path.display()
+            ))
+        })?;
+        let sha = crate::fsutil::sha256_bytes(&bytes);
+        if sha != pp.sha256 {
+            return Err(Error::input(format!(
+                "{}: {}.sha256: {} does not match its pin\n  expected {}\n  actual   {sha} ({} bytes)",
+                pp.sha256_at,
+                pp.source.table(),
+                path.display(),
+                pp.sha256,
+                bytes.len()
+            )));
+        }
+        let src = String::from_utf8(bytes)
+            .map_err(|e| Error::input(format!("{}: not UTF-8: {e}", path.display())))?;
         let t = Instant::now();
-        let verified = self.prepare(alias)?;
+        let (verified, model) = self.load(alias)?;
         out.timings.prepare = t.elapsed();
         out.model_sha256 = Some(verified.file.sha256.clone());
-        let t = Instant::now();
-        let model = self.pool.get(&verified.file)?;
-        out.timings.load = t.elapsed();
-        match &case.spec {
-            Spec::Perplexity(pp) => {
-                let bytes = std::fs::read(&pp.text).map_err(|e| {
-                    Error::input(format!(
-                        "{}: text.path: {}: {e}",
-                        case.path.display(),
-                        pp.text.display()
-                    ))
-                })?;
-                let sha = crate::fsutil::sha256_bytes(&bytes);
-                if sha != pp.text_sha256 {
-                    return Err(Error::input(format!(
-                        "{}: text.sha256: {} does not match its pin\n  expected {}\n  actual   {sha} ({} bytes)",
-                        pp.text_sha256_at,
-                        pp.text.display(),
-                        pp.text_sha256,
-                        bytes.len()
-                    )));
-                }
-                let text = String::from_utf8(bytes)
-                    .map_err(|e| Error::input(format!("{}: not UTF-8: {e}", pp.text.display())))?;
-                if pp.n_ctx > model.info().n_ctx_train {
-                    return Err(Error::input(format!(
-                        "{}: window.n_ctx: {} is larger than the training context {} of model `{alias}`",
-                        pp.n_ctx_at,
-                        pp.n_ctx,
-                        model.info().n_ctx_train
-                    )));
-                }
-                let mut settings = Settings::new(pp.n_ctx, self.threads);
-                settings.n_batch = pp.n_batch;
-                out.settings = Some(settings);
-                let obs = run_perplexity(
-                    &*model,
-                    &text,
-                    pp.bos,
-                    pp.n_ctx,
-                    pp.n_batch,
-                    pp.chunks,
-                    self.threads,
-                )
-                .map_err(|e| match e.kind {
-                    ErrorKind::Input => e.context(case.path.display()),
-                    _ => e,
-                })?;
-                let t = Instant::now();
-                out.metrics = perplexity_metrics(&obs.windows);
-                let measure = t.elapsed();
-                out.token_stream_sha256 = Some(obs.token_stream_sha256);
-                out.timings.tokenize = obs.timings.tokenize;
-                out.timings.decode = obs.timings.decode;
-                out.timings.measure = obs.timings.measure + measure;
+        let context = pp.windowing.context();
+        let check_context = |m: &dyn crate::engine::LoadedModel, a: &str| -> Result<()> {
+            if context > m.info().n_ctx_train {
+                return Err(Error::input(format!(
+                    "{}: window: context {context} is larger than the training context {} of model `{a}`",
+                    pp.window_at,
+                    m.info().n_ctx_train
+                )));
             }
+            Ok(())
+        };
+        check_context(&*model, alias)?;
+        let mut settings = Settings::new(context, self.threads);
+        settings.n_batch = pp.n_batch;
+        out.settings = Some(settings);
+        let t = Instant::now();
+        let plan = self.plan_for(pp, &src, &*model).map_err(in_case)?;
+        out.timings.tokenize = t.elapsed();
+        out.token_stream_sha256 = Some(plan.token_stream_sha256.clone());
+        let scored = score_plan(&*model, &plan, pp.n_batch, self.threads).map_err(in_case)?;
+        out.timings.decode = scored.decode;
+        out.timings.measure = scored.measure;
+        let t = Instant::now();
+        out.metrics = perplexity_metrics(&scored.windows);
+        if let Some((ref_alias, ref_at)) = &pp.reference {
+            let (rv, rmodel) = self
+                .load(ref_alias)
+                .map_err(|e| e.context(format!("{ref_at}: reference")))?;
+            let (ci, ri) = (model.info(), rmodel.info());
+            if ci.n_vocab != ri.n_vocab || ci.tokenizer_fingerprint != ri.tokenizer_fingerprint {
+                return Err(Error::input(format!(
+                    "{ref_at}: reference: `{ref_alias}` and `{alias}` have different tokenizers \
+                     (vocabulary {} vs {}, fingerprint {} vs {}): perplexity compares only within one base model",
+                    ri.n_vocab, ci.n_vocab, &ri.tokenizer_fingerprint[..12.min(ri.tokenizer_fingerprint.len())],
+                    &ci.tokenizer_fingerprint[..12.min(ci.tokenizer_fingerprint.len())]
+                )));
+            }
+            check_context(&*rmodel, ref_alias)?;
+            let rplan = self.plan_for(pp, &src, &*rmodel).map_err(in_case)?;
+            if rplan.token_stream_sha256 != plan.token_stream_sha256 {
+                return Err(Error::input(format!(
+                    "{ref_at}: reference: `{ref_alias}` and `{alias}` do not score identical tokens \
+                     (token stream {} vs {})",
+                    rplan.token_stream_sha256, plan.token_stream_sha256
+                )));
+            }
+            let key = format!(
+                "{}|{}|{}|{}",
+                rv.file.sha256, plan.token_stream_sha256, context, pp.n_batch
+            );
+            let slot = {
+                let mut m = self
+                    .reference_scores
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                m.entry(key).or_default().clone()
+            };
+            let rscored = slot
+                .get_or_init(|| {
+                    score_plan(&*rmodel, &rplan, pp.n_batch, self.threads).map(Arc::new)
+                })
+                .clone()?;
+            let b = pp.bootstrap;
+            out.metrics.extend(paired_metrics(
+                &scored.windows,
+                &rscored.windows,
+                &scored.token_nll,
+                &rscored.token_nll,
+                (b.block, b.resamples, b.seed),
+            ));
         }
+        out.timings.measure += t.elapsed();
         Ok(())
     }
+
+    /// Token ids of the case's source for `model`, cut into windows.
+    fn plan_for(
+        &self,
+        pp: &crate::case::Perplexity,
+        src: &str,
+        model: &dyn crate::engine::LoadedModel,
+    ) -> Result<ScoringPlan> {
+        let info = model.info();
+        let (ids, bos) = match &pp.source {
+            Source::Text { bos, .. } => {
+                let ids: Vec<_> = model.tokenize(src, *bos)?.iter().map(|t| t.id).collect();
+                let add = match bos {
+                    crate::engine::BosPolicy::Model => info.add_bos,
+                    crate::engine::BosPolicy::Always => true,
+                    crate::engine::BosPolicy::Never => false,
+                };
+                (ids, add.then_some(info.bos))
+            }
+            Source::TokenIds { path } => {
+                let ids = parse_token_ids(src)
+                    .map_err(|e| Error::input(format!("{}:{e}", path.display())))?;
+                if let Some((i, id)) = ids
+                    .iter()
+                    .enumerate()
+                    .find(|(_, id)| **id as usize >= info.n_vocab)
+                {
+                    let (line, col) = token_position(src, i);
+                    return Err(Error::input(format!(
+                        "{}:{line}:{col}: token id {id} is not below the vocabulary size {} of model `{}`",
+                        path.display(),
+                        info.n_vocab,
+                        info.file.alias
+                    )));
+                }
+                (ids, None)
+            }
+        };
+        plan_windows(&ids, &pp.windowing, bos).map_err(|e| {
+            Error::input(format!(
+                "{}: {} ({}): {e}",
+                pp.window_at,
+                pp.source.path().display(),
+                pp.windowing.mode()
+            ))
+        })
+    }
+}
+
+/// Line and column (1-based) of the `index`-th whitespace-separated word.
+fn token_position(src: &str, index: usize) -> (usize, usize) {
+    let mut k = 0;
+    for (l, line) in src.lines().enumerate() {
+        let mut col = 0;
+        for word in line.split_whitespace() {
+            col = line[col..].find(word).map_or(col, |i| col + i);
+            if k == index {
+                return (l + 1, col + 1);
+            }
+            col += word.len();
+            k += 1;
+        }
+    }
+    (0, 0)
 }
 
 /// Threads per trial so that test threads × llama threads ≤ cores.
@@ -385,6 +515,135 @@ mod tests {
         }
     }
 
+    /// Per-window mean NLLs and per-token NLLs, recomputed independently.
+    fn reference_windows(
+        spec: &FakeSpec,
+        text: &[u8],
+        n_ctx: usize,
+        chunks: usize,
+    ) -> (Vec<f64>, Vec<f64>) {
+        let mut toks = vec![crate::engine::fake::BOS];
+        toks.extend(text.iter().map(|&b| i32::from(b)));
+        let (mut means, mut all) = (Vec::new(), Vec::new());
+        for c in 0..chunks {
+            let start = c * n_ctx;
+            let mut v = Vec::new();
+            for pos in n_ctx / 2..n_ctx - 1 {
+                let row: Vec<f64> = (0..N_VOCAB)
+                    .map(|j| f64::from(spec.logit(toks[start + pos], pos, j)))
+                    .collect();
+                let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let lse = row.iter().map(|v| (v - m).exp()).sum::<f64>().ln() + m;
+                v.push(lse - row[toks[start + pos + 1] as usize]);
+            }
+            means.push(v.iter().sum::<f64>() / v.len() as f64);
+            all.extend(v);
+        }
+        (means, all)
+    }
+
+    #[test]
+    fn paired_delta_nll_against_a_reference_is_recomputed_independently() {
+        let root = suite("paired", "");
+        let case = std::fs::read_to_string(root.join("ppl/case.toml")).unwrap();
+        std::fs::write(
+            root.join("ppl/case.toml"),
+            case.replace(
+                "models = [\"good\", \"sharp\"]",
+                "models = [\"sharp\"]\nreference = \"good\"",
+            ) + "[[gate]]\nmetric = \"delta_nll_mean\"\nmax = 0.05\n",
+        )
+        .unwrap();
+        let sharp = FakeSpec {
+            confidence: 6.0,
+            ..FakeSpec::default()
+        };
+        let out = run_all(&root, FakeEngine::new().with("sharp", sharp.clone()));
+        let o = &out[0];
+        assert!(o.error.is_none(), "{o:?}");
+        let text = std::fs::read(root.join("ppl/t.txt")).unwrap();
+        let (cm, ct) = reference_windows(&sharp, &text, 64, 3);
+        let (rm, rt) = reference_windows(&FakeSpec::default(), &text, 64, 3);
+        let d: Vec<f64> = cm.iter().zip(&rm).map(|(a, b)| a - b).collect();
+        let mean = d.iter().sum::<f64>() / 3.0;
+        let sd = (d.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / 2.0).sqrt();
+        use statrs::distribution::ContinuousCDF;
+        let t = statrs::distribution::StudentsT::new(0.0, 1.0, 2.0)
+            .unwrap()
+            .inverse_cdf(0.975);
+        let close = |name: &str, want: f64| {
+            let got = o.metrics[name];
+            assert!(
+                (got - want).abs() < 1e-9 * want.abs().max(1.0),
+                "{name}: {got} vs {want}"
+            );
+        };
+        close("delta_nll_mean", mean);
+        close("delta_nll_ci95_lo", mean - t * sd / 3f64.sqrt());
+        close("delta_nll_ci95_hi", mean + t * sd / 3f64.sqrt());
+        close(
+            "windows_better",
+            d.iter().filter(|x| **x < 0.0).count() as f64,
+        );
+        close("ppl_ref", (rt.iter().sum::<f64>() / rt.len() as f64).exp());
+        // llama-perplexity's token-level figures from the per-token NLLs.
+        let n = ct.len() as f64;
+        let (fa, fb) = (ct.iter().sum::<f64>() / n, rt.iter().sum::<f64>() / n);
+        let va = ct.iter().map(|x| (x - fa).powi(2)).sum::<f64>() / n / (n - 1.0);
+        let vb = rt.iter().map(|x| (x - fb).powi(2)).sum::<f64>() / n / (n - 1.0);
+        let cov = ct
+            .iter()
+            .zip(&rt)
+            .map(|(a, b)| (a - fa) * (b - fb))
+            .sum::<f64>()
+            / n
+            / (n - 1.0);
+        close("ln_ppl_ratio", fa - fb);
+        close("ln_ppl_ratio_se", (va + vb - 2.0 * cov).sqrt());
+        close("ppl_ratio", (fa - fb).exp());
+        close("nll_token_corr", cov / (va.sqrt() * vb.sqrt()));
+        let (lo, hi) = (
+            o.metrics["delta_nll_boot95_lo"],
+            o.metrics["delta_nll_boot95_hi"],
+        );
+        assert!(lo <= mean && mean <= hi, "{lo} {mean} {hi}");
+        // Confidence on the wrong next byte costs: the candidate is worse.
+        assert!(mean > 0.0);
+        assert_eq!(
+            o.status,
+            if mean <= 0.05 {
+                Status::Pass
+            } else {
+                Status::Fail
+            }
+        );
+    }
+
+    #[test]
+    fn reference_with_another_tokenizer_is_refused() {
+        let root = suite("tok", "");
+        let case = std::fs::read_to_string(root.join("ppl/case.toml")).unwrap();
+        std::fs::write(
+            root.join("ppl/case.toml"),
+            case.replace(
+                "models = [\"good\", \"sharp\"]",
+                "models = [\"sharp\"]\nreference = \"good\"",
+            ),
+        )
+        .unwrap();
+        let other = FakeSpec {
+            tokenizer: "another-base-model",
+            ..FakeSpec::default()
+        };
+        let out = run_all(&root, FakeEngine::new().with("good", other));
+        let e = out[0].error.as_deref().unwrap();
+        assert!(
+            e.contains("case.toml:3:13: reference: `good` and `sharp` have different tokenizers"),
+            "{e}"
+        );
+        assert!(out[0].input_error);
+    }
+
     #[test]
     fn gate_violation_fails_with_observed_and_threshold() {
         let root = suite(
@@ -449,7 +708,7 @@ mod tests {
         };
         let out = run_all(&root, FakeEngine::new().with("good", small));
         let e = out[0].error.as_deref().unwrap();
-        assert!(e.contains("case.toml:8:9: window.n_ctx: 64 is larger than the training context 32 of model `good`"), "{e}");
+        assert!(e.contains("case.toml:7:8: window: context 64 is larger than the training context 32 of model `good`"), "{e}");
         assert!(out[0].input_error);
         std::fs::write(root.join("ppl/t.txt"), "changed").unwrap();
         let out = run_all(&root, FakeEngine::new());

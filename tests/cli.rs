@@ -121,7 +121,7 @@ fn n_ctx_beyond_training_context_is_unusable_input() {
     std::fs::write(root.join("ppl/big.toml"), case(16384, "")).unwrap();
     let (code, stdout, _) = run(&root, &[]);
     assert_eq!(code, 2, "{stdout}");
-    assert!(stdout.contains("big.toml:8:9: window.n_ctx: 16384 is larger than the training context 8192 of model `tiny`"), "{stdout}");
+    assert!(stdout.contains("big.toml:7:8: window: context 16384 is larger than the training context 8192 of model `tiny`"), "{stdout}");
 }
 
 /// Each bad input: (what, file body or registry edit, expected message part).

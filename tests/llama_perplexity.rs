@@ -4,9 +4,10 @@
 //! The tool is built from the pinned llama.cpp sources by
 //! `scripts/build-llama-perplexity.sh` (cached after the first build).
 
+use quantgate::case::Windowing;
 use quantgate::engine::llama::LlamaEngine;
 use quantgate::engine::{BosPolicy, Engine, ModelPool};
-use quantgate::execute::run_perplexity;
+use quantgate::execute::{plan_windows, score_plan};
 use quantgate::measure::perplexity_metrics;
 use quantgate::models::{ensure, Registry};
 use std::path::Path;
@@ -99,7 +100,23 @@ fn perplexity_equals_llama_perplexity() {
         let (running, ppl, pm) = reference(&tool, &v.file.path, &text_path, 2);
         assert_eq!(running.len(), 16);
         let model = pool.get(&v.file).unwrap();
-        let obs = run_perplexity(&*model, &text, BosPolicy::Model, 512, 512, Some(16), 2).unwrap();
+        let ids: Vec<i32> = model
+            .tokenize(&text, BosPolicy::Model)
+            .unwrap()
+            .iter()
+            .map(|t| t.id)
+            .collect();
+        let bos = model.info().add_bos.then_some(model.info().bos);
+        let plan = plan_windows(
+            &ids,
+            &Windowing::LlamaPerplexity {
+                n_ctx: 512,
+                chunks: Some(16),
+            },
+            bos,
+        )
+        .unwrap();
+        let obs = score_plan(&*model, &plan, 512, 2).unwrap();
         let mut sum = 0.0;
         let mut n = 0;
         for (i, w) in obs.windows.iter().enumerate() {

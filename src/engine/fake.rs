@@ -37,6 +37,8 @@ pub struct FakeSpec {
     pub nan_at: Option<(usize, usize)>,
     /// Fail `llama_decode` in this window.
     pub decode_error_in: Option<usize>,
+    /// Tokenizer fingerprint (models of one base share it).
+    pub tokenizer: &'static str,
 }
 
 impl Default for FakeSpec {
@@ -48,6 +50,7 @@ impl Default for FakeSpec {
             n_ctx_train: 4096,
             nan_at: None,
             decode_error_in: None,
+            tokenizer: "fake-bytes-v1",
         }
     }
 }
@@ -96,7 +99,7 @@ impl Engine for FakeEngine {
                 n_ctx_train: spec.n_ctx_train,
                 add_bos: spec.add_bos,
                 bos: BOS,
-                tokenizer_fingerprint: "fake-bytes-v1".into(),
+                tokenizer_fingerprint: spec.tokenizer.into(),
             },
             spec,
         }))
