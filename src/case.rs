@@ -151,8 +151,10 @@ pub enum Windowing {
         /// At most this many chunks.
         chunks: Option<usize>,
     },
-    /// `llama-perplexity --ppl-stride`: context n_ctx + stride/2, chunks
-    /// every `stride` tokens, the last `stride` positions of each scored.
+    /// `llama-perplexity --ppl-stride`: chunks every `stride` tokens, each as
+    /// long as the tool's context, the last `stride` positions of each scored.
+    /// The tool enlarges `-c` by stride/2 and llama.cpp then pads the context
+    /// to a multiple of 256; the tool's chunk is that padded length.
     Strided {
         /// `-c` as given (before the tool's enlargement by stride/2).
         n_ctx: u32,
@@ -185,7 +187,7 @@ impl Windowing {
     pub fn context(&self) -> u32 {
         match self {
             Windowing::LlamaPerplexity { n_ctx, .. } => *n_ctx,
-            Windowing::Strided { n_ctx, stride, .. } => n_ctx + stride / 2,
+            Windowing::Strided { n_ctx, stride, .. } => (n_ctx + stride / 2).div_ceil(256) * 256,
             Windowing::Resets { length, .. } => *length,
         }
     }
@@ -460,11 +462,12 @@ pub fn parse_case(path: &Path, name: &str) -> Result<Case> {
             let n_ctx = need(&w.n_ctx, "n_ctx", &mut later);
             let stride = need(&w.stride, "stride", &mut later);
             if let Some(s) = &w.stride {
-                // The first scored row is (n_ctx + stride/2) − stride − 1.
-                if stride == 0 || stride - stride / 2 >= n_ctx.max(1) {
+                // The first scored row is context − stride − 1, and llama-perplexity
+                // refuses a stride beyond the context it was given.
+                if stride == 0 || stride > n_ctx {
                     later.push((
                         at(s.span().start),
-                        format!("window.stride: {stride} does not fit: it must be ≥ 1 and leave a scored position inside the context n_ctx + stride/2 = {}", n_ctx + stride / 2),
+                        format!("window.stride: {stride} must be between 1 and n_ctx ({n_ctx})"),
                     ));
                 }
             }

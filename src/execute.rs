@@ -6,9 +6,10 @@
 //! - default: chunks of n_ctx tokens of the text tokenized with BOS per the
 //!   model; the first token of each chunk replaced by BOS when the model adds
 //!   one; logits requested from n_ctx/2; positions n_ctx/2 .. n_ctx−2 scored.
-//! - strided (`--ppl-stride S`): context n_ctx + S/2; chunk i is tokens
-//!   [i·S, i·S + context); every position's logits requested; the last S
-//!   positions before the end scored. The tool writes its BOS into the token
+//! - strided (`--ppl-stride S`): the tool enlarges the context to n_ctx + S/2,
+//!   llama.cpp pads it to a multiple of 256, and the tool's chunk is that
+//!   padded length C; chunk i is tokens [i·S, i·S + C); every position's
+//!   logits requested; the last S positions before the end scored. The tool writes its BOS into the token
 //!   list only after the chunk is decoded, so chunks after the first start
 //!   with an ordinary token: the model sees no BOS there, and neither here.
 //! - resets (seed 002): independent windows of L pinned ids at given starts,
@@ -292,22 +293,24 @@ mod tests {
 
     #[test]
     fn strided_windows_match_ppl_stride() {
-        // -c 16 --ppl-stride 8: context 20, chunks every 8 tokens, 8 scored each.
-        let toks: Vec<TokenId> = (0..100).collect();
+        // -c 240 --ppl-stride 64: context 240 + 32 = 272, padded to 512;
+        // chunks every 64 tokens, the last 64 positions scored.
+        let toks: Vec<TokenId> = (0..2000).collect();
         let w = Windowing::Strided {
-            n_ctx: 16,
-            stride: 8,
+            n_ctx: 240,
+            stride: 64,
             chunks: None,
         };
         let p = plan_windows(&toks, &w, Some(-1)).unwrap();
-        assert_eq!(p.n_ctx, 20);
-        assert_eq!(p.windows.len(), (100 - 20 + 7) / 8);
+        assert_eq!(p.n_ctx, 512);
+        assert_eq!(p.windows.len(), (2000 - 512 + 63) / 64);
         let w2 = &p.windows[2];
         // No BOS in the decoded tokens: the tool writes it after decoding.
-        assert_eq!(w2.window.tokens[0], 16);
+        assert_eq!(w2.window.tokens[0], 128);
+        assert_eq!(w2.window.tokens.len(), 512);
         assert_eq!(w2.window.logits_from, 0);
-        assert_eq!(w2.first_scored, 20 - 8 - 1);
-        assert_eq!(w2.targets, (16 + 12..16 + 20).collect::<Vec<_>>());
+        assert_eq!(w2.first_scored, 512 - 64 - 1);
+        assert_eq!(w2.targets, (128 + 448..128 + 512).collect::<Vec<_>>());
         // Consecutive chunks score consecutive targets.
         assert_eq!(
             *p.windows[1].targets.last().unwrap() + 1,

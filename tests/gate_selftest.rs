@@ -16,7 +16,11 @@ fn q3_and_q2_fail_the_delta_nll_gate_with_a_readable_message() {
     std::fs::create_dir_all(root.join("ppl")).unwrap();
     std::fs::copy(repo.join("suites/models.toml"), root.join("models.toml")).unwrap();
     std::os::unix::fs::symlink(repo.join("suites/data"), root.join("data")).unwrap();
-    std::fs::copy(repo.join("tests/fixtures/gate_fails.toml"), root.join("ppl/gate_fails.toml")).unwrap();
+    std::fs::copy(
+        repo.join("tests/fixtures/gate_fails.toml"),
+        root.join("ppl/gate_fails.toml"),
+    )
+    .unwrap();
     let (registry, planned) = plan(&root, &[], &[]).unwrap();
     let runner = Runner::new(registry, Arc::new(LlamaEngine::new()), 2);
     assert_eq!(planned.len(), 2);
@@ -26,9 +30,15 @@ fn q3_and_q2_fail_the_delta_nll_gate_with_a_readable_message() {
         let msg = o.failure_message().unwrap();
         let want_prefix = format!("{}: gate violated\n  delta_nll_mean = ", p.name);
         assert!(msg.starts_with(&want_prefix), "{msg}");
-        assert!(msg.contains(" over 16 windows) violates delta_nll_mean ≤ 0.05 (max 0.05)"), "{msg}");
+        assert!(
+            msg.contains(" over 16 windows) violates delta_nll_mean ≤ 0.05 (max 0.05)"),
+            "{msg}"
+        );
         let (lo, mean) = (o.metrics["delta_nll_ci95_lo"], o.metrics["delta_nll_mean"]);
-        assert!(msg.contains(&format!("delta_nll_mean = {mean} (95% CI {lo:.6} … ")), "{msg}");
+        assert!(
+            msg.contains(&format!("delta_nll_mean = {mean} (95% CI {lo:.6} … ")),
+            "{msg}"
+        );
         // Not a near miss: the whole interval is above the gate.
         assert!(lo > 0.05, "{}: interval starts at {lo}", p.name);
         eprintln!("{msg}");

@@ -32,7 +32,8 @@ fn tool() -> String {
 }
 
 /// (running PPL after each chunk, final PPL, final ±) as printed.
-fn reference(tool: &str, model: &Path, text: &Path, threads: u32) -> (Vec<f64>, f64, f64) {
+/// The tool's log for `args`.
+fn run_tool(tool: &str, model: &Path, text: &Path, args: &[&str]) -> String {
     let out = Command::new(tool)
         .args([
             "-m",
@@ -40,32 +41,38 @@ fn reference(tool: &str, model: &Path, text: &Path, threads: u32) -> (Vec<f64>, 
             "-f",
             &text.display().to_string(),
         ])
-        .args([
-            "-c",
-            "512",
-            "--chunks",
-            "16",
-            "-b",
-            "512",
-            "-fa",
-            "off",
-            "-t",
-            &threads.to_string(),
-        ])
+        .args(args)
         .output()
         .unwrap();
     let log =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{log}");
+    log
+}
+
+/// The running PPL values the tool prints as `[1]x,[2]y,...`.
+fn running(log: &str) -> Vec<f64> {
     let line = log
         .lines()
         .find(|l| l.starts_with("[1]"))
         .unwrap_or_else(|| panic!("{log}"));
-    let running: Vec<f64> = line
-        .split(',')
-        .filter(|s| !s.is_empty())
-        .map(|s| s.split(']').nth(1).unwrap().parse().unwrap())
-        .collect();
+    line.split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| s.split(']').nth(1).unwrap().trim().parse().unwrap())
+        .collect()
+}
+
+fn reference(tool: &str, model: &Path, text: &Path, threads: u32) -> (Vec<f64>, f64, f64) {
+    let t = threads.to_string();
+    let log = run_tool(
+        tool,
+        model,
+        text,
+        &[
+            "-c", "512", "--chunks", "16", "-b", "512", "-fa", "off", "-t", &t,
+        ],
+    );
+    let running = running(&log);
     let fin = log
         .lines()
         .find(|l| l.contains("Final estimate: PPL = "))
@@ -147,4 +154,81 @@ fn perplexity_equals_llama_perplexity() {
             m["ppl"], m["ppl_se"]
         );
     }
+}
+
+#[test]
+fn strided_mode_equals_ppl_stride() {
+    let tool = tool();
+    let reg = Registry::load(&repo().join("suites/models.toml")).unwrap();
+    let engine = Arc::new(LlamaEngine::new());
+    let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 2);
+    let v = ensure(&reg, "smollm2-f16", &engine.build().label(), &q).unwrap();
+    let text_path = repo().join("suites/data/wikitext-2-test.txt");
+    let log = run_tool(
+        &tool,
+        &v.file.path,
+        &text_path,
+        &[
+            "-c",
+            "256",
+            "--ppl-stride",
+            "128",
+            "--chunks",
+            "12",
+            "-b",
+            "256",
+            "-fa",
+            "off",
+            "-t",
+            "2",
+        ],
+    );
+    assert!(
+        log.contains("adjusting context size from 256 to 320"),
+        "{log}"
+    );
+    let printed = running(&log);
+    assert_eq!(printed.len(), 12);
+    let pool = ModelPool::new(engine.clone());
+    let model = pool.get(&v.file).unwrap();
+    let text = std::fs::read_to_string(&text_path).unwrap();
+    let ids: Vec<i32> = model
+        .tokenize(&text, BosPolicy::Model)
+        .unwrap()
+        .iter()
+        .map(|t| t.id)
+        .collect();
+    let plan = plan_windows(
+        &ids,
+        &Windowing::Strided {
+            n_ctx: 256,
+            stride: 128,
+            chunks: Some(12),
+        },
+        None,
+    )
+    .unwrap();
+    // Context 256 + 64 = 320, padded by llama.cpp to 512, the tool's chunk;
+    // n_batch = min(-b, -c) = 256, as the tool sets it before enlarging the context.
+    assert_eq!(plan.n_ctx, 512);
+    assert!(log.contains("Calculation chunk = 512"), "{log}");
+    let obs = score_plan(&*model, &plan, 256, 2).unwrap();
+    let (mut sum, mut n) = (0.0, 0);
+    for (i, w) in obs.windows.iter().enumerate() {
+        assert_eq!(w.count, 128);
+        sum += w.nll_sum;
+        n += w.count;
+        let ours = (sum / n as f64).exp();
+        assert!(
+            same_printed(ours, printed[i], 4),
+            "chunk {}: ours {ours} vs llama-perplexity {}",
+            i + 1,
+            printed[i]
+        );
+    }
+    eprintln!(
+        "strided: quantgate {:.6}, llama-perplexity {}",
+        (sum / n as f64).exp(),
+        printed[11]
+    );
 }
