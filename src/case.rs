@@ -66,7 +66,9 @@ impl Case {
     /// The metrics this case produces.
     pub fn metrics(&self) -> Vec<&'static str> {
         match &self.spec {
-            Spec::Perplexity(p) => metrics_for(p.reference.is_some()),
+            Spec::Perplexity(p) => {
+                metrics_for(p.reference.is_some() || p.reference_record.is_some())
+            }
         }
     }
 }
@@ -210,8 +212,21 @@ pub struct Perplexity {
     pub n_batch: u32,
     /// Reference model alias for paired comparisons.
     pub reference: Option<(String, Location)>,
+    /// A reference record (JSONL) standing in for the reference model.
+    pub reference_record: Option<RecordRef>,
     /// Bootstrap settings.
     pub bootstrap: Bootstrap,
+}
+
+/// A pinned reference record file.
+#[derive(Debug, Clone)]
+pub struct RecordRef {
+    /// The file.
+    pub path: PathBuf,
+    /// Its pinned sha256.
+    pub sha256: String,
+    /// Where the pin is written.
+    pub at: Location,
 }
 
 /// Moving-block bootstrap settings.
@@ -255,6 +270,7 @@ struct PerplexityFile {
     description: String,
     models: Spanned<Vec<Spanned<String>>>,
     reference: Option<Spanned<String>>,
+    reference_record: Option<TokensFile>,
     text: Option<TextFile>,
     tokens: Option<TokensFile>,
     window: Spanned<WindowFile>,
@@ -375,19 +391,8 @@ pub fn parse_case(path: &Path, name: &str) -> Result<Case> {
         }
     };
     let (table, sha) = sha;
-    if sha.get_ref().len() != 64
-        || !sha
-            .get_ref()
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    {
-        err(
-            at(sha.span().start),
-            format!(
-                "{table}.sha256: `{}` is not 64 lower-case hex digits",
-                sha.get_ref()
-            ),
-        );
+    if let Some(msg) = bad_sha(table, sha.get_ref()) {
+        err(at(sha.span().start), msg);
     }
     let w = f.window.get_ref();
     let mode = w.mode.get_ref().as_str();
@@ -559,7 +564,18 @@ pub fn parse_case(path: &Path, name: &str) -> Result<Case> {
             bootstrap.block = k;
         }
     }
-    let metrics = metrics_for(f.reference.is_some());
+    if let Some(r) = &f.reference_record {
+        if let Some(msg) = bad_sha("reference_record", r.sha256.get_ref()) {
+            err(at(r.sha256.span().start), msg);
+        }
+        if let Some(m) = &f.reference {
+            err(
+                at(m.span().start),
+                "reference: give a reference model or a reference_record, not both".into(),
+            );
+        }
+    }
+    let metrics = metrics_for(f.reference.is_some() || f.reference_record.is_some());
     let mut gates = Vec::new();
     for (i, g) in f.gate.iter().enumerate() {
         let m = g.metric.get_ref();
@@ -568,7 +584,7 @@ pub fn parse_case(path: &Path, name: &str) -> Result<Case> {
                 .map(|n| format!(" (did you mean `{n}`?)"))
                 .unwrap_or_default();
             let why = if PAIRED_METRICS.contains(&m.as_str()) {
-                " without a `reference`".to_string()
+                " without a `reference` or `reference_record`".to_string()
             } else {
                 String::new()
             };
@@ -617,10 +633,24 @@ pub fn parse_case(path: &Path, name: &str) -> Result<Case> {
             reference: f
                 .reference
                 .map(|r| (r.get_ref().clone(), at(r.span().start))),
+            reference_record: f.reference_record.map(|r| RecordRef {
+                path: base.join(r.path.get_ref()),
+                sha256: r.sha256.get_ref().clone(),
+                at: at(r.sha256.span().start),
+            }),
             bootstrap,
         }),
         gates,
     })
+}
+
+/// Why `sha` is not a sha256 pin, if it is not.
+fn bad_sha(table: &str, sha: &str) -> Option<String> {
+    let ok = sha.len() == 64
+        && sha
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    (!ok).then(|| format!("{table}.sha256: `{sha}` is not 64 lower-case hex digits"))
 }
 
 fn source_is_text(s: &Source) -> bool {

@@ -47,6 +47,41 @@ enum Command {
         #[command(subcommand)]
         action: Option<ModelsAction>,
     },
+    /// Reference records: a reference model's scores, exported once.
+    Reference {
+        #[command(subcommand)]
+        action: ReferenceAction,
+    },
+    /// Print the token ids of a text file, one per line (to pin as a `[tokens]` file).
+    Tokenize {
+        /// The text file.
+        file: PathBuf,
+        /// Model whose tokenizer to use.
+        #[arg(long)]
+        model: String,
+        /// BOS policy: model, always, never.
+        #[arg(long, default_value = "never")]
+        bos: String,
+        /// At most this many ids.
+        #[arg(long)]
+        limit: Option<usize>,
+    },
+}
+
+#[derive(Subcommand)]
+enum ReferenceAction {
+    /// Score a perplexity case on its reference model and write the record (JSONL):
+    /// per target the log-prob of the true token and the top-1 id.
+    Export {
+        /// The case file.
+        case: PathBuf,
+        /// Output file.
+        #[arg(long)]
+        out: PathBuf,
+        /// Model to record (default: the case's `reference`).
+        #[arg(long)]
+        model: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -109,6 +144,79 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::from(1)
+            }
+        }
+        Command::Reference {
+            action: ReferenceAction::Export { case, out, model },
+        } => {
+            let registry = match Registry::load(&cli.suites.join("models.toml")) {
+                Ok(r) => r,
+                Err(e) => return fail(&e),
+            };
+            let parsed = match quantgate::case::parse_case(&case, &case.display().to_string()) {
+                Ok(c) => c,
+                Err(e) => return fail(&e),
+            };
+            let quantgate::case::Spec::Perplexity(pp) = &parsed.spec;
+            let Some(alias) = model.or_else(|| pp.reference.as_ref().map(|r| r.0.clone())) else {
+                return fail(&Error::input(format!(
+                    "{}: the case names no `reference`; pass --model ALIAS",
+                    case.display()
+                )));
+            };
+            let runner = Runner::new(registry, Arc::new(LlamaEngine::new()), threads_per_trial(1));
+            match runner.export_reference(&parsed, &alias).and_then(|jsonl| {
+                quantgate::fsutil::write_atomic(&out, jsonl.as_bytes()).map(|()| jsonl)
+            }) {
+                Ok(jsonl) => {
+                    let sha = quantgate::fsutil::sha256_bytes(jsonl.as_bytes());
+                    println!(
+                        "{}: {} targets, sha256 {sha}",
+                        out.display(),
+                        jsonl.lines().count() - 1
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&e),
+            }
+        }
+        Command::Tokenize {
+            file,
+            model,
+            bos,
+            limit,
+        } => {
+            let registry = match Registry::load(&cli.suites.join("models.toml")) {
+                Ok(r) => r,
+                Err(e) => return fail(&e),
+            };
+            let bos = match bos.as_str() {
+                "model" => quantgate::engine::BosPolicy::Model,
+                "always" => quantgate::engine::BosPolicy::Always,
+                "never" => quantgate::engine::BosPolicy::Never,
+                other => {
+                    return fail(&Error::input(format!(
+                        "--bos: `{other}` is not one of model, always, never"
+                    )))
+                }
+            };
+            let runner = Runner::new(registry, Arc::new(LlamaEngine::new()), 1);
+            let text = match std::fs::read_to_string(&file) {
+                Ok(t) => t,
+                Err(e) => return fail(&Error::input(format!("{}: {e}", file.display()))),
+            };
+            let result = runner
+                .prepare(&model)
+                .and_then(|v| runner.pool.get(&v.file))
+                .and_then(|m| m.tokenize(&text, bos));
+            match result {
+                Ok(tokens) => {
+                    for t in tokens.iter().take(limit.unwrap_or(usize::MAX)) {
+                        println!("{}", t.id);
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&e),
             }
         }
         Command::Models { action } => {

@@ -448,6 +448,8 @@ mod tests {
         assert!(a.0 < mean && mean < a.1, "{a:?} vs {mean}");
         // A constant series has a zero-width interval.
         assert_eq!(block_bootstrap95(&[0.5; 10], 3, 200, 1), (0.5, 0.5));
+        // Too few windows: no interval rather than a degenerate one.
+        assert!(block_bootstrap95(&[0.1, 0.2, 0.3], 0, 200, 1).0.is_nan());
     }
 
     #[test]

@@ -10,7 +10,8 @@ use crate::discover::discover;
 use crate::engine::{Engine, EngineBuild, ModelPool, Settings};
 use crate::error::{Error, ErrorKind, Result};
 use crate::execute::{
-    parse_token_ids, plan_windows, score_plan, Scored, ScoringPlan, StageTimings,
+    parse_token_ids, plan_windows, read_record, record_jsonl, score_plan, RecordHeader, Scored,
+    ScoringPlan, StageTimings,
 };
 use crate::judge::{judge, GateResult};
 use crate::measure::{paired_metrics, perplexity_metrics};
@@ -251,28 +252,12 @@ impl Runner {
             }
             _ => e,
         };
-        let path = pp.source.path();
-        let bytes = std::fs::read(path).map_err(|e| {
-            Error::input(format!(
-                "{}: {}.path: {}: {e}",
-                pp.sha256_at,
-                pp.source.table(),
-                path.display()
-            ))
-        })?;
-        let sha = crate::fsutil::sha256_bytes(&bytes);
-        if sha != pp.sha256 {
-            return Err(Error::input(format!(
-                "{}: {}.sha256: {} does not match its pin\n  expected {}\n  actual   {sha} ({} bytes)",
-                pp.sha256_at,
-                pp.source.table(),
-                path.display(),
-                pp.sha256,
-                bytes.len()
-            )));
-        }
-        let src = String::from_utf8(bytes)
-            .map_err(|e| Error::input(format!("{}: not UTF-8: {e}", path.display())))?;
+        let src = read_pinned(
+            pp.source.path(),
+            pp.source.table(),
+            &pp.sha256,
+            &pp.sha256_at,
+        )?;
         let t = Instant::now();
         let (verified, model) = self.load(alias)?;
         out.timings.prepare = t.elapsed();
@@ -348,8 +333,60 @@ impl Runner {
                 (b.block, b.resamples, b.seed),
             ));
         }
+        if let Some(rec) = &pp.reference_record {
+            let text = read_pinned(&rec.path, "reference_record", &rec.sha256, &rec.at)?;
+            let (header, rscored) = read_record(&text, &plan)
+                .map_err(|e| Error::input(format!("{}:{e}", rec.path.display())))?;
+            let ci = model.info();
+            if header.n_vocab != ci.n_vocab
+                || header.tokenizer_fingerprint != ci.tokenizer_fingerprint
+            {
+                return Err(Error::input(format!(
+                    "{}: reference_record: recorded on `{}` whose tokenizer differs from `{alias}`'s \
+                     (vocabulary {} vs {}): perplexity compares only within one base model",
+                    rec.at, header.model, header.n_vocab, ci.n_vocab
+                )));
+            }
+            let b = pp.bootstrap;
+            out.metrics.extend(paired_metrics(
+                &scored.windows,
+                &rscored.windows,
+                &scored.token_nll,
+                &rscored.token_nll,
+                (b.block, b.resamples, b.seed),
+            ));
+        }
         out.timings.measure += t.elapsed();
         Ok(())
+    }
+
+    /// Score the case's windows on `alias` and return them as a reference
+    /// record (JSONL) that later runs can compare against without the model.
+    pub fn export_reference(&self, case: &Case, alias: &str) -> Result<String> {
+        let Spec::Perplexity(pp) = &case.spec;
+        let src = read_pinned(
+            pp.source.path(),
+            pp.source.table(),
+            &pp.sha256,
+            &pp.sha256_at,
+        )?;
+        let (verified, model) = self.load(alias)?;
+        let plan = self.plan_for(pp, &src, &*model)?;
+        let scored = score_plan(&*model, &plan, pp.n_batch, self.threads)?;
+        let info = model.info();
+        let header = RecordHeader {
+            quantgate_reference_record: 1,
+            model: alias.to_string(),
+            model_sha256: verified.file.sha256.clone(),
+            build: self.pool.engine().build().label(),
+            n_vocab: info.n_vocab,
+            tokenizer_fingerprint: info.tokenizer_fingerprint.clone(),
+            mode: pp.windowing.mode().to_string(),
+            windows: plan.windows.len(),
+            targets: scored.token_nll.len(),
+            token_stream_sha256: plan.token_stream_sha256.clone(),
+        };
+        Ok(record_jsonl(&header, &plan, &scored))
     }
 
     /// Token ids of the case's source for `model`, cut into windows.
@@ -398,6 +435,27 @@ impl Runner {
             ))
         })
     }
+}
+
+/// Read a file pinned by sha256 as UTF-8 text; a mismatch names the pin's place.
+fn read_pinned(
+    path: &Path,
+    table: &str,
+    sha256: &str,
+    at: &crate::case::Location,
+) -> Result<String> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| Error::input(format!("{at}: {table}.path: {}: {e}", path.display())))?;
+    let sha = crate::fsutil::sha256_bytes(&bytes);
+    if sha != sha256 {
+        return Err(Error::input(format!(
+            "{at}: {table}.sha256: {} does not match its pin\n  expected {sha256}\n  actual   {sha} ({} bytes)",
+            path.display(),
+            bytes.len()
+        )));
+    }
+    String::from_utf8(bytes)
+        .map_err(|e| Error::input(format!("{}: not UTF-8: {e}", path.display())))
 }
 
 /// Line and column (1-based) of the `index`-th whitespace-separated word.
