@@ -256,3 +256,119 @@ fn glob_matching_nothing_exits_two() {
         "{stderr}"
     );
 }
+
+fn ids_case(ids_sha: &str, window: &str) -> String {
+    format!(
+        "kind = \"perplexity\"\nmodels = [\"tiny\"]\n[tokens]\npath = \"ids.txt\"\nsha256 = \"{ids_sha}\"\n[window]\n{window}\n"
+    )
+}
+
+#[test]
+fn token_id_and_window_problems_exit_two_naming_file_and_value() {
+    let resets = "mode = \"resets\"\nlength = 8\nstarts = [0, 8]";
+    let cases: Vec<(&str, &str, String, &str)> = vec![
+        (
+            "vocab",
+            "1 2 3\n4 49152 5\n",
+            resets.into(),
+            "ids.txt:2:3: token id 49152 is not below the vocabulary size 49152 of model `tiny`",
+        ),
+        (
+            "nonint",
+            "1 2 3\n4 five 6\n",
+            resets.into(),
+            "ids.txt:2:3: `five` is not a token id",
+        ),
+        (
+            "short",
+            "1 2 3 4 5 6 7 8 9 10 11 12\n",
+            resets.into(),
+            "the window at start 8 needs ids 8..=16, so at least 17 ids; the file has 12",
+        ),
+        (
+            "zero",
+            "1 2 3\n",
+            "mode = \"resets\"\nlength = 8\nstarts = []".into(),
+            "window.starts: list at least one start (zero windows)",
+        ),
+        (
+            "stride",
+            "1 2 3\n",
+            "mode = \"strided\"\nn_ctx = 64\nstride = 128".into(),
+            "window.stride: 128 must be between 1 and n_ctx (64)",
+        ),
+        (
+            "chunks",
+            "1 2 3\n",
+            "mode = \"llama-perplexity\"\nn_ctx = 64\nchunks = 0".into(),
+            "window.chunks: must be ≥ 1 (zero windows)",
+        ),
+        (
+            "modekey",
+            "1 2 3\n",
+            "mode = \"resets\"\nlength = 8\nstarts = [0]\nstride = 4".into(),
+            "window.stride: not used by mode = \"resets\"",
+        ),
+    ];
+    for (name, ids, window, want) in cases {
+        let root = suites(name);
+        std::fs::write(root.join("ppl/ids.txt"), ids).unwrap();
+        let sha = quantgate::fsutil::sha256_bytes(ids.as_bytes());
+        std::fs::write(
+            root.join(format!("ppl/{name}.toml")),
+            ids_case(&sha, &window),
+        )
+        .unwrap();
+        let (code, stdout, stderr) = run(&root, &[]);
+        assert_eq!(code, 2, "{name}: {stdout}\n{stderr}");
+        assert!(
+            stdout.contains(want),
+            "{name}: expected {want:?} in\n{stdout}"
+        );
+    }
+}
+
+#[test]
+fn a_record_for_other_tokens_is_refused() {
+    let root = suites("record");
+    let ids: String = (1..=40).map(|i| format!("{}\n", 100 + i)).collect();
+    std::fs::write(root.join("ppl/ids.txt"), &ids).unwrap();
+    let sha = quantgate::fsutil::sha256_bytes(ids.as_bytes());
+    let case = ids_case(&sha, "mode = \"resets\"\nlength = 8\nstarts = [0, 8]");
+    std::fs::write(root.join("ppl/c.toml"), &case).unwrap();
+    // Export a record, then change the windows: the record no longer fits.
+    let out = Command::new(env!("CARGO_BIN_EXE_quantgate"))
+        .arg("--suites")
+        .arg(&root)
+        .args(["reference", "export"])
+        .arg(root.join("ppl/c.toml"))
+        .args(["--model", "tiny", "--out"])
+        .arg(root.join("ppl/rec.jsonl"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rec = std::fs::read(root.join("ppl/rec.jsonl")).unwrap();
+    assert_eq!(String::from_utf8_lossy(&rec).lines().count(), 1 + 16);
+    let rsha = quantgate::fsutil::sha256_bytes(&rec);
+    let with_record = |starts: &str| {
+        ids_case(
+            &sha,
+            &format!("mode = \"resets\"\nlength = 8\nstarts = {starts}"),
+        ) + &format!("[reference_record]\npath = \"rec.jsonl\"\nsha256 = \"{rsha}\"\n")
+    };
+    std::fs::write(root.join("ppl/c.toml"), with_record("[0, 8]")).unwrap();
+    let (code, stdout, _) = run(&root, &[]);
+    assert_eq!(code, 0, "{stdout}");
+    assert!(stdout.contains("delta_nll_mean=0 "), "{stdout}");
+    std::fs::write(root.join("ppl/c.toml"), with_record("[0, 16]")).unwrap();
+    let (code, stdout, _) = run(&root, &[]);
+    assert_eq!(code, 2, "{stdout}");
+    assert!(
+        stdout.contains("rec.jsonl:1: the record scores token stream"),
+        "{stdout}"
+    );
+}
