@@ -238,9 +238,11 @@ pub fn t_interval95(xs: &[f64]) -> (f64, f64, f64) {
 /// 95% percentile interval of the mean of `xs` by a moving-block bootstrap:
 /// blocks of `block` consecutive values (0: ⌈n^(1/3)⌉) start anywhere in
 /// 0..=n−block, are drawn with replacement and concatenated to length n.
+/// Fewer than 4 windows give NaN: every resample would be nearly the series
+/// itself, an interval of no width that means nothing.
 pub fn block_bootstrap95(xs: &[f64], block: usize, resamples: usize, seed: u64) -> (f64, f64) {
     let n = xs.len();
-    if n < 2 || resamples == 0 {
+    if n < 4 || resamples == 0 {
         return (f64::NAN, f64::NAN);
     }
     let b = if block == 0 {
@@ -248,7 +250,7 @@ pub fn block_bootstrap95(xs: &[f64], block: usize, resamples: usize, seed: u64) 
     } else {
         block
     }
-    .clamp(1, n);
+    .clamp(1, n / 2);
     let starts = (n - b + 1) as u64;
     let mut rng = SplitMix64(seed);
     let mut means = Vec::with_capacity(resamples);

@@ -664,7 +664,8 @@ mod tests {
             o.metrics["delta_nll_boot95_lo"],
             o.metrics["delta_nll_boot95_hi"],
         );
-        assert!(lo <= mean && mean <= hi, "{lo} {mean} {hi}");
+        // Three windows are too few for a block bootstrap: NaN, not a fake interval.
+        assert!(lo.is_nan() && hi.is_nan(), "{lo} {hi}");
         // Confidence on the wrong next byte costs: the candidate is worse.
         assert!(mean > 0.0);
         assert_eq!(
