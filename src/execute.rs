@@ -89,7 +89,8 @@ pub fn plan_windows(
                     2 * calc
                 ));
             }
-            let n_chunk_max = (n - calc + stride - 1) / stride;
+            // The tool's (n − C + S − 1) / S.
+            let n_chunk_max = (n - calc).div_ceil(stride);
             let n_chunk = chunks.map_or(n_chunk_max, |c| c.min(n_chunk_max));
             let first = calc - stride - 1;
             for i in 0..n_chunk {
@@ -307,7 +308,7 @@ mod tests {
         };
         let p = plan_windows(&toks, &w, Some(-1)).unwrap();
         assert_eq!(p.n_ctx, 512);
-        assert_eq!(p.windows.len(), (2000 - 512 + 63) / 64);
+        assert_eq!(p.windows.len(), 24); // (2000 − 512 + 63) / 64
         let w2 = &p.windows[2];
         // No BOS in the decoded tokens: the tool writes it after decoding.
         assert_eq!(w2.window.tokens[0], 128);

@@ -149,6 +149,9 @@ impl Outcome {
     }
 }
 
+/// One reference score, computed by the first trial that needs it.
+type ScoreSlot = Arc<OnceLock<Result<Arc<Scored>>>>;
+
 /// Everything a trial needs: registry, engine, loaded models, threads.
 pub struct Runner {
     /// The registry.
@@ -159,7 +162,7 @@ pub struct Runner {
     pub threads: u32,
     /// Reference scores, computed once per process per (reference file,
     /// token stream, context, batch) and shared by every candidate.
-    reference_scores: Mutex<HashMap<String, Arc<OnceLock<Result<Arc<Scored>>>>>>,
+    reference_scores: Mutex<HashMap<String, ScoreSlot>>,
 }
 
 impl Runner {

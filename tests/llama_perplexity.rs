@@ -18,6 +18,10 @@ fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The tests here each run two multi-threaded llama.cpp processes' worth of
+/// work; one at a time keeps threads ≤ cores (OpenMP collapses otherwise).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn tool() -> String {
     let out = Command::new("bash")
         .arg(repo().join("scripts/build-llama-perplexity.sh"))
@@ -94,6 +98,7 @@ fn same_printed(ours: f64, printed: f64, decimals: i32) -> bool {
 
 #[test]
 fn perplexity_equals_llama_perplexity() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let tool = tool();
     let reg = Registry::load(&repo().join("suites/models.toml")).unwrap();
     let engine = Arc::new(LlamaEngine::new());
@@ -158,6 +163,7 @@ fn perplexity_equals_llama_perplexity() {
 
 #[test]
 fn strided_mode_equals_ppl_stride() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let tool = tool();
     let reg = Registry::load(&repo().join("suites/models.toml")).unwrap();
     let engine = Arc::new(LlamaEngine::new());
