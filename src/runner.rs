@@ -603,18 +603,24 @@ mod tests {
         (means, all)
     }
 
+    /// The test suite with `sharp` as the candidate and `good` as its reference.
+    fn paired_suite(tag: &str, extra: &str) -> PathBuf {
+        let root = suite(tag, extra);
+        let case = std::fs::read_to_string(root.join("ppl/case.toml")).unwrap();
+        let case = case.replace(
+            "models = [\"good\", \"sharp\"]",
+            "models = [\"sharp\"]\nreference = \"good\"",
+        );
+        std::fs::write(root.join("ppl/case.toml"), case).unwrap();
+        root
+    }
+
     #[test]
     fn paired_delta_nll_against_a_reference_is_recomputed_independently() {
-        let root = suite("paired", "");
-        let case = std::fs::read_to_string(root.join("ppl/case.toml")).unwrap();
-        std::fs::write(
-            root.join("ppl/case.toml"),
-            case.replace(
-                "models = [\"good\", \"sharp\"]",
-                "models = [\"sharp\"]\nreference = \"good\"",
-            ) + "[[gate]]\nmetric = \"delta_nll_mean\"\nmax = 0.05\n",
-        )
-        .unwrap();
+        let root = paired_suite(
+            "paired",
+            "[[gate]]\nmetric = \"delta_nll_mean\"\nmax = 0.05\n",
+        );
         let sharp = FakeSpec {
             confidence: 6.0,
             ..FakeSpec::default()
@@ -683,16 +689,7 @@ mod tests {
 
     #[test]
     fn reference_with_another_tokenizer_is_refused() {
-        let root = suite("tok", "");
-        let case = std::fs::read_to_string(root.join("ppl/case.toml")).unwrap();
-        std::fs::write(
-            root.join("ppl/case.toml"),
-            case.replace(
-                "models = [\"good\", \"sharp\"]",
-                "models = [\"sharp\"]\nreference = \"good\"",
-            ),
-        )
-        .unwrap();
+        let root = paired_suite("tok", "");
         let other = FakeSpec {
             tokenizer: "another-base-model",
             ..FakeSpec::default()

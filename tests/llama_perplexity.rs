@@ -91,6 +91,22 @@ fn reference(tool: &str, model: &Path, text: &Path, threads: u32) -> (Vec<f64>, 
     (running, nums[0], nums[1])
 }
 
+/// Every running PPL (after 1, 2, ... windows) equals the tool's printed one.
+fn assert_running_matches(windows: &[quantgate::measure::WindowNll], printed: &[f64], label: &str) {
+    let (mut sum, mut n) = (0.0, 0);
+    for (i, w) in windows.iter().enumerate() {
+        sum += w.nll_sum;
+        n += w.count;
+        let ours = (sum / n as f64).exp();
+        assert!(
+            same_printed(ours, printed[i], 4),
+            "{label} chunk {}: ours {ours} vs llama-perplexity {}",
+            i + 1,
+            printed[i]
+        );
+    }
+}
+
 /// Equal to the printed digits: |a − printed| ≤ half a unit in the last place.
 fn same_printed(ours: f64, printed: f64, decimals: i32) -> bool {
     (ours - printed).abs() <= 0.5 * 10f64.powi(-decimals) + 1e-12
@@ -129,19 +145,7 @@ fn perplexity_equals_llama_perplexity() {
         )
         .unwrap();
         let obs = score_plan(&*model, &plan, 512, 2).unwrap();
-        let mut sum = 0.0;
-        let mut n = 0;
-        for (i, w) in obs.windows.iter().enumerate() {
-            sum += w.nll_sum;
-            n += w.count;
-            let ours = (sum / n as f64).exp();
-            assert!(
-                same_printed(ours, running[i], 4),
-                "{alias} chunk {}: ours {ours} vs llama-perplexity {}",
-                i + 1,
-                running[i]
-            );
-        }
+        assert_running_matches(&obs.windows, &running, alias);
         let m = perplexity_metrics(&obs.windows);
         assert!(
             same_printed(m["ppl"], ppl, 4),
@@ -219,19 +223,12 @@ fn strided_mode_equals_ppl_stride() {
     assert_eq!(plan.n_ctx, 512);
     assert!(log.contains("Calculation chunk = 512"), "{log}");
     let obs = score_plan(&*model, &plan, 256, 2).unwrap();
-    let (mut sum, mut n) = (0.0, 0);
-    for (i, w) in obs.windows.iter().enumerate() {
-        assert_eq!(w.count, 128);
-        sum += w.nll_sum;
-        n += w.count;
-        let ours = (sum / n as f64).exp();
-        assert!(
-            same_printed(ours, printed[i], 4),
-            "chunk {}: ours {ours} vs llama-perplexity {}",
-            i + 1,
-            printed[i]
-        );
-    }
+    assert!(obs.windows.iter().all(|w| w.count == 128));
+    assert_running_matches(&obs.windows, &printed, "strided");
+    let (sum, n) = obs
+        .windows
+        .iter()
+        .fold((0.0, 0), |(s, n), w| (s + w.nll_sum, n + w.count));
     eprintln!(
         "strided: quantgate {:.6}, llama-perplexity {}",
         (sum / n as f64).exp(),
