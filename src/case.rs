@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::fsutil::{line_col, sha256_bytes};
 use crate::parse::{nearest, parse_toml};
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use toml::Spanned;
 
@@ -60,9 +61,49 @@ pub struct Case {
     pub spec: Spec,
     /// Gates.
     pub gates: Vec<Gate>,
+    /// Golden comparison tolerances by metric (`default` for the rest).
+    pub tolerances: BTreeMap<String, Tolerance>,
+}
+
+/// A float matches its golden when `|a − b| ≤ atol + rtol·|b|`.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tolerance {
+    /// Absolute part.
+    #[serde(default = "default_atol")]
+    pub atol: f64,
+    /// Relative part.
+    #[serde(default = "default_rtol")]
+    pub rtol: f64,
+}
+
+fn default_atol() -> f64 {
+    Tolerance::DEFAULT.atol
+}
+
+fn default_rtol() -> f64 {
+    Tolerance::DEFAULT.rtol
+}
+
+impl Tolerance {
+    /// Defaults: logits are bitwise reproducible for one build, so only
+    /// summation noise is tolerated.
+    pub const DEFAULT: Tolerance = Tolerance {
+        atol: 1e-9,
+        rtol: 1e-6,
+    };
 }
 
 impl Case {
+    /// The tolerance for `metric`.
+    pub fn tolerance(&self, metric: &str) -> Tolerance {
+        self.tolerances
+            .get(metric)
+            .or_else(|| self.tolerances.get("default"))
+            .copied()
+            .unwrap_or(Tolerance::DEFAULT)
+    }
+
     /// The metrics this case produces.
     pub fn metrics(&self) -> Vec<&'static str> {
         match &self.spec {
@@ -277,6 +318,8 @@ struct PerplexityFile {
     bootstrap: Option<BootstrapFile>,
     #[serde(default)]
     gate: Vec<GateFile>,
+    #[serde(default)]
+    tolerance: BTreeMap<String, Spanned<Tolerance>>,
 }
 
 #[derive(Deserialize)]
@@ -609,6 +652,26 @@ pub fn parse_case(path: &Path, name: &str) -> Result<Case> {
             min: g.min,
         });
     }
+    let mut tolerances = BTreeMap::new();
+    for (k, t) in &f.tolerance {
+        let v = t.get_ref();
+        if k != "default" && !metrics.contains(&k.as_str()) {
+            err(
+                at(t.span().start),
+                format!(
+                    "tolerance.{k}: `{k}` is not a metric of this case; metrics: default, {}",
+                    metrics.join(", ")
+                ),
+            );
+        }
+        if v.atol < 0.0 || v.rtol < 0.0 {
+            err(
+                at(t.span().start),
+                format!("tolerance.{k}: atol and rtol must be ≥ 0"),
+            );
+        }
+        tolerances.insert(k.clone(), *v);
+    }
     if !errors.is_empty() {
         return Err(crate::error::join(errors));
     }
@@ -641,6 +704,7 @@ pub fn parse_case(path: &Path, name: &str) -> Result<Case> {
             bootstrap,
         }),
         gates,
+        tolerances,
     })
 }
 

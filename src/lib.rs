@@ -2,12 +2,14 @@
 #![deny(missing_docs)]
 
 pub mod case;
+pub mod diff;
 pub mod discover;
 pub mod engine;
 pub mod error;
 pub mod execute;
 pub mod fsutil;
 pub mod gguf;
+pub mod golden;
 pub mod harness;
 pub mod judge;
 pub mod measure;
