@@ -300,6 +300,26 @@ pub struct Gate {
     pub max: Option<f64>,
     /// Lower bound.
     pub min: Option<f64>,
+    /// Gate a bound of the metric's interval instead of its value
+    /// (`ci95_hi`, `ci95_lo`, `boot95_hi`, `boot95_lo`).
+    pub on: Option<String>,
+}
+
+/// Interval bounds a gate can select with `on`.
+pub const GATE_ON: &[&str] = &["ci95_lo", "ci95_hi", "boot95_lo", "boot95_hi"];
+
+impl Gate {
+    /// The metric whose value is gated: `metric`, or with `on = "ci95_hi"`
+    /// the interval bound `<metric less _mean>_ci95_hi`.
+    pub fn gated_metric(&self) -> String {
+        match &self.on {
+            None => self.metric.clone(),
+            Some(on) => format!(
+                "{}_{on}",
+                self.metric.strip_suffix("_mean").unwrap_or(&self.metric)
+            ),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -364,6 +384,7 @@ struct GateFile {
     metric: Spanned<String>,
     max: Option<f64>,
     min: Option<f64>,
+    on: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -646,11 +667,31 @@ pub fn parse_case(path: &Path, name: &str) -> Result<Case> {
                 format!("gate[{i}]: give `max`, `min` or both"),
             );
         }
-        gates.push(Gate {
+        let gate = Gate {
             metric: m.clone(),
             max: g.max,
             min: g.min,
-        });
+            on: g.on.as_ref().map(|o| o.get_ref().clone()),
+        };
+        if let Some(on) = &g.on {
+            let gated = gate.gated_metric();
+            if !GATE_ON.contains(&on.get_ref().as_str()) {
+                err(
+                    at(on.span().start),
+                    format!(
+                        "gate[{i}].on: `{}` is not one of {}",
+                        on.get_ref(),
+                        GATE_ON.join(", ")
+                    ),
+                );
+            } else if metrics.contains(&m.as_str()) && !metrics.contains(&gated.as_str()) {
+                err(
+                    at(on.span().start),
+                    format!("gate[{i}].on: `{m}` has no `{}` bound (`{gated}` is not a metric of this case)", on.get_ref()),
+                );
+            }
+        }
+        gates.push(gate);
     }
     let mut tolerances = BTreeMap::new();
     for (k, t) in &f.tolerance {
@@ -757,7 +798,8 @@ max = 10.0
             vec![Gate {
                 metric: "ppl".into(),
                 max: Some(10.0),
-                min: None
+                min: None,
+                on: None
             }]
         );
         let Spec::Perplexity(pp) = &c.spec;
@@ -779,6 +821,38 @@ max = 10.0
         );
         let e = parse_case(&p, "x").unwrap_err().message;
         assert!(e.contains(":11:10: gate[0].metric: `pll` is not a metric of a perplexity case (did you mean `ppl`?)"), "{e}");
+    }
+
+    #[test]
+    fn gate_on_selects_existing_bounds_only() {
+        let paired = GOOD.replace("models = [\"a\"]", "models = [\"a\"]\nreference = \"b\"");
+        let ok = paired.replace(
+            "metric = \"ppl\"",
+            "metric = \"delta_nll_mean\"\non = \"ci95_hi\"",
+        );
+        let c = parse_case(&write("on.toml", &ok), "x").unwrap();
+        assert_eq!(c.gates[0].gated_metric(), "delta_nll_ci95_hi");
+        let bad = paired.replace(
+            "metric = \"ppl\"",
+            "metric = \"delta_nll_mean\"\non = \"ci99_hi\"",
+        );
+        let e = parse_case(&write("on-bad.toml", &bad), "x")
+            .unwrap_err()
+            .message;
+        assert!(
+            e.contains(
+                "gate[0].on: `ci99_hi` is not one of ci95_lo, ci95_hi, boot95_lo, boot95_hi"
+            ),
+            "{e}"
+        );
+        let none = GOOD.replace("metric = \"ppl\"", "metric = \"ppl\"\non = \"ci95_hi\"");
+        let e = parse_case(&write("on-none.toml", &none), "x")
+            .unwrap_err()
+            .message;
+        assert!(
+            e.contains("gate[0].on: `ppl` has no `ci95_hi` bound"),
+            "{e}"
+        );
     }
 
     #[test]

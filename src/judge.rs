@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 /// One gate's verdict.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct GateResult {
-    /// Metric name.
+    /// Metric name, with the selected bound (`delta_nll_mean.ci95_hi`) when
+    /// the gate has `on`.
     pub metric: String,
     /// `max` or `min`.
     pub bound: &'static str,
@@ -52,7 +53,11 @@ impl GateResult {
 pub fn judge(gates: &[Gate], metrics: &BTreeMap<String, f64>) -> Vec<GateResult> {
     let mut out = Vec::new();
     for g in gates {
-        let observed = metrics.get(&g.metric).copied();
+        let observed = metrics.get(&g.gated_metric()).copied();
+        let label = match &g.on {
+            Some(on) => format!("{}.{on}", g.metric),
+            None => g.metric.clone(),
+        };
         let stem = g.metric.strip_suffix("_mean").unwrap_or(&g.metric);
         let interval = match (
             metrics.get(&format!("{stem}_ci95_lo")),
@@ -74,7 +79,7 @@ pub fn judge(gates: &[Gate], metrics: &BTreeMap<String, f64>) -> Vec<GateResult>
                 }
             });
             out.push(GateResult {
-                metric: g.metric.clone(),
+                metric: label.clone(),
                 bound,
                 threshold,
                 observed,
@@ -95,6 +100,7 @@ mod tests {
             metric: metric.into(),
             max,
             min,
+            on: None,
         }
     }
 
@@ -125,6 +131,30 @@ mod tests {
         assert_eq!(
             r[0].describe(),
             "delta_nll_mean = 0.25 (95% CI 0.200000 … 0.300000 over 16 windows) violates delta_nll_mean ≤ 0.05 (max 0.05)"
+        );
+    }
+
+    #[test]
+    fn on_selects_the_interval_bound() {
+        let m = BTreeMap::from([
+            ("delta_nll_mean".to_string(), 0.01),
+            ("delta_nll_ci95_hi".to_string(), 0.07),
+            ("delta_nll_ci95_lo".to_string(), -0.05),
+            ("windows".to_string(), 16.0),
+        ]);
+        let g = Gate {
+            metric: "delta_nll_mean".into(),
+            max: Some(0.05),
+            min: None,
+            on: Some("ci95_hi".into()),
+        };
+        let r = judge(&[g], &m);
+        assert!(!r[0].passed);
+        assert_eq!(r[0].observed, Some(0.07));
+        assert!(
+            r[0].describe().starts_with("delta_nll_mean.ci95_hi = 0.07"),
+            "{}",
+            r[0].describe()
         );
     }
 
