@@ -289,7 +289,9 @@ impl Runner {
         out.timings.measure = scored.measure;
         let t = Instant::now();
         out.metrics = perplexity_metrics(&scored.windows);
-        if let Some((ref_alias, ref_at)) = &pp.reference {
+        // Loading and scoring the reference (once per process) count as decode time.
+        let t_ref = Instant::now();
+        let reference: Option<Arc<Scored>> = if let Some((ref_alias, ref_at)) = &pp.reference {
             let (rv, rmodel) = self
                 .load(ref_alias)
                 .map_err(|e| e.context(format!("{ref_at}: reference")))?;
@@ -327,16 +329,8 @@ impl Runner {
                     score_plan(&*rmodel, &rplan, pp.n_batch, self.threads).map(Arc::new)
                 })
                 .clone()?;
-            let b = pp.bootstrap;
-            out.metrics.extend(paired_metrics(
-                &scored.windows,
-                &rscored.windows,
-                &scored.token_nll,
-                &rscored.token_nll,
-                (b.block, b.resamples, b.seed),
-            ));
-        }
-        if let Some(rec) = &pp.reference_record {
+            Some(rscored)
+        } else if let Some(rec) = &pp.reference_record {
             let text = read_pinned(&rec.path, "reference_record", &rec.sha256, &rec.at)?;
             let (header, rscored) = read_record(&text, &plan)
                 .map_err(|e| Error::input(format!("{}:{e}", rec.path.display())))?;
@@ -350,6 +344,13 @@ impl Runner {
                     rec.at, header.model, header.n_vocab, ci.n_vocab
                 )));
             }
+            Some(Arc::new(rscored))
+        } else {
+            None
+        };
+        let ref_time = t_ref.elapsed();
+        out.timings.decode += ref_time;
+        if let Some(rscored) = reference {
             let b = pp.bootstrap;
             out.metrics.extend(paired_metrics(
                 &scored.windows,
@@ -359,7 +360,7 @@ impl Runner {
                 (b.block, b.resamples, b.seed),
             ));
         }
-        out.timings.measure += t.elapsed();
+        out.timings.measure += t.elapsed().saturating_sub(ref_time);
         Ok(())
     }
 
