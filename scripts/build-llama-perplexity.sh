@@ -33,7 +33,8 @@ if [ ! -f "$out/perplexity.cpp" ]; then
   tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
   echo "fetching llama-cpp-python==$LCP_VERSION (sdist) for tools/perplexity" >&2
   # pip prepares an sdist's metadata with its build backend; give it one.
-  "$python" -m pip install -q --disable-pip-version-check --target "$tmp/backend" scikit-build-core >&2
+  # --target installs into a scratch folder, never the system; PEP 668 need not apply.
+  PIP_BREAK_SYSTEM_PACKAGES=1 "$python" -m pip install -q --disable-pip-version-check --target "$tmp/backend" scikit-build-core >&2
   PYTHONPATH="$tmp/backend" "$python" -m pip download -q --disable-pip-version-check --no-deps \
     --no-binary :all: --no-build-isolation -d "$tmp" "llama-cpp-python==$LCP_VERSION" >&2
   sdist="$tmp/llama_cpp_python-$LCP_VERSION.tar.gz"
