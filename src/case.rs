@@ -139,15 +139,6 @@ pub enum Spec {
     Perplexity(Perplexity),
 }
 
-impl Spec {
-    /// The kind's name.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Spec::Perplexity(_) => "perplexity",
-        }
-    }
-}
-
 /// What is scored.
 #[derive(Debug, Clone)]
 pub enum Source {

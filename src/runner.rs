@@ -255,12 +255,7 @@ impl Runner {
             }
             _ => e,
         };
-        let src = read_pinned(
-            pp.source.path(),
-            pp.source.table(),
-            &pp.sha256,
-            &pp.sha256_at,
-        )?;
+        let src = read_source(pp)?;
         let t = Instant::now();
         let (verified, model) = self.load(alias)?;
         out.timings.prepare = t.elapsed();
@@ -368,12 +363,7 @@ impl Runner {
     /// record (JSONL) that later runs can compare against without the model.
     pub fn export_reference(&self, case: &Case, alias: &str) -> Result<String> {
         let Spec::Perplexity(pp) = &case.spec;
-        let src = read_pinned(
-            pp.source.path(),
-            pp.source.table(),
-            &pp.sha256,
-            &pp.sha256_at,
-        )?;
+        let src = read_source(pp)?;
         let (verified, model) = self.load(alias)?;
         let plan = self.plan_for(pp, &src, &*model)?;
         let scored = score_plan(&*model, &plan, pp.n_batch, self.threads)?;
@@ -439,6 +429,16 @@ impl Runner {
             ))
         })
     }
+}
+
+/// The case's text or token-id file, checked against its pin.
+fn read_source(pp: &crate::case::Perplexity) -> Result<String> {
+    read_pinned(
+        pp.source.path(),
+        pp.source.table(),
+        &pp.sha256,
+        &pp.sha256_at,
+    )
 }
 
 /// Read a file pinned by sha256 as UTF-8 text; a mismatch names the pin's place.
