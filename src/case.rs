@@ -63,6 +63,8 @@ pub struct Case {
     pub gates: Vec<Gate>,
     /// Golden comparison tolerances by metric (`default` for the rest).
     pub tolerances: BTreeMap<String, Tolerance>,
+    /// A preregistered decision rule (`prereg = "…"`, relative to the case file).
+    pub prereg: Option<(PathBuf, Location)>,
 }
 
 /// A float matches its golden when `|a − b| ≤ atol + rtol·|b|`.
@@ -107,17 +109,21 @@ impl Case {
     /// The metrics this case produces.
     pub fn metrics(&self) -> Vec<&'static str> {
         match &self.spec {
-            Spec::Perplexity(p) => {
-                metrics_for(p.reference.is_some() || p.reference_record.is_some())
-            }
+            Spec::Perplexity(p) => metrics_for(
+                p.reference.is_some() || p.reference_record.is_some(),
+                self.prereg.is_some(),
+            ),
         }
     }
 }
 
-fn metrics_for(paired: bool) -> Vec<&'static str> {
+fn metrics_for(paired: bool, prereg: bool) -> Vec<&'static str> {
     let mut m = PPL_METRICS.to_vec();
     if paired {
         m.extend_from_slice(PAIRED_METRICS);
+    }
+    if prereg {
+        m.extend_from_slice(crate::prereg::PREREG_METRICS);
     }
     m
 }
@@ -184,6 +190,9 @@ pub enum Windowing {
         n_ctx: u32,
         /// At most this many chunks.
         chunks: Option<usize>,
+        /// Chunks to leave out at the start (held-out text: the tool's
+        /// chunks `skip..skip + chunks`); 0 is the tool itself.
+        skip: usize,
     },
     /// `llama-perplexity --ppl-stride`: chunks every `stride` tokens, each as
     /// long as the tool's context, the last `stride` positions of each scored.
@@ -323,6 +332,7 @@ struct PerplexityFile {
     models: Spanned<Vec<Spanned<String>>>,
     reference: Option<Spanned<String>>,
     reference_record: Option<TokensFile>,
+    prereg: Option<Spanned<String>>,
     text: Option<TextFile>,
     tokens: Option<TokensFile>,
     window: Spanned<WindowFile>,
@@ -355,6 +365,7 @@ struct WindowFile {
     mode: Spanned<String>,
     n_ctx: Option<Spanned<u32>>,
     chunks: Option<Spanned<usize>>,
+    skip: Option<Spanned<usize>>,
     stride: Option<Spanned<u32>>,
     length: Option<Spanned<u32>>,
     starts: Option<Spanned<Vec<usize>>>,
@@ -453,7 +464,7 @@ pub fn parse_case(path: &Path, name: &str) -> Result<Case> {
     let mode = w.mode.get_ref().as_str();
     // Which keys each mode takes.
     let allowed: &[&str] = match mode {
-        "llama-perplexity" => &["n_ctx", "chunks", "n_batch"],
+        "llama-perplexity" => &["n_ctx", "chunks", "skip", "n_batch"],
         "strided" => &["n_ctx", "stride", "chunks", "n_batch"],
         "resets" => &["length", "starts", "n_batch"],
         _ => {
@@ -464,8 +475,9 @@ pub fn parse_case(path: &Path, name: &str) -> Result<Case> {
             &[]
         }
     };
-    let present: [(&str, Option<usize>); 6] = [
+    let present: [(&str, Option<usize>); 7] = [
         ("n_ctx", w.n_ctx.as_ref().map(|v| v.span().start)),
+        ("skip", w.skip.as_ref().map(|v| v.span().start)),
         ("chunks", w.chunks.as_ref().map(|v| v.span().start)),
         ("stride", w.stride.as_ref().map(|v| v.span().start)),
         ("length", w.length.as_ref().map(|v| v.span().start)),
@@ -567,6 +579,7 @@ pub fn parse_case(path: &Path, name: &str) -> Result<Case> {
         _ => Windowing::LlamaPerplexity {
             n_ctx: need(&w.n_ctx, "n_ctx", &mut later),
             chunks,
+            skip: w.skip.as_ref().map_or(0, |s| *s.get_ref()),
         },
     };
     if let Windowing::LlamaPerplexity { n_ctx, .. } | Windowing::Strided { n_ctx, .. } = &windowing
@@ -630,7 +643,16 @@ pub fn parse_case(path: &Path, name: &str) -> Result<Case> {
             );
         }
     }
-    let metrics = metrics_for(f.reference.is_some() || f.reference_record.is_some());
+    let metrics = metrics_for(
+        f.reference.is_some() || f.reference_record.is_some(),
+        f.prereg.is_some(),
+    );
+    if f.prereg.is_some() && f.reference.is_none() {
+        err(
+            at(f.prereg.as_ref().map_or(0, |p| p.span().start)),
+            "prereg: a preregistered comparison needs `reference` (its baseline model)".into(),
+        );
+    }
     let mut gates = Vec::new();
     for (i, g) in f.gate.iter().enumerate() {
         let m = g.metric.get_ref();
@@ -708,6 +730,10 @@ pub fn parse_case(path: &Path, name: &str) -> Result<Case> {
         return Err(crate::error::join(errors));
     }
     Ok(Case {
+        prereg: f
+            .prereg
+            .as_ref()
+            .map(|p| (base.join(p.get_ref()), at(p.span().start))),
         name: name.to_string(),
         path: path.to_path_buf(),
         content_sha256: sha256_bytes(&bytes),
@@ -798,7 +824,8 @@ max = 10.0
             pp.windowing,
             Windowing::LlamaPerplexity {
                 n_ctx: 64,
-                chunks: Some(2)
+                chunks: Some(2),
+                skip: 0,
             }
         );
         assert_eq!(pp.n_batch, 64);

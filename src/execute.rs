@@ -57,14 +57,25 @@ pub fn plan_windows(
     let mut windows = Vec::new();
     let n = ids.len();
     match windowing {
-        Windowing::LlamaPerplexity { n_ctx, chunks } => {
+        Windowing::LlamaPerplexity {
+            n_ctx,
+            chunks,
+            skip,
+        } => {
             let n_ctx = *n_ctx as usize;
             if n < 2 * n_ctx {
                 return Err(format!("the text tokenizes to only {n} tokens; llama-perplexity needs at least 2 × n_ctx = {}", 2 * n_ctx));
             }
-            let n_chunk = chunks.map_or(n / n_ctx, |c| c.min(n / n_ctx));
+            let total = n / n_ctx;
+            if *skip >= total {
+                return Err(format!(
+                    "window.skip: {skip} chunks leaves none of the {total} chunks of {n_ctx} tokens"
+                ));
+            }
+            let left = total - skip;
+            let n_chunk = chunks.map_or(left, |c| c.min(left));
             let first = n_ctx / 2;
-            for i in 0..n_chunk {
+            for i in *skip..*skip + n_chunk {
                 let start = i * n_ctx;
                 let mut tokens = ids[start..start + n_ctx].to_vec();
                 if let Some(b) = bos {
@@ -263,6 +274,7 @@ mod tests {
         let w = Windowing::LlamaPerplexity {
             n_ctx: 16,
             chunks: None,
+            skip: 0,
         };
         let p = plan_windows(&toks, &w, Some(-1)).unwrap();
         assert_eq!(p.windows.len(), 6); // 100 / 16
@@ -278,6 +290,7 @@ mod tests {
             &Windowing::LlamaPerplexity {
                 n_ctx: 16,
                 chunks: Some(2),
+                skip: 0,
             },
             None,
         )
@@ -289,11 +302,29 @@ mod tests {
             &Windowing::LlamaPerplexity {
                 n_ctx: 64,
                 chunks: None,
+                skip: 0,
             },
             None,
         )
         .unwrap_err();
         assert!(e.contains("only 100 tokens"), "{e}");
+        // skip: the tool's chunks 4 and 5, nothing else.
+        let held_out = Windowing::LlamaPerplexity {
+            n_ctx: 16,
+            chunks: Some(3),
+            skip: 4,
+        };
+        let p = plan_windows(&toks, &held_out, None).unwrap();
+        assert_eq!(p.windows.len(), 2);
+        assert_eq!(p.windows[0].window.tokens[0], 64);
+        assert_eq!(*p.windows[1].targets.last().unwrap(), 95);
+        let none_left = Windowing::LlamaPerplexity {
+            n_ctx: 16,
+            chunks: None,
+            skip: 6,
+        };
+        let e = plan_windows(&toks, &none_left, None).unwrap_err();
+        assert!(e.contains("window.skip: 6"), "{e}");
     }
 
     #[test]

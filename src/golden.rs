@@ -143,6 +143,11 @@ impl Inputs {
         if let Some(t) = &outcome.token_stream_sha256 {
             m.insert("token_stream_sha256".into(), t.clone());
         }
+        if let Some(d) = &outcome.prereg {
+            m.insert("prereg".into(), d.prereg.clone());
+            m.insert("prereg_sha256".into(), d.prereg_sha256.clone());
+            m.insert("prereg_sealed_at".into(), d.sealed_at.clone());
+        }
         Inputs(m)
     }
 
@@ -255,7 +260,19 @@ pub fn body(outcome: &Outcome) -> String {
             fmt_value(g.threshold)
         );
     }
+    if let Some(d) = &outcome.prereg {
+        let _ = writeln!(s, "prereg: {}", prereg_line(d));
+    }
     s
+}
+
+/// `win; prediction hit` — the decision as the golden and the report show it.
+pub fn prereg_line(d: &crate::prereg::Decision) -> String {
+    format!(
+        "{}; prediction {}",
+        d.outcome.as_str(),
+        if d.prediction_hit { "hit" } else { "missed" }
+    )
 }
 
 /// The whole `.snap` file.
@@ -287,6 +304,8 @@ pub struct Parsed {
     pub metrics: BTreeMap<String, f64>,
     /// Gate lines, as written.
     pub gates: Vec<String>,
+    /// The `prereg:` decision line, if any.
+    pub prereg: Option<String>,
     /// The body text (after the header).
     pub body: String,
 }
@@ -329,11 +348,15 @@ pub fn parse(text: &str) -> std::result::Result<Parsed, String> {
     let mut status = None;
     let mut metrics = BTreeMap::new();
     let mut gates = Vec::new();
+    let mut prereg = None;
     let mut section = "";
     for (i, line) in text.lines().enumerate().skip(body_start) {
         let n = i + 1;
         if let Some(s) = line.strip_prefix("status: ") {
             status = Some(s.to_string());
+        } else if let Some(s) = line.strip_prefix("prereg: ") {
+            prereg = Some(s.to_string());
+            section = "";
         } else if line == "metrics:" || line == "gates:" {
             section = if line == "metrics:" {
                 "metrics"
@@ -365,6 +388,7 @@ pub fn parse(text: &str) -> std::result::Result<Parsed, String> {
         status: status.ok_or("no `status:` line")?,
         metrics,
         gates,
+        prereg,
         body,
     })
 }
@@ -375,6 +399,13 @@ pub fn compare(golden: &Parsed, now: &Parsed, case: &Case) -> Vec<String> {
     let mut diffs = Vec::new();
     if golden.status != now.status {
         diffs.push(format!("status: {} → {}", golden.status, now.status));
+    }
+    if golden.prereg != now.prereg {
+        diffs.push(format!(
+            "prereg: {} → {}",
+            golden.prereg.as_deref().unwrap_or("(none)"),
+            now.prereg.as_deref().unwrap_or("(none)")
+        ));
     }
     let names: std::collections::BTreeSet<&String> =
         golden.metrics.keys().chain(now.metrics.keys()).collect();

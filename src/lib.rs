@@ -15,5 +15,6 @@ pub mod judge;
 pub mod measure;
 pub mod models;
 pub mod parse;
+pub mod prereg;
 pub mod report;
 pub mod runner;

@@ -52,6 +52,17 @@ enum Command {
         #[command(subcommand)]
         action: ReferenceAction,
     },
+    /// Preregistered decision rules: seal, verify, report.
+    Prereg {
+        #[command(subcommand)]
+        action: PreregAction,
+        /// The prereg directory (holds the files and LEDGER).
+        #[arg(long, global = true, default_value = "prereg")]
+        dir: PathBuf,
+        /// The goldens directory.
+        #[arg(long, global = true, default_value = "goldens")]
+        goldens: PathBuf,
+    },
     /// Print the token ids of a text file, one per line (to pin as a `[tokens]` file).
     Tokenize {
         /// The text file.
@@ -82,6 +93,19 @@ enum ReferenceAction {
         #[arg(long)]
         model: Option<String>,
     },
+}
+
+#[derive(Subcommand)]
+enum PreregAction {
+    /// Append the sha256 of FILE's exact bytes to its directory's LEDGER (chained).
+    Seal {
+        /// The prereg file.
+        file: PathBuf,
+    },
+    /// Check every prereg, the ledger chain and the git history; runs no model.
+    Verify,
+    /// Every sealed comparison with its outcome (from the goldens), wins and losses together.
+    Report,
 }
 
 #[derive(Subcommand)]
@@ -180,6 +204,86 @@ fn main() -> ExitCode {
                 Err(e) => fail(&e),
             }
         }
+        Command::Prereg {
+            action,
+            dir,
+            goldens,
+        } => match action {
+            PreregAction::Seal { file } => {
+                // Check it against the suites before sealing: a sealed file is final.
+                let check = quantgate::prereg::parse(&file).and_then(|p| {
+                    let case_file = cli.suites.join(format!("{}.toml", p.case.0));
+                    let case = quantgate::case::parse_case(&case_file, &p.case.0)
+                        .map_err(|e| e.context(format!("{}: case", p.case.1)))?;
+                    let registry = Registry::load(&cli.suites.join("models.toml"))?;
+                    for (alias, at) in [&p.candidate, &p.baseline] {
+                        registry.entry(alias).map_err(|e| e.context(at))?;
+                    }
+                    quantgate::prereg::check_case(&p, &case)
+                });
+                match check
+                    .and_then(|()| quantgate::prereg::seal(&file, quantgate::prereg::now_unix()))
+                {
+                    Ok(line) => {
+                        println!(
+                            "sealed {} {} at {} (ledger line {}); commit prereg/ before the first run",
+                            line.path, line.sha256, line.time, line.line_no
+                        );
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => fail(&e),
+                }
+            }
+            PreregAction::Verify => {
+                match quantgate::prereg::verify_all(&dir, &cli.suites, &goldens) {
+                    Err(e) => fail(&e),
+                    Ok((checked, unsealed)) => {
+                        let mut bad = !unsealed.is_empty();
+                        for u in &unsealed {
+                            eprintln!("error: {u}");
+                        }
+                        for c in &checked {
+                            if c.problems.is_empty() {
+                                println!(
+                                    "ok   {} {} sealed {}{}",
+                                    c.line.path,
+                                    c.line.sha256,
+                                    c.line.time,
+                                    c.commit
+                                        .as_ref()
+                                        .map(|h| format!(" in commit {}", &h[..12]))
+                                        .unwrap_or_else(|| {
+                                            " (not a git checkout: history not checked)".into()
+                                        })
+                                );
+                            } else {
+                                bad = true;
+                                println!("FAIL {}", c.line.path);
+                                for p in &c.problems {
+                                    eprintln!("error: {p}");
+                                }
+                            }
+                        }
+                        if bad {
+                            ExitCode::from(2)
+                        } else {
+                            ExitCode::SUCCESS
+                        }
+                    }
+                }
+            }
+            PreregAction::Report => match quantgate::prereg::report(&dir, &cli.suites, &goldens) {
+                Err(e) => fail(&e),
+                Ok((text, ok)) => {
+                    print!("{text}");
+                    if ok {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::from(2)
+                    }
+                }
+            },
+        },
         Command::Tokenize {
             file,
             model,

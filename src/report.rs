@@ -50,6 +50,20 @@ pub fn table(outcomes: &[Outcome]) -> String {
         for g in o.gates.iter().filter(|g| !g.passed) {
             let _ = writeln!(s, "{:<width$}  {:<6}  gate: {}", "", "", g.describe());
         }
+        if let Some(d) = &o.prereg {
+            let _ = writeln!(
+                s,
+                "{:<width$}  {:<6}  prereg {}: {} (sealed {}; predicted {} in [{}, {}])",
+                "",
+                "",
+                d.prereg,
+                crate::golden::prereg_line(d),
+                d.sealed_at,
+                fmt_num(d.prediction[0]),
+                fmt_num(d.prediction[1]),
+                fmt_num(d.prediction[2]),
+            );
+        }
     }
     let pass = outcomes.iter().filter(|o| o.status == Status::Pass).count();
     let _ = writeln!(s, "\n{pass} passed, {} failed", outcomes.len() - pass);

@@ -130,6 +130,8 @@ pub struct Outcome {
     pub build: EngineBuild,
     /// Time per stage.
     pub timings: StageTimings,
+    /// The decision of a preregistered comparison.
+    pub prereg: Option<crate::prereg::Decision>,
 }
 
 impl Outcome {
@@ -207,6 +209,7 @@ impl Runner {
             settings: None,
             build,
             timings: StageTimings::default(),
+            prereg: None,
         };
         let case = match &p.case {
             Ok(c) => c.clone(),
@@ -255,6 +258,17 @@ impl Runner {
             }
             _ => e,
         };
+        // A preregistered rule is verified before any model runs.
+        let prereg = match &case.prereg {
+            Some((path, at)) => Some(verify_prereg(case, alias, path).map_err(|e| {
+                if e.message.contains(&path.display().to_string()) {
+                    e
+                } else {
+                    e.context(format!("{at}: prereg"))
+                }
+            })?),
+            None => None,
+        };
         let src = read_source(pp)?;
         let t = Instant::now();
         let (verified, model) = self.load(alias)?;
@@ -300,6 +314,13 @@ impl Runner {
                 )));
             }
             check_context(&*rmodel, ref_alias)?;
+            if let Some((p, _)) = &prereg {
+                crate::prereg::check_size(
+                    p,
+                    crate::prereg::gguf_total_bytes(&verified.file.path)?,
+                    crate::prereg::gguf_total_bytes(&rv.file.path)?,
+                )?;
+            }
             let rplan = self.plan_for(pp, &src, &*rmodel).map_err(in_case)?;
             if rplan.token_stream_sha256 != plan.token_stream_sha256 {
                 return Err(Error::input(format!(
@@ -356,6 +377,26 @@ impl Runner {
             ));
         }
         out.timings.measure += t.elapsed().saturating_sub(ref_time);
+        if let Some((p, line)) = &prereg {
+            let windows = out.metrics.get("windows").copied().unwrap_or(f64::NAN);
+            if windows != p.windows as f64 {
+                return Err(Error::input(format!(
+                    "{}: windows: {} preregistered, {windows} evaluated",
+                    p.path.display(),
+                    p.windows
+                )));
+            }
+            let d = p
+                .decide(&out.metrics, &line.time)
+                .map_err(|e| Error::harness(format!("{}: {e}", p.path.display())))?;
+            out.metrics
+                .insert("prereg_outcome".into(), d.outcome.as_metric());
+            out.metrics.insert(
+                "prereg_prediction_hit".into(),
+                if d.prediction_hit { 1.0 } else { 0.0 },
+            );
+            out.prereg = Some(d);
+        }
         Ok(())
     }
 
@@ -432,6 +473,23 @@ impl Runner {
 }
 
 /// The case's text or token-id file, checked against its pin.
+/// Parse the case's prereg, check it is sealed, unchanged, consistent with
+/// the case and (in git) committed before the case's golden.
+fn verify_prereg(
+    case: &Case,
+    alias: &str,
+    path: &Path,
+) -> Result<(crate::prereg::Prereg, crate::prereg::LedgerLine)> {
+    use crate::prereg;
+    let p = prereg::parse(path)?;
+    let line = prereg::sealed_line(&p)?;
+    prereg::check_case(&p, case)?;
+    let golden =
+        crate::golden::Goldens::new(prereg::root_of(path).join("goldens")).path(&case.name, alias);
+    prereg::check_history(&p, &line, &golden)?;
+    Ok((p, line))
+}
+
 fn read_source(pp: &crate::case::Perplexity) -> Result<String> {
     read_pinned(
         pp.source.path(),

@@ -140,6 +140,7 @@ fn perplexity_equals_llama_perplexity() {
             &Windowing::LlamaPerplexity {
                 n_ctx: 512,
                 chunks: Some(16),
+                skip: 0,
             },
             bos,
         )

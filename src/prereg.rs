@@ -1,0 +1,1178 @@
+//! Preregistered, hashed decision rules (seed 001, step 5).
+//!
+//! A prereg file (`prereg/*.toml`) names a comparison, the case whose metric
+//! decides it, the rule and a prediction. `quantgate prereg seal` appends
+//! the sha256 of its exact bytes to `prereg/LEDGER`, each line chained to the
+//! previous one by hash. At run time the file, the chain and (in a git
+//! checkout) the history are verified before any model runs: the ledger
+//! line must be committed in HEAD's history and the case's golden must not
+//! have been committed before it.
+//!
+//! Contract: every mismatch is an input error naming the file (and the
+//! ledger line); a loss is an outcome, never an error.
+
+use crate::case::{Case, Location, Spec, Windowing};
+use crate::error::{Error, Result};
+use crate::fsutil::{line_col, sha256_bytes, write_atomic};
+use crate::parse::parse_toml;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use toml::Spanned;
+
+/// The ledger's file name, next to the prereg files.
+pub const LEDGER: &str = "LEDGER";
+
+/// Metrics a case with a prereg adds: the decision (+1 win, 0 tie, −1 loss)
+/// and whether the measured value fell inside the predicted interval (1/0).
+pub const PREREG_METRICS: &[&str] = &["prereg_outcome", "prereg_prediction_hit"];
+
+/// Interval bounds a rule may test, besides the metric's `value`.
+const BOUNDS: &[&str] = &["value", "ci95_lo", "ci95_hi", "boot95_lo", "boot95_hi"];
+
+/// Which sizes a comparison allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum SizeRule {
+    /// No size constraint.
+    None,
+    /// The candidate's bytes (split parts added up) ≤ the baseline's.
+    CandidateNotLarger,
+}
+
+/// One side of the rule: `<bound> <op> <number>`, e.g. `ci95_hi < 0`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Condition {
+    /// `value` or an interval bound.
+    pub bound: String,
+    /// `<`, `<=`, `>`, `>=`.
+    pub op: String,
+    /// The number.
+    pub threshold: f64,
+}
+
+impl Condition {
+    fn parse(text: &str) -> std::result::Result<Self, String> {
+        let parts: Vec<&str> = text.split_whitespace().collect();
+        let [bound, op, num] = parts[..] else {
+            return Err(format!(
+                "`{text}`: write `<bound> <op> <number>`, e.g. `ci95_hi < 0`"
+            ));
+        };
+        if !BOUNDS.contains(&bound) {
+            return Err(format!(
+                "`{text}`: `{bound}` is not one of {}",
+                BOUNDS.join(", ")
+            ));
+        }
+        if !["<", "<=", ">", ">="].contains(&op) {
+            return Err(format!("`{text}`: `{op}` is not one of <, <=, >, >="));
+        }
+        let threshold: f64 = num
+            .parse()
+            .map_err(|_| format!("`{text}`: `{num}` is not a number"))?;
+        if !threshold.is_finite() {
+            return Err(format!("`{text}`: `{num}` is not a finite number"));
+        }
+        Ok(Condition {
+            bound: bound.into(),
+            op: op.into(),
+            threshold,
+        })
+    }
+
+    /// The metric this condition reads: `metric` itself for `value`, else
+    /// the interval bound (`delta_nll_mean` + `ci95_hi` → `delta_nll_ci95_hi`).
+    pub fn metric_name(&self, metric: &str) -> String {
+        if self.bound == "value" {
+            metric.to_string()
+        } else {
+            format!(
+                "{}_{}",
+                metric.strip_suffix("_mean").unwrap_or(metric),
+                self.bound
+            )
+        }
+    }
+
+    /// Whether `x` satisfies it; NaN satisfies nothing.
+    pub fn holds(&self, x: f64) -> bool {
+        match self.op.as_str() {
+            "<" => x < self.threshold,
+            "<=" => x <= self.threshold,
+            ">" => x > self.threshold,
+            _ => x >= self.threshold,
+        }
+    }
+}
+
+impl std::fmt::Display for Condition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {} {}", self.bound, self.op, self.threshold)
+    }
+}
+
+/// A parsed prereg file.
+#[derive(Debug, Clone)]
+pub struct Prereg {
+    /// The file.
+    pub path: PathBuf,
+    /// Its path in the ledger: `<ledger dir name>/<file name>`.
+    pub ledger_path: String,
+    /// sha256 of its exact bytes.
+    pub sha256: String,
+    /// Candidate alias and where it is written.
+    pub candidate: (String, Location),
+    /// Baseline alias and where it is written.
+    pub baseline: (String, Location),
+    /// Size rule.
+    pub size_rule: SizeRule,
+    /// The deciding case (suite name, e.g. `prereg/q6k_vs_q8_0`).
+    pub case: (String, Location),
+    /// The deciding metric.
+    pub metric: (String, Location),
+    /// Windows that must be evaluated.
+    pub windows: usize,
+    /// Win condition.
+    pub win: Condition,
+    /// Loss condition (else tie).
+    pub loss: Condition,
+    /// Where the rule is written.
+    pub rule_at: Location,
+    /// Predicted value, low, high.
+    pub prediction: (f64, f64, f64),
+    /// Free text.
+    pub note: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PreregFile {
+    compare: CompareFile,
+    size_rule: Spanned<String>,
+    case: Spanned<String>,
+    metric: Spanned<String>,
+    windows: Spanned<usize>,
+    rule: Spanned<RuleFile>,
+    prediction: Spanned<PredictionFile>,
+    note: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CompareFile {
+    candidate: Spanned<String>,
+    baseline: Spanned<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RuleFile {
+    win: Spanned<String>,
+    loss: Spanned<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PredictionFile {
+    value: f64,
+    low: f64,
+    high: f64,
+}
+
+/// Parse a prereg file (schema and rule only; see [`check_static`]).
+pub fn parse(path: &Path) -> Result<Prereg> {
+    let bytes =
+        std::fs::read(path).map_err(|e| Error::input(format!("{}: {e}", path.display())))?;
+    let src = String::from_utf8(bytes.clone())
+        .map_err(|e| Error::input(format!("{}: not UTF-8: {e}", path.display())))?;
+    let f: PreregFile = parse_toml(path, &src)?;
+    let at = |offset: usize| {
+        let (l, c) = line_col(&src, offset);
+        Location(format!("{}:{l}:{c}", path.display()))
+    };
+    let mut errors = Vec::new();
+    let size_rule = match f.size_rule.get_ref().as_str() {
+        "none" => SizeRule::None,
+        "candidate-not-larger" => SizeRule::CandidateNotLarger,
+        other => {
+            errors.push(format!(
+                "{}: size_rule: `{other}` is not one of none, candidate-not-larger",
+                at(f.size_rule.span().start)
+            ));
+            SizeRule::None
+        }
+    };
+    let mut cond = |s: &Spanned<String>, key: &str| match Condition::parse(s.get_ref()) {
+        Ok(c) => c,
+        Err(e) => {
+            errors.push(format!("{}: rule.{key}: {e}", at(s.span().start)));
+            Condition {
+                bound: "value".into(),
+                op: "<".into(),
+                threshold: f64::NAN,
+            }
+        }
+    };
+    let rule = f.rule.get_ref();
+    let win = cond(&rule.win, "win");
+    let loss = cond(&rule.loss, "loss");
+    let p = f.prediction.get_ref();
+    let pred_at = at(f.prediction.span().start);
+    if !(p.low <= p.value && p.value <= p.high) {
+        errors.push(format!(
+            "{pred_at}: prediction: need low ≤ value ≤ high, got {} ≤ {} ≤ {}",
+            p.low, p.value, p.high
+        ));
+    }
+    if *f.windows.get_ref() == 0 {
+        errors.push(format!(
+            "{}: windows: must be ≥ 1",
+            at(f.windows.span().start)
+        ));
+    }
+    if f.compare.candidate.get_ref() == f.compare.baseline.get_ref() {
+        errors.push(format!(
+            "{}: compare: candidate and baseline are both `{}`",
+            at(f.compare.candidate.span().start),
+            f.compare.candidate.get_ref()
+        ));
+    }
+    if !errors.is_empty() {
+        return Err(Error::input(errors.join("\n")));
+    }
+    let dir = path
+        .parent()
+        .and_then(|d| d.file_name())
+        .map(|d| d.to_string_lossy().into_owned())
+        .unwrap_or_else(|| ".".into());
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    Ok(Prereg {
+        path: path.to_path_buf(),
+        ledger_path: format!("{dir}/{name}"),
+        sha256: sha256_bytes(&bytes),
+        candidate: (
+            f.compare.candidate.get_ref().clone(),
+            at(f.compare.candidate.span().start),
+        ),
+        baseline: (
+            f.compare.baseline.get_ref().clone(),
+            at(f.compare.baseline.span().start),
+        ),
+        size_rule,
+        case: (f.case.get_ref().clone(), at(f.case.span().start)),
+        metric: (f.metric.get_ref().clone(), at(f.metric.span().start)),
+        windows: *f.windows.get_ref(),
+        win,
+        loss,
+        rule_at: at(f.rule.span().start),
+        prediction: (p.value, p.low, p.high),
+        note: f.note,
+    })
+}
+
+/// win, loss or tie.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    /// The win condition held.
+    Win,
+    /// The loss condition held.
+    Loss,
+    /// Neither.
+    Tie,
+}
+
+impl Verdict {
+    /// +1, −1, 0.
+    pub fn as_metric(self) -> f64 {
+        match self {
+            Verdict::Win => 1.0,
+            Verdict::Loss => -1.0,
+            Verdict::Tie => 0.0,
+        }
+    }
+
+    /// The word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Win => "win",
+            Verdict::Loss => "loss",
+            Verdict::Tie => "tie",
+        }
+    }
+}
+
+/// The recorded decision of a preregistered comparison.
+#[derive(Debug, Clone, Serialize)]
+pub struct Decision {
+    /// The prereg file, as in the ledger.
+    pub prereg: String,
+    /// Its sha256.
+    pub prereg_sha256: String,
+    /// When it was sealed (UTC).
+    pub sealed_at: String,
+    /// win / loss / tie.
+    pub outcome: Verdict,
+    /// The measured value inside [low, high] of the prediction.
+    pub prediction_hit: bool,
+    /// The deciding metric and its measured value.
+    pub metric: String,
+    /// Measured value.
+    pub value: f64,
+    /// The bounds the rule read, by name.
+    pub bounds: BTreeMap<String, f64>,
+    /// Predicted value, low, high.
+    pub prediction: [f64; 3],
+    /// The rule, as written.
+    pub rule: String,
+}
+
+impl Prereg {
+    /// The rule in words.
+    pub fn rule_text(&self) -> String {
+        format!(
+            "{}: win if {}; loss if {}; else tie",
+            self.metric.0, self.win, self.loss
+        )
+    }
+
+    /// Every metric the rule and the prediction read.
+    pub fn needed_metrics(&self) -> Vec<String> {
+        let mut v = vec![
+            self.metric.0.clone(),
+            self.win.metric_name(&self.metric.0),
+            self.loss.metric_name(&self.metric.0),
+        ];
+        v.dedup();
+        v
+    }
+
+    /// Evaluate the rule on measured metrics. A missing or NaN value is an
+    /// error (never a tie); both conditions holding is an error.
+    pub fn decide(
+        &self,
+        metrics: &BTreeMap<String, f64>,
+        sealed_at: &str,
+    ) -> std::result::Result<Decision, String> {
+        let get = |name: &str| -> std::result::Result<f64, String> {
+            match metrics.get(name) {
+                Some(v) if v.is_finite() => Ok(*v),
+                Some(v) => Err(format!("metric `{name}` is {v}: no decision")),
+                None => Err(format!("metric `{name}` was not measured: no decision")),
+            }
+        };
+        let value = get(&self.metric.0)?;
+        let w = get(&self.win.metric_name(&self.metric.0))?;
+        let l = get(&self.loss.metric_name(&self.metric.0))?;
+        let outcome = match (self.win.holds(w), self.loss.holds(l)) {
+            (true, true) => {
+                return Err(format!(
+                    "{}: rule: both `{}` and `{}` hold ({w}, {l}): the rule is ambiguous",
+                    self.rule_at, self.win, self.loss
+                ))
+            }
+            (true, false) => Verdict::Win,
+            (false, true) => Verdict::Loss,
+            (false, false) => Verdict::Tie,
+        };
+        let (pv, lo, hi) = self.prediction;
+        let mut bounds = BTreeMap::new();
+        bounds.insert(self.win.metric_name(&self.metric.0), w);
+        bounds.insert(self.loss.metric_name(&self.metric.0), l);
+        Ok(Decision {
+            prereg: self.ledger_path.clone(),
+            prereg_sha256: self.sha256.clone(),
+            sealed_at: sealed_at.to_string(),
+            outcome,
+            prediction_hit: lo <= value && value <= hi,
+            metric: self.metric.0.clone(),
+            value,
+            bounds,
+            prediction: [pv, lo, hi],
+            rule: self.rule_text(),
+        })
+    }
+}
+
+/// One ledger line: `sha256 path utc head prev`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LedgerLine {
+    /// sha256 of the sealed file's bytes.
+    pub sha256: String,
+    /// `prereg/<file>`.
+    pub path: String,
+    /// UTC seal time, `YYYY-MM-DDTHH:MM:SSZ`.
+    pub time: String,
+    /// git HEAD at sealing, or `-`.
+    pub head: String,
+    /// sha256 of the previous line (64 zeros for the first).
+    pub prev: String,
+    /// 1-based line number.
+    pub line_no: usize,
+    /// The line as written.
+    pub raw: String,
+}
+
+fn is_hex(s: &str, n: usize) -> bool {
+    s.len() == n
+        && s.bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+}
+
+/// Read and verify a ledger: every line well-formed and chained to the one
+/// before. A missing ledger is empty.
+pub fn read_ledger(path: &Path) -> Result<Vec<LedgerLine>> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::input(format!("{}: {e}", path.display()))),
+    };
+    let text = String::from_utf8(bytes)
+        .map_err(|e| Error::input(format!("{}: not UTF-8: {e}", path.display())))?;
+    if !text.is_empty() && !text.ends_with('\n') {
+        return Err(Error::input(format!(
+            "{}: the last line does not end with a newline: the ledger was cut or edited",
+            path.display()
+        )));
+    }
+    let mut out: Vec<LedgerLine> = Vec::new();
+    let mut prev = "0".repeat(64);
+    for (i, raw) in text.lines().enumerate() {
+        let n = i + 1;
+        let bad = |why: &str| {
+            Error::input(format!(
+                "{}:{n}: {why}\n  line: {raw}\n  (a ledger line is `sha256 path utc-time git-head prev-line-sha256`)",
+                path.display()
+            ))
+        };
+        let f: Vec<&str> = raw.split(' ').collect();
+        let [sha, p, time, head, pv] = f[..] else {
+            return Err(bad("not 5 space-separated fields"));
+        };
+        if !is_hex(sha, 64) || !is_hex(pv, 64) {
+            return Err(bad("sha256 fields must be 64 lowercase hex digits"));
+        }
+        if head != "-" && !is_hex(head, 40) {
+            return Err(bad("git head must be 40 hex digits or `-`"));
+        }
+        if parse_utc(time).is_none() {
+            return Err(bad("time must be YYYY-MM-DDTHH:MM:SSZ"));
+        }
+        if pv != prev {
+            return Err(bad(&format!(
+                "chain broken: this line says the previous line hashes to {pv}, it hashes to {prev}: \
+                 a line above was edited, removed or reordered"
+            )));
+        }
+        prev = sha256_bytes(raw.as_bytes());
+        out.push(LedgerLine {
+            sha256: sha.into(),
+            path: p.into(),
+            time: time.into(),
+            head: head.into(),
+            prev: pv.into(),
+            line_no: n,
+            raw: raw.into(),
+        });
+    }
+    Ok(out)
+}
+
+/// The ledger next to a prereg file.
+pub fn ledger_of(prereg: &Path) -> PathBuf {
+    prereg.parent().unwrap_or(Path::new(".")).join(LEDGER)
+}
+
+/// The project root: the ledger directory's parent.
+pub fn root_of(prereg: &Path) -> PathBuf {
+    let dir = prereg.parent().unwrap_or(Path::new("."));
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let abs = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    abs.parent().map(Path::to_path_buf).unwrap_or(abs)
+}
+
+/// Seal `path`: append its hash to the ledger. Refuses a file already
+/// sealed (same path or same bytes). Returns the new ledger line.
+pub fn seal(path: &Path, now_unix: u64) -> Result<LedgerLine> {
+    let p = parse(path)?;
+    let ledger = ledger_of(path);
+    let lines = read_ledger(&ledger)?;
+    for l in &lines {
+        if l.path == p.ledger_path {
+            let why = if l.sha256 == p.sha256 {
+                "is already sealed".to_string()
+            } else {
+                format!(
+                    "was sealed with other bytes (sealed {}, now {}): a sealed prereg is never edited; \
+                     write a new file",
+                    l.sha256, p.sha256
+                )
+            };
+            return Err(Error::input(format!(
+                "{}: {why}\n  {}:{}: {}",
+                path.display(),
+                ledger.display(),
+                l.line_no,
+                l.raw
+            )));
+        }
+        if l.sha256 == p.sha256 {
+            return Err(Error::input(format!(
+                "{}: the same bytes are already sealed as {} ({}:{})",
+                path.display(),
+                l.path,
+                ledger.display(),
+                l.line_no
+            )));
+        }
+    }
+    if p.ledger_path.contains(char::is_whitespace) {
+        return Err(Error::input(format!(
+            "{}: a prereg file name may not contain whitespace",
+            path.display()
+        )));
+    }
+    let root = root_of(path);
+    let head = git(&root, &["rev-parse", "HEAD"])
+        .filter(|h| is_hex(h, 40))
+        .unwrap_or_else(|| "-".into());
+    let prev = lines
+        .last()
+        .map(|l| sha256_bytes(l.raw.as_bytes()))
+        .unwrap_or_else(|| "0".repeat(64));
+    let time = format_utc(now_unix);
+    let raw = format!("{} {} {time} {head} {prev}", p.sha256, p.ledger_path);
+    let mut text = std::fs::read(&ledger).unwrap_or_default();
+    text.extend_from_slice(raw.as_bytes());
+    text.push(b'\n');
+    write_atomic(&ledger, &text)?;
+    Ok(LedgerLine {
+        sha256: p.sha256,
+        path: p.ledger_path,
+        time,
+        head,
+        prev,
+        line_no: lines.len() + 1,
+        raw,
+    })
+}
+
+/// The ledger line sealing `p`, after checking the file is unchanged.
+pub fn sealed_line(p: &Prereg) -> Result<LedgerLine> {
+    let ledger = ledger_of(&p.path);
+    let lines = read_ledger(&ledger)?;
+    let Some(line) = lines.iter().find(|l| l.path == p.ledger_path) else {
+        return Err(Error::input(format!(
+            "{}: not sealed: no line for {} in {} (run `quantgate prereg seal {}` before the first run)",
+            p.path.display(),
+            p.ledger_path,
+            ledger.display(),
+            p.path.display()
+        )));
+    };
+    if line.sha256 != p.sha256 {
+        return Err(Error::input(format!(
+            "{}: changed after sealing (content, whitespace or line endings)\n  sealed  {}\n  now     {}\n  {}:{}: {}",
+            p.path.display(),
+            line.sha256,
+            p.sha256,
+            ledger.display(),
+            line.line_no,
+            line.raw
+        )));
+    }
+    Ok(line.clone())
+}
+
+/// Run git in `root`; None when git is missing or fails.
+fn git(root: &Path, args: &[&str]) -> Option<String> {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(root)
+        .args(args)
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn git_ok(root: &Path, args: &[&str]) -> bool {
+    Command::new("git")
+        .arg("-C")
+        .arg(root)
+        .args(args)
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// What the git history says: `Ok(Some(commit))` for the commit that added
+/// the ledger line, `Ok(None)` outside a git checkout.
+pub fn check_history(p: &Prereg, line: &LedgerLine, golden: &Path) -> Result<Option<String>> {
+    let root = root_of(&p.path);
+    if git(&root, &["rev-parse", "--is-inside-work-tree"]).as_deref() != Some("true") {
+        return Ok(None);
+    }
+    // A shallow clone lacks the history that would show the order.
+    if git(&root, &["rev-parse", "--is-shallow-repository"]).as_deref() == Some("true") {
+        return Ok(None);
+    }
+    let top = PathBuf::from(git(&root, &["rev-parse", "--show-toplevel"]).unwrap_or_default());
+    let rel = |f: &Path| -> String {
+        let abs = std::fs::canonicalize(f).unwrap_or_else(|_| {
+            let parent = f.parent().unwrap_or(Path::new("."));
+            std::fs::canonicalize(parent)
+                .unwrap_or_else(|_| parent.to_path_buf())
+                .join(f.file_name().unwrap_or_default())
+        });
+        let top = std::fs::canonicalize(&top).unwrap_or(top.clone());
+        abs.strip_prefix(&top)
+            .unwrap_or(&abs)
+            .to_string_lossy()
+            .replace('\\', "/")
+    };
+    let ledger = ledger_of(&p.path);
+    let ledger_rel = rel(&ledger);
+    let here = format!("{}:{}", ledger.display(), line.line_no);
+    let pickaxe = format!("-S{}", line.raw);
+    let found = git(
+        &root,
+        &[
+            "log",
+            "--all",
+            "--format=%H",
+            &pickaxe,
+            "--",
+            ledger_rel.as_str(),
+        ],
+    )
+    .unwrap_or_default();
+    let commits: Vec<&str> = found.lines().filter(|l| !l.is_empty()).collect();
+    if commits.is_empty() {
+        return Err(Error::input(format!(
+            "{}: the seal ({here}) is not committed: commit {ledger_rel} before running, \
+             so the history shows the rule came first",
+            p.path.display()
+        )));
+    }
+    // The oldest commit in HEAD's history whose ledger holds the line.
+    let holds = |c: &str| {
+        git(&root, &["show", &format!("{c}:{ledger_rel}")])
+            .is_some_and(|t| t.lines().any(|l| l == line.raw))
+    };
+    let Some(commit) = commits
+        .iter()
+        .rev()
+        .find(|c| holds(c) && git_ok(&root, &["merge-base", "--is-ancestor", c, "HEAD"]))
+        .map(|c| c.to_string())
+    else {
+        return Err(Error::input(format!(
+            "{}: the seal ({here}) was committed in {} which is not an ancestor of HEAD",
+            p.path.display(),
+            commits[0]
+        )));
+    };
+    let golden_rel = rel(golden);
+    let touching = git(
+        &root,
+        &["log", "HEAD", "--format=%H", "--", golden_rel.as_str()],
+    )
+    .unwrap_or_default();
+    for c in touching.lines().filter(|l| !l.is_empty()) {
+        if c == commit || git_ok(&root, &["merge-base", "--is-ancestor", c, &commit]) {
+            return Err(Error::input(format!(
+                "{}: the result predates the rule: golden {golden_rel} was committed in {c}, \
+                 at or before the seal's commit {commit} ({here})",
+                p.path.display()
+            )));
+        }
+    }
+    Ok(Some(commit))
+}
+
+/// Check that `case` is the case this prereg names and can decide it:
+/// same name, it names this file back, its only model is the candidate, its
+/// reference the baseline, it produces the metric and the rule's bounds, and
+/// its window count is the preregistered one.
+pub fn check_case(p: &Prereg, case: &Case) -> Result<()> {
+    let mut errors = Vec::new();
+    let file = p.path.display();
+    if p.case.0 != case.name {
+        errors.push(format!(
+            "{}: case: `{}`, but it is named by case `{}`",
+            p.case.1, p.case.0, case.name
+        ));
+    }
+    let same = |a: &Path, b: &Path| match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    };
+    match &case.prereg {
+        Some((path, _)) if same(path, &p.path) => {}
+        Some((path, at)) => errors.push(format!(
+            "{at}: prereg: names {}, not {file}",
+            path.display()
+        )),
+        None => errors.push(format!(
+            "{}: case `{}` does not name this prereg (add `prereg = \"…\"` to it)",
+            p.case.1, case.name
+        )),
+    }
+    let models: Vec<&str> = case.models.iter().map(|(m, _)| m.as_str()).collect();
+    if models != [p.candidate.0.as_str()] {
+        errors.push(format!(
+            "{}: compare.candidate: `{}`, but case `{}` runs {:?}; a preregistered case runs only the candidate",
+            p.candidate.1, p.candidate.0, case.name, models
+        ));
+    }
+    let Spec::Perplexity(pp) = &case.spec;
+    let reference = pp.reference.as_ref().map(|(r, _)| r.as_str());
+    if reference != Some(p.baseline.0.as_str()) {
+        errors.push(format!(
+            "{}: compare.baseline: `{}`, but case `{}` compares against {:?}",
+            p.baseline.1, p.baseline.0, case.name, reference
+        ));
+    }
+    let metrics = case.metrics();
+    for m in p.needed_metrics() {
+        if !metrics.contains(&m.as_str()) || PREREG_METRICS.contains(&m.as_str()) {
+            errors.push(format!(
+                "{}: metric/rule: `{m}` is not a metric of case `{}`; metrics: {}",
+                p.metric.1,
+                case.name,
+                metrics.join(", ")
+            ));
+        }
+    }
+    let declared = match &pp.windowing {
+        Windowing::LlamaPerplexity { chunks, .. } | Windowing::Strided { chunks, .. } => *chunks,
+        Windowing::Resets { starts, .. } => Some(starts.len()),
+    };
+    if declared != Some(p.windows) {
+        errors.push(format!(
+            "{file}: windows: {} preregistered, but case `{}` declares {} ({})",
+            p.windows,
+            case.name,
+            declared.map_or("no chunk count".to_string(), |c| format!("{c} windows")),
+            pp.window_at
+        ));
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::input(errors.join("\n")))
+    }
+}
+
+/// One sealed comparison as `verify`/`report` see it.
+#[derive(Debug)]
+pub struct Checked {
+    /// The ledger line.
+    pub line: LedgerLine,
+    /// The parsed file (None when it could not be read).
+    pub prereg: Option<Prereg>,
+    /// Everything wrong with it (empty: verified).
+    pub problems: Vec<String>,
+    /// The commit that added the seal (git checkouts only).
+    pub commit: Option<String>,
+}
+
+/// Verify every prereg in `dir` and every ledger line without running a
+/// model: chain, hashes, unsealed files, aliases, case consistency, size
+/// rule (registry sizes, or the files when present) and git history.
+/// A broken ledger is an error; per-file problems are listed per line.
+pub fn verify_all(
+    dir: &Path,
+    suites: &Path,
+    goldens: &Path,
+) -> Result<(Vec<Checked>, Vec<String>)> {
+    let ledger = dir.join(LEDGER);
+    let lines = read_ledger(&ledger)?;
+    let registry = crate::models::Registry::load(&suites.join("models.toml"))?;
+    let mut unsealed = Vec::new();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| Error::input(format!("{}: {e}", dir.display())))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    files.sort();
+    for f in &files {
+        let name = f.file_name().unwrap_or_default().to_string_lossy();
+        if !lines
+            .iter()
+            .any(|l| l.path.rsplit('/').next() == Some(&name))
+        {
+            unsealed.push(format!(
+                "{}: not sealed (run `quantgate prereg seal {}`)",
+                f.display(),
+                f.display()
+            ));
+        }
+    }
+    let mut out = Vec::new();
+    for line in lines {
+        let name = line.path.rsplit('/').next().unwrap_or_default().to_string();
+        let path = dir.join(&name);
+        let mut problems = Vec::new();
+        let mut commit = None;
+        let p = match parse(&path) {
+            Ok(p) => Some(p),
+            Err(e) if !path.exists() => {
+                problems.push(format!(
+                    "{}:{}: sealed file {} is missing: a sealed prereg is never deleted ({})",
+                    ledger.display(),
+                    line.line_no,
+                    line.path,
+                    e.message
+                ));
+                None
+            }
+            Err(e) => {
+                problems.push(e.message);
+                None
+            }
+        };
+        if let Some(p) = &p {
+            if let Err(e) = sealed_line(p) {
+                problems.push(e.message);
+            }
+            for (alias, at) in [&p.candidate, &p.baseline] {
+                if let Err(e) = registry.entry(alias) {
+                    problems.push(format!("{at}: {}", e.message));
+                }
+            }
+            let case_file = suites.join(format!("{}.toml", p.case.0));
+            match crate::case::parse_case(&case_file, &p.case.0) {
+                Err(_) if !case_file.exists() => problems.push(format!(
+                    "{}: case: `{}` is not a case ({} does not exist)",
+                    p.case.1,
+                    p.case.0,
+                    case_file.display()
+                )),
+                Err(e) => problems.push(e.message),
+                Ok(case) => {
+                    if let Err(e) = check_case(p, &case) {
+                        problems.push(e.message);
+                    }
+                }
+            }
+            let size_of = |alias: &str| registry.entry(alias).ok().and_then(|e| e.bytes);
+            match (size_of(&p.candidate.0), size_of(&p.baseline.0)) {
+                (Some(c), Some(b)) => {
+                    if let Err(e) = check_size(p, c, b) {
+                        problems.push(e.message);
+                    }
+                }
+                _ if p.size_rule == SizeRule::None => {}
+                _ => problems.push(format!(
+                    "{}: size_rule: the registry records no `bytes` for `{}` or `{}`",
+                    p.path.display(),
+                    p.candidate.0,
+                    p.baseline.0
+                )),
+            }
+            if problems.is_empty() {
+                let golden = crate::golden::Goldens::new(goldens.to_path_buf())
+                    .path(&p.case.0, &p.candidate.0);
+                match check_history(p, &line, &golden) {
+                    Ok(c) => commit = c,
+                    Err(e) => problems.push(e.message),
+                }
+            }
+        }
+        out.push(Checked {
+            line,
+            prereg: p,
+            problems,
+            commit,
+        });
+    }
+    Ok((out, unsealed))
+}
+
+/// `quantgate prereg report`: every sealed comparison, wins and losses in
+/// one table, decided from the reviewed goldens. Returns the text and
+/// whether everything verified.
+pub fn report(dir: &Path, suites: &Path, goldens: &Path) -> Result<(String, bool)> {
+    use std::fmt::Write as _;
+    let (checked, unsealed) = verify_all(dir, suites, goldens)?;
+    let mut ok = unsealed.is_empty();
+    let mut rows = vec![[
+        "prereg".to_string(),
+        "candidate vs baseline".into(),
+        "metric".into(),
+        "value [lo, hi]".into(),
+        "outcome".into(),
+        "predicted [low, high]".into(),
+        "hit".into(),
+        "sealed".into(),
+    ]];
+    let mut notes = Vec::new();
+    let num = |v: f64| format!("{v:+.4}");
+    for c in &checked {
+        let Some(p) = &c.prereg else {
+            ok = false;
+            rows.push([
+                c.line.path.clone(),
+                "?".into(),
+                "?".into(),
+                "".into(),
+                "INVALID".into(),
+                "".into(),
+                "".into(),
+                c.line.time.clone(),
+            ]);
+            notes.extend(c.problems.iter().cloned());
+            continue;
+        };
+        let pred = format!(
+            "{} [{}, {}]",
+            num(p.prediction.0),
+            num(p.prediction.1),
+            num(p.prediction.2)
+        );
+        let golden_path =
+            crate::golden::Goldens::new(goldens.to_path_buf()).path(&p.case.0, &p.candidate.0);
+        let (value, outcome, hit) = if !c.problems.is_empty() {
+            ok = false;
+            notes.extend(c.problems.iter().cloned());
+            (String::new(), "INVALID".to_string(), String::new())
+        } else {
+            match std::fs::read_to_string(&golden_path) {
+                Err(_) => ("".into(), "not run".into(), "".into()),
+                Ok(text) => match crate::golden::parse(&text) {
+                    Err(e) => {
+                        ok = false;
+                        notes.push(format!("{}:{e}", golden_path.display()));
+                        ("".into(), "INVALID".into(), "".into())
+                    }
+                    Ok(g) if g.inputs.0.get("prereg_sha256") != Some(&p.sha256) => {
+                        ok = false;
+                        notes.push(format!(
+                            "{}: recorded under prereg sha256 {:?}, the sealed file is {}",
+                            golden_path.display(),
+                            g.inputs.0.get("prereg_sha256"),
+                            p.sha256
+                        ));
+                        ("".into(), "INVALID".into(), "".into())
+                    }
+                    Ok(g) => match p.decide(&g.metrics, &c.line.time) {
+                        Err(e) => {
+                            ok = false;
+                            notes.push(format!("{}: {e}", golden_path.display()));
+                            ("".into(), "INVALID".into(), "".into())
+                        }
+                        Ok(d) => {
+                            let b: Vec<f64> = d.bounds.values().copied().collect();
+                            let (lo, hi) = (
+                                b.iter().copied().fold(f64::INFINITY, f64::min),
+                                b.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+                            );
+                            (
+                                format!("{} [{}, {}]", num(d.value), num(lo), num(hi)),
+                                d.outcome.as_str().to_string(),
+                                if d.prediction_hit { "yes" } else { "no" }.to_string(),
+                            )
+                        }
+                    },
+                },
+            }
+        };
+        rows.push([
+            p.ledger_path.clone(),
+            format!("{} vs {}", p.candidate.0, p.baseline.0),
+            format!("{} ({} windows)", p.metric.0, p.windows),
+            value,
+            outcome,
+            pred,
+            hit,
+            c.line.time.clone(),
+        ]);
+    }
+    let widths: Vec<usize> = (0..8)
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut s = String::new();
+    for r in &rows {
+        let cells: Vec<String> = r
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c}{}", " ".repeat(w - c.chars().count())))
+            .collect();
+        let _ = writeln!(s, "{}", cells.join("  ").trim_end());
+    }
+    for c in &checked {
+        if let Some(p) = &c.prereg {
+            let _ = writeln!(s, "\n{}: {}", p.ledger_path, p.rule_text());
+            if !p.note.trim().is_empty() {
+                let _ = writeln!(s, "  note: {}", p.note.trim().replace('\n', "\n        "));
+            }
+        }
+    }
+    for n in unsealed.iter().chain(&notes) {
+        let _ = writeln!(s, "\nerror: {n}");
+    }
+    Ok((s, ok))
+}
+
+/// Sum of a GGUF's bytes, all parts of a split file (`-00001-of-00003.gguf`)
+/// added up; a missing part is an error.
+pub fn gguf_total_bytes(path: &Path) -> Result<u64> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let size = |p: &Path| {
+        std::fs::metadata(p)
+            .map(|m| m.len())
+            .map_err(|e| Error::input(format!("{}: {e}", p.display())))
+    };
+    // <stem>-NNNNN-of-MMMMM.gguf
+    let split = name.strip_suffix(".gguf").and_then(|s| {
+        let (head, total) = s.rsplit_once("-of-")?;
+        let (stem, _) = head.rsplit_once('-')?;
+        let n: usize = total.parse().ok()?;
+        (total.len() == 5).then(|| (stem.to_string(), n))
+    });
+    let Some((stem, n)) = split else {
+        return size(path);
+    };
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut total = 0u64;
+    for i in 1..=n {
+        total += size(&dir.join(format!("{stem}-{i:05}-of-{n:05}.gguf")))?;
+    }
+    Ok(total)
+}
+
+/// Check the size rule on the two files.
+pub fn check_size(p: &Prereg, candidate_bytes: u64, baseline_bytes: u64) -> Result<()> {
+    if p.size_rule == SizeRule::CandidateNotLarger && candidate_bytes > baseline_bytes {
+        return Err(Error::input(format!(
+            "{}: size_rule = \"candidate-not-larger\": candidate `{}` has {candidate_bytes} bytes, \
+             more than baseline `{}` ({baseline_bytes} bytes)",
+            p.candidate.1, p.candidate.0, p.baseline.0
+        )));
+    }
+    Ok(())
+}
+
+/// Days since 1970-01-01 → (year, month, day) (Howard Hinnant's civil_from_days).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+/// Unix seconds → `YYYY-MM-DDTHH:MM:SSZ`.
+pub fn format_utc(unix: u64) -> String {
+    let days = (unix / 86_400) as i64;
+    let secs = unix % 86_400;
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
+    )
+}
+
+fn parse_utc(s: &str) -> Option<()> {
+    let b = s.as_bytes();
+    let digits =
+        |r: std::ops::Range<usize>| b.get(r).is_some_and(|x| x.iter().all(u8::is_ascii_digit));
+    (b.len() == 20
+        && digits(0..4)
+        && b[4] == b'-'
+        && digits(5..7)
+        && b[7] == b'-'
+        && digits(8..10)
+        && b[10] == b'T'
+        && digits(11..13)
+        && b[13] == b':'
+        && digits(14..16)
+        && b[16] == b':'
+        && digits(17..19)
+        && b[19] == b'Z')
+        .then_some(())
+}
+
+/// Seconds since the Unix epoch, now.
+pub fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_formatting_matches_known_dates() {
+        assert_eq!(format_utc(0), "1970-01-01T00:00:00Z");
+        assert_eq!(format_utc(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(format_utc(1_798_761_599), "2026-12-31T23:59:59Z");
+        assert!(parse_utc(&format_utc(1_764_505_384)).is_some());
+        assert!(parse_utc("2026-11-30 13:03:13Z").is_none());
+    }
+
+    #[test]
+    fn conditions_at_their_boundaries() {
+        let lt = Condition::parse("ci95_hi < 0").unwrap();
+        assert!(lt.holds(-1e-12) && !lt.holds(0.0) && !lt.holds(f64::NAN));
+        let le = Condition::parse("ci95_hi <= 0").unwrap();
+        assert!(le.holds(0.0) && !le.holds(1e-12));
+        let gt = Condition::parse("ci95_lo > 0.01").unwrap();
+        assert!(!gt.holds(0.01) && gt.holds(0.010_000_001));
+        let ge = Condition::parse("value >= -0.5").unwrap();
+        assert!(ge.holds(-0.5) && !ge.holds(-0.500_001));
+        assert_eq!(lt.metric_name("delta_nll_mean"), "delta_nll_ci95_hi");
+        assert_eq!(ge.metric_name("delta_nll_mean"), "delta_nll_mean");
+        for bad in [
+            "ci95_hi<0",
+            "p99 < 0",
+            "value == 0",
+            "value < nan",
+            "value < x",
+        ] {
+            assert!(Condition::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn split_parts_are_added_up() {
+        let d = std::env::temp_dir().join(format!("qg-split-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        for (i, n) in [(1, 10usize), (2, 20), (3, 5)] {
+            std::fs::write(d.join(format!("m-{i:05}-of-00003.gguf")), vec![0u8; n]).unwrap();
+        }
+        assert_eq!(
+            gguf_total_bytes(&d.join("m-00001-of-00003.gguf")).unwrap(),
+            35
+        );
+        std::fs::write(d.join("single.gguf"), [0u8; 7]).unwrap();
+        assert_eq!(gguf_total_bytes(&d.join("single.gguf")).unwrap(), 7);
+        std::fs::remove_file(d.join("m-00002-of-00003.gguf")).unwrap();
+        let e = gguf_total_bytes(&d.join("m-00001-of-00003.gguf")).unwrap_err();
+        assert!(e.message.contains("m-00002-of-00003.gguf"), "{}", e.message);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
