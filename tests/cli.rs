@@ -372,3 +372,63 @@ fn a_record_for_other_tokens_is_refused() {
         "{stdout}"
     );
 }
+
+/// `quantgate prereg verify` and `report` on the repository's own sealed
+/// comparisons: both verify, and the report shows each outcome as the
+/// reviewed golden decides it (evaluated here independently of the tool).
+#[test]
+fn prereg_verify_and_report_on_the_suite() {
+    let out = Command::new(env!("CARGO_BIN_EXE_quantgate"))
+        .current_dir(repo())
+        .args(["prereg", "verify"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_quantgate"))
+        .current_dir(repo())
+        .args(["prereg", "report"])
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{report}");
+    let ledger = std::fs::read_to_string(repo().join("prereg/LEDGER")).unwrap();
+    assert!(ledger.lines().count() >= 2);
+    for line in ledger.lines() {
+        let path = line.split(' ').nth(1).unwrap();
+        let p = quantgate::prereg::parse(&repo().join(path)).unwrap();
+        let golden = std::fs::read_to_string(
+            repo()
+                .join("goldens")
+                .join(&p.case.0)
+                .join(format!("{}.snap", p.candidate.0)),
+        )
+        .unwrap();
+        let metric = |name: &str| -> f64 {
+            golden
+                .lines()
+                .find_map(|l| l.trim().strip_prefix(&format!("{name}: ")))
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
+        // Both suite rules are "win if ci95_hi < 0; loss if ci95_lo > 0".
+        let (lo, hi) = (metric("delta_nll_ci95_lo"), metric("delta_nll_ci95_hi"));
+        let outcome = if hi < 0.0 {
+            "win"
+        } else if lo > 0.0 {
+            "loss"
+        } else {
+            "tie"
+        };
+        let row = report
+            .lines()
+            .find(|l| l.starts_with(&format!("{path} ")))
+            .unwrap_or_else(|| panic!("no row for {path}:\n{report}"));
+        assert!(row.contains(&format!(" {outcome} ")), "{row}");
+    }
+}
