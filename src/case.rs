@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use toml::Spanned;
 
 /// Case kinds.
-pub const KINDS: &[&str] = &["perplexity"];
+pub const KINDS: &[&str] = &["perplexity", "kld"];
 
 /// Metrics of every perplexity case.
 pub const PPL_METRICS: &[&str] = &[
@@ -107,23 +107,27 @@ impl Case {
     }
 
     /// The metrics this case produces.
-    pub fn metrics(&self) -> Vec<&'static str> {
+    pub fn metrics(&self) -> Vec<String> {
         match &self.spec {
             Spec::Perplexity(p) => metrics_for(
                 p.reference.is_some() || p.reference_record.is_some(),
                 self.prereg.is_some(),
+                p.kld.as_ref().map(|k| k.bins.len()),
             ),
         }
     }
 }
 
-fn metrics_for(paired: bool, prereg: bool) -> Vec<&'static str> {
-    let mut m = PPL_METRICS.to_vec();
+fn metrics_for(paired: bool, prereg: bool, kld_edges: Option<usize>) -> Vec<String> {
+    let mut m: Vec<String> = PPL_METRICS.iter().map(|s| s.to_string()).collect();
     if paired {
-        m.extend_from_slice(PAIRED_METRICS);
+        m.extend(PAIRED_METRICS.iter().map(|s| s.to_string()));
     }
     if prereg {
-        m.extend_from_slice(crate::prereg::PREREG_METRICS);
+        m.extend(crate::prereg::PREREG_METRICS.iter().map(|s| s.to_string()));
+    }
+    if let Some(n) = kld_edges {
+        m.extend(crate::kld::metric_names(n));
     }
     m
 }
@@ -257,10 +261,25 @@ pub struct Perplexity {
     pub reference_record: Option<RecordRef>,
     /// Bootstrap settings.
     pub bootstrap: Bootstrap,
+    /// KL divergence against the reference (`kind = "kld"`).
+    pub kld: Option<KldSpec>,
+}
+
+/// What a `kind = "kld"` case adds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KldSpec {
+    /// Reference top-1 probability bin edges, increasing, in (0, 1).
+    pub bins: Vec<f64>,
+    /// Tail mass a stored reference row may leave out.
+    pub tail: f64,
+    /// Cap on stored entries per reference row.
+    pub max_kept: usize,
+    /// A llama-perplexity `--kl-divergence-base` file as the reference.
+    pub import: Option<RecordRef>,
 }
 
 /// A pinned reference record file.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RecordRef {
     /// The file.
     pub path: PathBuf,
@@ -306,7 +325,14 @@ pub struct Gate {
 }
 
 /// Interval bounds a gate can select with `on`.
-pub const GATE_ON: &[&str] = &["ci95_lo", "ci95_hi", "boot95_lo", "boot95_hi"];
+pub const GATE_ON: &[&str] = &[
+    "ci95_lo",
+    "ci95_hi",
+    "boot95_lo",
+    "boot95_hi",
+    "wilson95_lo",
+    "wilson95_hi",
+];
 
 impl Gate {
     /// The metric whose value is gated: `metric`, or with `on = "ci95_hi"`
@@ -332,6 +358,8 @@ struct PerplexityFile {
     models: Spanned<Vec<Spanned<String>>>,
     reference: Option<Spanned<String>>,
     reference_record: Option<TokensFile>,
+    reference_kld: Option<TokensFile>,
+    kld: Option<Spanned<KldFile>>,
     prereg: Option<Spanned<String>>,
     text: Option<TextFile>,
     tokens: Option<TokensFile>,
@@ -370,6 +398,14 @@ struct WindowFile {
     length: Option<Spanned<u32>>,
     starts: Option<Spanned<Vec<usize>>>,
     n_batch: Option<Spanned<u32>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KldFile {
+    bins: Option<Spanned<Vec<f64>>>,
+    tail: Option<Spanned<f64>>,
+    max_kept: Option<Spanned<usize>>,
 }
 
 #[derive(Deserialize)]
@@ -643,10 +679,105 @@ pub fn parse_case(path: &Path, name: &str) -> Result<Case> {
             );
         }
     }
+    let is_kld = kind.get_ref() == "kld";
+    let mut kld = None;
+    if is_kld {
+        let mut spec = KldSpec {
+            bins: crate::kld::DEFAULT_BINS.to_vec(),
+            tail: crate::kld::DEFAULT_TAIL,
+            max_kept: crate::kld::DEFAULT_MAX_KEPT,
+            import: None,
+        };
+        if let Some(k) = &f.kld {
+            let k = k.get_ref();
+            if let Some(b) = &k.bins {
+                let v = b.get_ref();
+                let ok = !v.is_empty()
+                    && v.iter().all(|x| *x > 0.0 && *x < 1.0)
+                    && v.windows(2).all(|w| w[0] < w[1]);
+                if !ok {
+                    err(
+                        at(b.span().start),
+                        format!(
+                            "kld.bins: {v:?} must be increasing numbers strictly between 0 and 1"
+                        ),
+                    );
+                }
+                spec.bins = v.clone();
+            }
+            if let Some(t) = &k.tail {
+                if !(0.0..=1e-3).contains(t.get_ref()) {
+                    err(
+                        at(t.span().start),
+                        format!("kld.tail: {} must be in [0, 0.001]", t.get_ref()),
+                    );
+                }
+                spec.tail = *t.get_ref();
+            }
+            if let Some(m) = &k.max_kept {
+                if *m.get_ref() == 0 {
+                    err(at(m.span().start), "kld.max_kept: must be ≥ 1".into());
+                }
+                spec.max_kept = *m.get_ref();
+            }
+        }
+        if let Some(r) = &f.reference_kld {
+            if let Some(msg) = bad_sha("reference_kld", r.sha256.get_ref()) {
+                err(at(r.sha256.span().start), msg);
+            }
+            if f.reference.is_some() {
+                err(
+                    at(r.sha256.span().start),
+                    "reference_kld: give a reference model or a reference_kld file, not both"
+                        .into(),
+                );
+            }
+            if !matches!(windowing, Windowing::LlamaPerplexity { skip: 0, .. }) {
+                err(
+                    mode_at.clone(),
+                    "reference_kld: a llama-perplexity base file holds its default windows: \
+                     use window.mode = \"llama-perplexity\" without skip"
+                        .into(),
+                );
+            }
+            spec.import = Some(RecordRef {
+                path: base.join(r.path.get_ref()),
+                sha256: r.sha256.get_ref().clone(),
+                at: at(r.sha256.span().start),
+            });
+        } else if f.reference.is_none() {
+            err(
+                at(f.models.span().start),
+                "kind = \"kld\" needs `reference` (a model) or [reference_kld] (a llama-perplexity base file)".into(),
+            );
+        }
+        if let Some(r) = &f.reference_record {
+            err(
+                at(r.sha256.span().start),
+                "reference_record: holds only the true token's log-prob; a kld case needs `reference` or [reference_kld]".into(),
+            );
+        }
+        kld = Some(spec);
+    } else {
+        if let Some(k) = &f.kld {
+            err(
+                at(k.span().start),
+                "[kld]: only a kind = \"kld\" case takes it".into(),
+            );
+        }
+        if let Some(r) = &f.reference_kld {
+            err(
+                at(r.sha256.span().start),
+                "[reference_kld]: only a kind = \"kld\" case takes it".into(),
+            );
+        }
+    }
     let metrics = metrics_for(
         f.reference.is_some() || f.reference_record.is_some(),
         f.prereg.is_some(),
+        kld.as_ref().map(|k: &KldSpec| k.bins.len()),
     );
+    let metrics: Vec<&str> = metrics.iter().map(String::as_str).collect();
     if f.prereg.is_some() && f.reference.is_none() {
         err(
             at(f.prereg.as_ref().map_or(0, |p| p.span().start)),
@@ -760,6 +891,7 @@ pub fn parse_case(path: &Path, name: &str) -> Result<Case> {
                 at: at(r.sha256.span().start),
             }),
             bootstrap,
+            kld,
         }),
         gates,
         tolerances,

@@ -20,7 +20,7 @@
 use crate::case::Windowing;
 use crate::engine::{LoadedModel, Settings, TokenId, Window};
 use crate::error::{Error, Result};
-use crate::measure::{row_stats, WindowNll};
+use crate::measure::{row_stats, row_stats_exps, RowStats, WindowNll};
 use serde::Serialize;
 use std::time::Duration;
 
@@ -220,6 +220,39 @@ pub fn score_plan(
     n_batch: u32,
     threads: u32,
 ) -> Result<Scored> {
+    score_plan_with(model, plan, n_batch, threads, false, &mut |_| Ok(()))
+}
+
+/// One scored position, as a [`score_plan_with`] hook sees it.
+pub struct ScoredRow<'a> {
+    /// Index of the position over the whole plan (window after window).
+    pub index: usize,
+    /// Window.
+    pub window: usize,
+    /// Index among the window's targets.
+    pub k: usize,
+    /// The true next token.
+    pub target: usize,
+    /// The logits.
+    pub row: &'a [f32],
+    /// Their max, argmax and log-sum-exp.
+    pub stats: &'a RowStats,
+    /// `exp(row[j] − max)` for every j (the terms of the log-sum-exp).
+    pub exps: &'a [f64],
+}
+
+/// [`score_plan`], also handing every scored row to `hook` (its time counts
+/// as measure time); with `want_exps` the row's `exp(l − max)` terms too
+/// (otherwise `exps` is empty).
+pub fn score_plan_with(
+    model: &dyn LoadedModel,
+    plan: &ScoringPlan,
+    n_batch: u32,
+    threads: u32,
+    want_exps: bool,
+    hook: &mut dyn FnMut(ScoredRow<'_>) -> Result<()>,
+) -> Result<Scored> {
+    let mut exps: Vec<f64> = Vec::new();
     let mut settings = Settings::new(plan.n_ctx, threads);
     settings.n_batch = n_batch;
     let windows: Vec<Window> = plan.windows.iter().map(|w| w.window.clone()).collect();
@@ -244,9 +277,22 @@ pub fn score_plan(
                 pos + 1
             )));
         }
-        let st = row_stats(row);
+        let st = if want_exps {
+            row_stats_exps(row, &mut exps)
+        } else {
+            row_stats(row)
+        };
         let nll = -st.logprob(row, target as usize);
         let top1 = st.argmax == target as usize;
+        hook(ScoredRow {
+            exps: &exps,
+            index: out.token_nll.len(),
+            window: w,
+            k,
+            target: target as usize,
+            row,
+            stats: &st,
+        })?;
         out.windows[w].add(nll, top1);
         out.token_nll.push(nll);
         out.token_top1.push(top1);
@@ -262,6 +308,30 @@ pub fn score_plan(
     out.decode = et.decode;
     out.measure = et.callback;
     Ok(out)
+}
+
+/// What scoring the reference would have observed, rebuilt from its stored
+/// rows: the same `−lp_true` and argmax, so paired metrics are bitwise those
+/// of a live reference.
+pub fn scored_from_rows(plan: &ScoringPlan, rows: &[crate::kld::RefPosition]) -> Scored {
+    let mut out = Scored {
+        windows: vec![WindowNll::default(); plan.windows.len()],
+        ..Scored::default()
+    };
+    let mut i = 0;
+    for (w, pw) in plan.windows.iter().enumerate() {
+        for &t in &pw.targets {
+            let r = &rows[i];
+            let nll = -r.lp_true;
+            let top1 = r.argmax() as TokenId == t;
+            out.windows[w].add(nll, top1);
+            out.token_nll.push(nll);
+            out.token_top1.push(top1);
+            out.token_argmax.push(r.argmax() as TokenId);
+            i += 1;
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -73,6 +73,24 @@ pub fn row_stats(row: &[f32]) -> RowStats {
     row_stats_portable(row)
 }
 
+/// [`row_stats`], also writing `exps[j] = exp(row[j] − max)` (the terms of
+/// its sum, bitwise the same result) for callers that need them again.
+pub fn row_stats_exps(row: &[f32], exps: &mut Vec<f64>) -> RowStats {
+    exps.resize(row.len(), 0.0);
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2, checked just above.
+        return unsafe { row_stats_exps_avx2(row, exps) };
+    }
+    row_stats_generic::<true>(row, exps)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn row_stats_exps_avx2(row: &[f32], exps: &mut [f64]) -> RowStats {
+    row_stats_generic::<true>(row, exps)
+}
+
 /// The same operations in the same order as [`row_stats_portable`], compiled
 /// for 4-wide vectors. Rust never fuses a·b+c on its own, so the results are
 /// bitwise identical; only the speed differs.
@@ -89,6 +107,11 @@ pub fn row_stats_portable(row: &[f32]) -> RowStats {
 
 #[inline(always)]
 fn row_stats_impl(row: &[f32]) -> RowStats {
+    row_stats_generic::<false>(row, &mut [])
+}
+
+#[inline(always)]
+fn row_stats_generic<const STORE: bool>(row: &[f32], exps: &mut [f64]) -> RowStats {
     let mut lane_max = [f32::NEG_INFINITY; LANES];
     let chunks = row.chunks_exact(LANES);
     let tail = chunks.remainder();
@@ -112,14 +135,29 @@ fn row_stats_impl(row: &[f32]) -> RowStats {
     let mut acc = [0.0f64; LANES];
     let chunks = row.chunks_exact(LANES);
     let tail = chunks.remainder();
-    for c in chunks {
-        for k in 0..LANES {
-            acc[k] += exp_nonpos(f64::from(c[k]) - m);
+    let n = row.len() - tail.len();
+    if STORE {
+        for (c, o) in chunks.zip(exps[..n].chunks_exact_mut(LANES)) {
+            for k in 0..LANES {
+                let e = exp_nonpos(f64::from(c[k]) - m);
+                o[k] = e;
+                acc[k] += e;
+            }
+        }
+    } else {
+        for c in chunks {
+            for k in 0..LANES {
+                acc[k] += exp_nonpos(f64::from(c[k]) - m);
+            }
         }
     }
     let mut sum: f64 = acc.iter().sum();
-    for &v in tail {
-        sum += exp_nonpos(f64::from(v) - m);
+    for (i, &v) in tail.iter().enumerate() {
+        let e = exp_nonpos(f64::from(v) - m);
+        if STORE {
+            exps[n + i] = e;
+        }
+        sum += e;
     }
     RowStats {
         max,

@@ -744,7 +744,7 @@ pub fn check_case(p: &Prereg, case: &Case) -> Result<()> {
     }
     let metrics = case.metrics();
     for m in p.needed_metrics() {
-        if !metrics.contains(&m.as_str()) || PREREG_METRICS.contains(&m.as_str()) {
+        if !metrics.contains(&m) || PREREG_METRICS.contains(&m.as_str()) {
             errors.push(format!(
                 "{}: metric/rule: `{m}` is not a metric of case `{}`; metrics: {}",
                 p.metric.1,

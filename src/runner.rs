@@ -10,8 +10,8 @@ use crate::discover::discover;
 use crate::engine::{Engine, EngineBuild, ModelPool, Settings};
 use crate::error::{Error, ErrorKind, Result};
 use crate::execute::{
-    parse_token_ids, plan_windows, read_record, record_jsonl, score_plan, RecordHeader, Scored,
-    ScoringPlan, StageTimings,
+    parse_token_ids, plan_windows, read_record, record_jsonl, score_plan, score_plan_with,
+    RecordHeader, Scored, ScoringPlan, StageTimings,
 };
 use crate::judge::{judge, GateResult};
 use crate::measure::{paired_metrics, perplexity_metrics};
@@ -132,6 +132,20 @@ pub struct Outcome {
     pub timings: StageTimings,
     /// The decision of a preregistered comparison.
     pub prereg: Option<crate::prereg::Decision>,
+    /// Per-position KLD rows (kld cases), for the Parquet output.
+    #[serde(skip)]
+    pub kld_rows: Option<Arc<KldRows>>,
+}
+
+/// Per-position results of a kld case.
+#[derive(Debug)]
+pub struct KldRows {
+    /// One per scored position, window after window.
+    pub positions: Vec<crate::kld::PosKld>,
+    /// Candidate NLL per position.
+    pub token_nll: Vec<f64>,
+    /// Import precision, when the reference was a `.kld` file.
+    pub import: Option<crate::refcache::ImportInfo>,
 }
 
 impl Outcome {
@@ -165,6 +179,27 @@ pub struct Runner {
     /// Reference scores, computed once per process per (reference file,
     /// token stream, context, batch) and shared by every candidate.
     reference_scores: Mutex<HashMap<String, ScoreSlot>>,
+    /// Reference rows for KLD, once per process per cache key.
+    reference_rows: Mutex<HashMap<String, RowsSlot>>,
+    /// Where reference caches live (`<cache>/kld-ref` by default).
+    pub ref_cache_dir: PathBuf,
+}
+
+/// Stored reference rows, loaded or built by the first trial that needs them.
+type RowsSlot = Arc<OnceLock<Result<Arc<RefRows>>>>;
+
+/// A KLD reference: its rows, and where they came from.
+pub struct RefRows {
+    /// One per scored position.
+    pub rows: Vec<crate::kld::RefPosition>,
+    /// Reference vocabulary size.
+    pub n_vocab: usize,
+    /// Reference tokenizer fingerprint.
+    pub tokenizer_fingerprint: String,
+    /// The cache file (model references).
+    pub cache_file: Option<PathBuf>,
+    /// What an imported `.kld` says about its precision.
+    pub import: Option<crate::refcache::ImportInfo>,
 }
 
 impl Runner {
@@ -175,6 +210,8 @@ impl Runner {
             pool: ModelPool::new(engine),
             threads: threads.max(1),
             reference_scores: Mutex::new(HashMap::new()),
+            reference_rows: Mutex::new(HashMap::new()),
+            ref_cache_dir: crate::models::cache_dir().join("kld-ref"),
         }
     }
 
@@ -210,6 +247,7 @@ impl Runner {
             build,
             timings: StageTimings::default(),
             prereg: None,
+            kld_rows: None,
         };
         let case = match &p.case {
             Ok(c) => c.clone(),
@@ -293,6 +331,19 @@ impl Runner {
         let plan = self.plan_for(pp, &src, &*model).map_err(in_case)?;
         out.timings.tokenize = t.elapsed();
         out.token_stream_sha256 = Some(plan.token_stream_sha256.clone());
+        if let Some(k) = &pp.kld {
+            return self.run_kld(
+                case,
+                pp,
+                k,
+                alias,
+                &src,
+                &*model,
+                &plan,
+                out,
+                prereg.as_ref(),
+            );
+        }
         let scored = score_plan(&*model, &plan, pp.n_batch, self.threads).map_err(in_case)?;
         out.timings.decode = scored.decode;
         out.timings.measure = scored.measure;
@@ -377,29 +428,281 @@ impl Runner {
             ));
         }
         out.timings.measure += t.elapsed().saturating_sub(ref_time);
-        if let Some((p, line)) = &prereg {
-            let windows = out.metrics.get("windows").copied().unwrap_or(f64::NAN);
-            if windows != p.windows as f64 {
-                return Err(Error::input(format!(
-                    "{}: windows: {} preregistered, {windows} evaluated",
-                    p.path.display(),
-                    p.windows
-                )));
-            }
-            let d = p
-                .decide(&out.metrics, &line.time)
-                .map_err(|e| Error::harness(format!("{}: {e}", p.path.display())))?;
-            out.metrics
-                .insert("prereg_outcome".into(), d.outcome.as_metric());
-            out.metrics.insert(
-                "prereg_prediction_hit".into(),
-                if d.prediction_hit { 1.0 } else { 0.0 },
-            );
-            out.prereg = Some(d);
-        }
-        Ok(())
+        decide_prereg(prereg.as_ref(), out)
     }
 
+    /// A `kind = "kld"` case: reference rows (cache, built once, or an
+    /// imported `.kld`), then the candidate scored with every row compared.
+    #[allow(clippy::too_many_arguments)]
+    fn run_kld(
+        &self,
+        case: &Case,
+        pp: &crate::case::Perplexity,
+        k: &crate::case::KldSpec,
+        alias: &str,
+        src: &str,
+        model: &dyn crate::engine::LoadedModel,
+        plan: &ScoringPlan,
+        out: &mut Outcome,
+        prereg: Option<&(crate::prereg::Prereg, crate::prereg::LedgerLine)>,
+    ) -> Result<()> {
+        let ci = model.info();
+        let t_ref = Instant::now();
+        let refs = self.kld_reference(case, pp, k, src, model, plan)?;
+        out.timings.decode += t_ref.elapsed();
+        // Error before computing: one vocabulary and tokenizer.
+        if refs.n_vocab != ci.n_vocab || refs.tokenizer_fingerprint != ci.tokenizer_fingerprint {
+            return Err(Error::input(format!(
+                "{}: the reference and `{alias}` have different tokenizers (vocabulary {} vs {}, fingerprint {} vs {}): KL needs one vocabulary",
+                case.path.display(),
+                refs.n_vocab,
+                ci.n_vocab,
+                refs.tokenizer_fingerprint,
+                ci.tokenizer_fingerprint
+            )));
+        }
+        let total: usize = plan.windows.iter().map(|w| w.targets.len()).sum();
+        if refs.rows.len() != total {
+            return Err(Error::harness(format!(
+                "{}: the reference holds {} positions, the case scores {total}",
+                case.path.display(),
+                refs.rows.len()
+            )));
+        }
+        let copy: Vec<bool> = plan
+            .windows
+            .iter()
+            .flat_map(|w| crate::kld::copy_flags(&w.window.tokens, w.first_scored, &w.targets))
+            .collect();
+        let mut pos = Vec::with_capacity(total);
+        let scored = score_plan_with(model, plan, pp.n_batch, self.threads, true, &mut |r| {
+            let rp = &refs.rows[r.index];
+            pos.push(crate::kld::compare(
+                rp,
+                r.row,
+                r.stats,
+                r.exps,
+                r.target,
+                copy[r.index],
+            ));
+            Ok(())
+        })
+        .map_err(|e| e.context(case.path.display()))?;
+        out.timings.decode += scored.decode;
+        out.timings.measure += scored.measure;
+        let t = Instant::now();
+        if pos.len() != total {
+            return Err(Error::harness(format!(
+                "{}: compared {} positions of {total}",
+                case.path.display(),
+                pos.len()
+            )));
+        }
+        out.metrics = perplexity_metrics(&scored.windows);
+        if refs.import.is_none() {
+            let rscored = crate::execute::scored_from_rows(plan, &refs.rows);
+            let b = pp.bootstrap;
+            out.metrics.extend(paired_metrics(
+                &scored.windows,
+                &rscored.windows,
+                &scored.token_nll,
+                &rscored.token_nll,
+                (b.block, b.resamples, b.seed),
+            ));
+        }
+        out.metrics.extend(crate::kld::kld_metrics(&pos, &k.bins));
+        out.kld_rows = Some(Arc::new(KldRows {
+            positions: pos,
+            token_nll: scored.token_nll.clone(),
+            import: refs.import,
+        }));
+        out.timings.measure += t.elapsed();
+        decide_prereg(prereg, out)
+    }
+
+    /// The reference rows of a kld case.
+    fn kld_reference(
+        &self,
+        case: &Case,
+        pp: &crate::case::Perplexity,
+        k: &crate::case::KldSpec,
+        src: &str,
+        model: &dyn crate::engine::LoadedModel,
+        plan: &ScoringPlan,
+    ) -> Result<Arc<RefRows>> {
+        let ci = model.info();
+        if let Some(rec) = &k.import {
+            let bytes = read_pinned_bytes(&rec.path, "reference_kld", &rec.sha256, &rec.at)?;
+            let (rows, info) =
+                crate::refcache::import_llama_kld(&bytes, plan, pp.windowing.context(), ci.n_vocab)
+                    .map_err(|e| Error::input(format!("{}: {e}", rec.path.display())))?;
+            return Ok(Arc::new(RefRows {
+                rows,
+                n_vocab: ci.n_vocab,
+                tokenizer_fingerprint: ci.tokenizer_fingerprint.clone(),
+                cache_file: None,
+                import: Some(info),
+            }));
+        }
+        let Some((ref_alias, ref_at)) = &pp.reference else {
+            return Err(Error::input(format!(
+                "{}: a kld case needs a reference",
+                case.path.display()
+            )));
+        };
+        let entry = self
+            .registry
+            .entry(ref_alias)
+            .map_err(|e| e.context(ref_at))?;
+        let ref_sha = match &entry.sha256 {
+            Some(s) => s.clone(),
+            None => self.prepare(ref_alias)?.file.sha256,
+        };
+        let context = pp.windowing.context();
+        let header = crate::refcache::CacheHeader {
+            reference_sha256: ref_sha,
+            token_stream_sha256: plan.token_stream_sha256.clone(),
+            windowing: format!("{:?}", pp.windowing),
+            settings: format!(
+                "n_ctx={context} n_batch={} flash_attn=off kv=f16",
+                pp.n_batch
+            ),
+            build: self.pool.engine().build().label(),
+            tail: k.tail,
+            max_kept: k.max_kept,
+            positions: plan.windows.iter().map(|w| w.targets.len()).sum(),
+            n_vocab: ci.n_vocab,
+            tokenizer_fingerprint: String::new(),
+        };
+        let key = header.key();
+        let path = self.ref_cache_dir.join(format!("{key}.qgref"));
+        let slot = {
+            let mut m = self
+                .reference_rows
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            m.entry(key).or_default().clone()
+        };
+        slot.get_or_init(|| {
+            let corrupt = match std::fs::read(&path) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => Some(e.to_string()),
+                Ok(bytes) => match crate::refcache::decode(&bytes, &header) {
+                    Ok((h, rows)) => {
+                        return Ok(Arc::new(RefRows {
+                            rows,
+                            n_vocab: h.n_vocab,
+                            tokenizer_fingerprint: h.tokenizer_fingerprint,
+                            cache_file: Some(path.clone()),
+                            import: None,
+                        }))
+                    }
+                    Err(why) => Some(why),
+                },
+            };
+            let loaded = self
+                .load(ref_alias)
+                .map_err(|e| e.context(format!("{ref_at}: reference")));
+            let (_, rmodel) = match (loaded, &corrupt) {
+                (Ok(m), None) => m,
+                (Ok(m), Some(why)) => {
+                    eprintln!(
+                        "quantgate: reference cache {} is unusable ({why}); rebuilding it from `{ref_alias}`",
+                        path.display()
+                    );
+                    m
+                }
+                (Err(e), Some(why)) => {
+                    return Err(Error::input(format!(
+                        "{}: reference cache {} is unusable ({why}), and the reference model `{ref_alias}` \
+                         is not available to rebuild it: {}",
+                        case.path.display(),
+                        path.display(),
+                        e.message
+                    )))
+                }
+                (Err(e), None) => return Err(e),
+            };
+            let ri = rmodel.info();
+            if ri.n_vocab != ci.n_vocab || ri.tokenizer_fingerprint != ci.tokenizer_fingerprint {
+                return Err(Error::input(format!(
+                    "{ref_at}: reference: `{ref_alias}` and `{}` have different tokenizers \
+                     (vocabulary {} vs {}): KL needs one vocabulary",
+                    ci.file.alias, ri.n_vocab, ci.n_vocab
+                )));
+            }
+            if context > ri.n_ctx_train {
+                return Err(Error::input(format!(
+                    "{}: window: context {context} is larger than the training context {} of model `{ref_alias}`",
+                    pp.window_at, ri.n_ctx_train
+                )));
+            }
+            let rplan = self.plan_for(pp, src, &*rmodel)?;
+            if rplan.token_stream_sha256 != plan.token_stream_sha256 {
+                return Err(Error::input(format!(
+                    "{ref_at}: reference: `{ref_alias}` and `{}` do not score identical tokens",
+                    ci.file.alias
+                )));
+            }
+            let mut rows = Vec::with_capacity(header.positions);
+            score_plan_with(&*rmodel, &rplan, pp.n_batch, self.threads, false, &mut |r| {
+                rows.push(crate::kld::compress_row(
+                    r.row,
+                    r.stats,
+                    r.target,
+                    k.tail,
+                    k.max_kept,
+                ));
+                Ok(())
+            })?;
+            let mut h = header.clone();
+            h.n_vocab = ri.n_vocab;
+            h.tokenizer_fingerprint = ri.tokenizer_fingerprint.clone();
+            std::fs::create_dir_all(&self.ref_cache_dir).map_err(|e| {
+                Error::harness(format!("{}: {e}", self.ref_cache_dir.display()))
+            })?;
+            crate::fsutil::write_atomic(&path, &crate::refcache::encode(&h, &rows))?;
+            Ok(Arc::new(RefRows {
+                rows,
+                n_vocab: h.n_vocab,
+                tokenizer_fingerprint: h.tokenizer_fingerprint,
+                cache_file: Some(path.clone()),
+                import: None,
+            }))
+        })
+        .clone()
+    }
+}
+
+/// Evaluate a prereg's rule on the measured metrics.
+fn decide_prereg(
+    prereg: Option<&(crate::prereg::Prereg, crate::prereg::LedgerLine)>,
+    out: &mut Outcome,
+) -> Result<()> {
+    if let Some((p, line)) = prereg {
+        let windows = out.metrics.get("windows").copied().unwrap_or(f64::NAN);
+        if windows != p.windows as f64 {
+            return Err(Error::input(format!(
+                "{}: windows: {} preregistered, {windows} evaluated",
+                p.path.display(),
+                p.windows
+            )));
+        }
+        let d = p
+            .decide(&out.metrics, &line.time)
+            .map_err(|e| Error::harness(format!("{}: {e}", p.path.display())))?;
+        out.metrics
+            .insert("prereg_outcome".into(), d.outcome.as_metric());
+        out.metrics.insert(
+            "prereg_prediction_hit".into(),
+            if d.prediction_hit { 1.0 } else { 0.0 },
+        );
+        out.prereg = Some(d);
+    }
+    Ok(())
+}
+
+impl Runner {
     /// Score the case's windows on `alias` and return them as a reference
     /// record (JSONL) that later runs can compare against without the model.
     pub fn export_reference(&self, case: &Case, alias: &str) -> Result<String> {
@@ -506,6 +809,17 @@ fn read_pinned(
     sha256: &str,
     at: &crate::case::Location,
 ) -> Result<String> {
+    let bytes = read_pinned_bytes(path, table, sha256, at)?;
+    String::from_utf8(bytes)
+        .map_err(|e| Error::input(format!("{}: not UTF-8: {e}", path.display())))
+}
+
+fn read_pinned_bytes(
+    path: &Path,
+    table: &str,
+    sha256: &str,
+    at: &crate::case::Location,
+) -> Result<Vec<u8>> {
     let bytes = std::fs::read(path)
         .map_err(|e| Error::input(format!("{at}: {table}.path: {}: {e}", path.display())))?;
     let sha = crate::fsutil::sha256_bytes(&bytes);
@@ -516,8 +830,7 @@ fn read_pinned(
             bytes.len()
         )));
     }
-    String::from_utf8(bytes)
-        .map_err(|e| Error::input(format!("{}: not UTF-8: {e}", path.display())))
+    Ok(bytes)
 }
 
 /// Line and column (1-based) of the `index`-th whitespace-separated word.
