@@ -45,3 +45,42 @@ fn q3_and_q2_fail_the_delta_nll_gate_with_a_readable_message() {
     }
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// Q2_K against F16 fails the KLD gates of suites/kld/wikitext2.toml: the
+/// mean, the 99th percentile and the Wilson lower bound of top-1 agreement,
+/// each named with its observed value.
+#[test]
+fn q2_fails_the_kld_gates() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = std::env::temp_dir().join(format!("qg-kld-selftest-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(root.join("kld")).unwrap();
+    std::fs::copy(repo.join("suites/models.toml"), root.join("models.toml")).unwrap();
+    std::os::unix::fs::symlink(repo.join("suites/data"), root.join("data")).unwrap();
+    std::fs::copy(
+        repo.join("tests/fixtures/kld_fails.toml"),
+        root.join("kld/kld_fails.toml"),
+    )
+    .unwrap();
+    let (registry, planned) = plan(&root, &[], &[]).unwrap();
+    let runner = Runner::new(registry, Arc::new(LlamaEngine::new()), 2);
+    assert_eq!(planned.len(), 1);
+    let o = runner.run(&planned[0]);
+    assert_eq!(o.status, Status::Fail, "{:?}", o.error);
+    let msg = o.failure_message().unwrap();
+    for (metric, shown, bound) in [
+        ("kld_mean", "kld_mean", "≤ 0.1"),
+        ("kld_p99", "kld_p99", "≤ 0.5"),
+        ("same_top_wilson95_lo", "same_top.wilson95_lo", "≥ 0.8"),
+    ] {
+        let v = o.metrics[metric];
+        assert!(
+            msg.contains(&format!("{shown} = {v} violates {shown} {bound}")),
+            "{metric}: {msg}"
+        );
+    }
+    // Not near misses.
+    assert!(o.metrics["kld_mean"] > 0.2 && o.metrics["same_top"] < 0.75);
+    eprintln!("{msg}");
+    let _ = std::fs::remove_dir_all(&root);
+}

@@ -14,6 +14,8 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
+const WIKI_SHA: &str = "d790b833ef8cf03a90db7bf1271b7520b83c45ce07ba3c1a9699df81e239eca0";
+
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
@@ -235,4 +237,142 @@ fn strided_mode_equals_ppl_stride() {
         (sum / n as f64).exp(),
         printed[11]
     );
+}
+
+/// The first number after `label` on its line in the tool's log.
+fn printed_after(log: &str, label: &str) -> f64 {
+    let line = log
+        .lines()
+        .find(|l| l.starts_with(label))
+        .unwrap_or_else(|| panic!("no `{label}` in\n{log}"));
+    line[label.len()..]
+        .trim_start_matches([' ', ':'])
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .trim_end_matches('%')
+        .parse()
+        .unwrap()
+}
+
+/// `llama-perplexity --kl-divergence` on Q8_0 against an F16 base file it
+/// wrote, vs quantgate on the same windows: importing that base file gives
+/// the tool's own KLD block (same positions and tokens, or the import fails);
+/// quantgate's exact reference gives the exact KLD, which the tool's 16-bit
+/// rows approximate.
+#[test]
+fn kld_equals_llama_perplexity_kl_divergence() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let tool = tool();
+    let reg = Registry::load(&repo().join("suites/models.toml")).unwrap();
+    let engine = Arc::new(LlamaEngine::new());
+    let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 2);
+    let label = engine.build().label();
+    let f16 = ensure(&reg, "smollm2-f16", &label, &q).unwrap();
+    let q8 = ensure(&reg, "smollm2-q8_0", &label, &q).unwrap();
+    let dir = std::env::temp_dir().join(format!("qg-kld-tool-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("suites")).unwrap();
+    let base = dir.join("suites/f16.kld");
+    let text_path = repo().join("suites/data/wikitext-2-test.txt");
+    let common = [
+        "-c", "512", "--chunks", "4", "-b", "512", "-fa", "off", "-t", "2",
+    ];
+    let b = base.display().to_string();
+    let mut args = common.to_vec();
+    args.extend(["--kl-divergence-base", b.as_str()]);
+    run_tool(&tool, &f16.file.path, &text_path, &args);
+    let mut args = common.to_vec();
+    args.extend(["--kl-divergence-base", b.as_str(), "--kl-divergence"]);
+    let log = run_tool(&tool, &q8.file.path, &text_path, &args);
+    let tool_kld = printed_after(&log, "Mean    KLD");
+    let tool_same = printed_after(&log, "Same top p") / 100.0;
+    let tool_p99 = printed_after(&log, "99.0%   KLD");
+    let tool_dp = printed_after(&log, "Mean    Δp") / 100.0;
+
+    std::fs::copy(
+        repo().join("suites/models.toml"),
+        dir.join("suites/models.toml"),
+    )
+    .unwrap();
+    let sha = quantgate::fsutil::sha256_file(&base, |_| {}).unwrap().0;
+    let head = |reference: &str| {
+        format!(
+            "kind = \"kld\"\nmodels = [\"smollm2-q8_0\"]\n{reference}\n[text]\npath = \"{}\"\n\
+             sha256 = \"{WIKI_SHA}\"\n[window]\nmode = \"llama-perplexity\"\nn_ctx = 512\nchunks = 4\n",
+            text_path.display()
+        )
+    };
+    std::fs::write(
+        dir.join("suites/imported.toml"),
+        head(&format!(
+            "[reference_kld]\npath = \"f16.kld\"\nsha256 = \"{sha}\"\n"
+        )),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("suites/exact.toml"),
+        head("reference = \"smollm2-f16\""),
+    )
+    .unwrap();
+    let (registry, planned) = quantgate::runner::plan(&dir.join("suites"), &[], &[]).unwrap();
+    let mut runner = quantgate::runner::Runner::new(registry, engine.clone(), 2);
+    runner.ref_cache_dir = dir.join("cache");
+    let get = |case: &str| {
+        let p = planned.iter().find(|p| p.name.starts_with(case)).unwrap();
+        let o = runner.run(p);
+        assert_eq!(
+            o.status,
+            quantgate::runner::Status::Pass,
+            "{case}: {:?}",
+            o.error
+        );
+        o.metrics
+    };
+    let imported = get("imported");
+    let exact = get("exact");
+    eprintln!(
+        "KLD Q8_0 vs F16, 4 chunks: llama-perplexity {tool_kld} (p99 {tool_p99}), \
+         quantgate on its base file {:.6} (p99 {:.6}), quantgate exact {:.6} (p99 {:.6}); \
+         same top: tool {tool_same}, imported {:.5}, exact {:.5}",
+        imported["kld_mean"],
+        imported["kld_p99"],
+        exact["kld_mean"],
+        exact["kld_p99"],
+        imported["same_top"],
+        exact["same_top"]
+    );
+    assert_eq!(imported["positions"], 4.0 * 255.0);
+    assert_eq!(exact["positions"], 4.0 * 255.0);
+    assert_eq!(imported["approx_positions"], 4.0 * 255.0);
+    assert_eq!(exact["approx_positions"], 0.0);
+    // On the tool's own base file: its numbers, to the printed digits (the
+    // candidate side differs only by the tool's float arithmetic).
+    assert!(
+        same_printed(imported["kld_mean"], tool_kld, 5),
+        "{}",
+        imported["kld_mean"]
+    );
+    assert!(
+        same_printed(imported["kld_p99"], tool_p99, 5),
+        "{}",
+        imported["kld_p99"]
+    );
+    assert!(
+        same_printed(imported["same_top"], tool_same, 5),
+        "{}",
+        imported["same_top"]
+    );
+    assert!(
+        same_printed(imported["dp_mean"], tool_dp, 5),
+        "{}",
+        imported["dp_mean"]
+    );
+    // Exact vs 16-bit: the tool's floor at −16 drops a little of every row.
+    assert!(
+        (exact["kld_mean"] - tool_kld).abs() < 2e-4,
+        "{} vs {tool_kld}",
+        exact["kld_mean"]
+    );
+    assert!((exact["same_top"] - tool_same).abs() <= 2.0 / 1020.0);
 }

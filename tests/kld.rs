@@ -1,0 +1,453 @@
+//! KLD cases on the fake engine: every statistic against an independent f64
+//! computation from the fake models' logit formula; the reference cache
+//! (reuse without the reference model, corruption detected and rebuilt only
+//! when the model is available); a candidate with another tokenizer; and
+//! every bad `.kld` import. Real rows: tests/kld_real.rs.
+
+use quantgate::engine::fake::{FakeEngine, FakeSpec, BOS, N_VOCAB};
+use quantgate::runner::{plan, Outcome, Runner, Status};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+fn gguf(len: usize) -> Vec<u8> {
+    let mut v = b"GGUF".to_vec();
+    v.extend_from_slice(&3u32.to_le_bytes());
+    v.extend_from_slice(&0u64.to_le_bytes());
+    v.extend_from_slice(&0u64.to_le_bytes());
+    v.resize(len.max(24), 0);
+    v
+}
+
+const N_CTX: usize = 64;
+const CHUNKS: usize = 6;
+
+fn text() -> String {
+    // Repeats (copy positions) and variety.
+    (0..N_CTX * CHUNKS + 10)
+        .map(|i| char::from(b'a' + ((i * 7 + i / 13) % 26) as u8))
+        .collect()
+}
+
+struct Fx {
+    root: PathBuf,
+}
+
+impl Fx {
+    fn new(tag: &str, case_extra: &str) -> Fx {
+        let root = std::env::temp_dir().join(format!("qg-kld-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("suites")).unwrap();
+        let mut reg = String::new();
+        for (alias, len) in [("ref", 100), ("cand", 101), ("other", 102)] {
+            let g = gguf(len);
+            std::fs::write(root.join(format!("suites/{alias}.gguf")), &g).unwrap();
+            reg.push_str(&format!(
+                "[{alias}]\nsha256 = \"{}\"\npath = \"{alias}.gguf\"\n",
+                quantgate::fsutil::sha256_bytes(&g)
+            ));
+        }
+        std::fs::write(root.join("suites/models.toml"), reg).unwrap();
+        let t = text();
+        std::fs::write(root.join("suites/t.txt"), &t).unwrap();
+        std::fs::write(
+            root.join("suites/k.toml"),
+            format!(
+                "kind = \"kld\"\nmodels = [\"cand\"]\n{case_extra}\n[text]\npath = \"t.txt\"\nsha256 = \"{}\"\n\
+                 [window]\nmode = \"llama-perplexity\"\nn_ctx = {N_CTX}\nchunks = {CHUNKS}\n",
+                quantgate::fsutil::sha256_bytes(t.as_bytes())
+            ),
+        )
+        .unwrap();
+        Fx { root }
+    }
+
+    fn engine() -> FakeEngine {
+        FakeEngine::new()
+            .with("ref", ref_spec())
+            .with("cand", cand_spec())
+            .with(
+                "other",
+                FakeSpec {
+                    tokenizer: "fake-other",
+                    ..FakeSpec::default()
+                },
+            )
+    }
+
+    fn runner(&self) -> (Runner, Vec<quantgate::runner::Planned>) {
+        let (registry, planned) = plan(&self.root.join("suites"), &[], &[]).unwrap();
+        let mut r = Runner::new(registry, Arc::new(Self::engine()), 1);
+        r.ref_cache_dir = self.root.join("cache");
+        (r, planned)
+    }
+
+    fn run(&self) -> Outcome {
+        let (r, planned) = self.runner();
+        r.run(&planned[0])
+    }
+
+    fn cache_files(&self) -> Vec<PathBuf> {
+        std::fs::read_dir(self.root.join("cache"))
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// A confident reference (top-1 ≈ 0.93) and a candidate whose favourite
+/// loses to the ripple at some positions (flips).
+fn ref_spec() -> FakeSpec {
+    FakeSpec {
+        confidence: 9.0,
+        ..FakeSpec::default()
+    }
+}
+
+fn cand_spec() -> FakeSpec {
+    FakeSpec {
+        confidence: 2.1,
+        ..FakeSpec::default()
+    }
+}
+
+/// f64 log-softmax of a fake row, with libm `exp`.
+fn log_softmax(spec: &FakeSpec, last: i32, pos: usize) -> Vec<f64> {
+    let row: Vec<f64> = (0..N_VOCAB)
+        .map(|j| f64::from(spec.logit(last, pos, j)))
+        .collect();
+    let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let lse = m + row.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+    row.iter().map(|v| v - lse).collect()
+}
+
+fn argmax(v: &[f64]) -> usize {
+    let m = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    v.iter().position(|&x| x == m).unwrap()
+}
+
+fn q7(sorted: &[f64], q: f64) -> f64 {
+    let h = (sorted.len() - 1) as f64 * q;
+    let (lo, hi) = (h.floor() as usize, h.ceil() as usize);
+    sorted[lo] + (h - lo as f64) * (sorted[hi] - sorted[lo])
+}
+
+struct Pos {
+    kl: f64,
+    rev: f64,
+    dp: f64,
+    flip: bool,
+    p1: f64,
+    copy: bool,
+}
+
+/// Every scored position, computed from the logit formula directly.
+fn independent() -> Vec<Pos> {
+    let (rs, cs) = (ref_spec(), cand_spec());
+    let mut ids = vec![BOS];
+    ids.extend(text().bytes().map(i32::from));
+    let mut out = Vec::new();
+    for w in 0..CHUNKS {
+        let mut toks = ids[w * N_CTX..(w + 1) * N_CTX].to_vec();
+        toks[0] = BOS;
+        for pos in N_CTX / 2..N_CTX - 1 {
+            let target = ids[w * N_CTX + pos + 1] as usize;
+            let (a, b) = (
+                log_softmax(&rs, toks[pos], pos),
+                log_softmax(&cs, toks[pos], pos),
+            );
+            let kl: f64 = a.iter().zip(&b).map(|(x, y)| x.exp() * (x - y)).sum();
+            let rev: f64 = a.iter().zip(&b).map(|(x, y)| y.exp() * (y - x)).sum();
+            let top = argmax(&a);
+            out.push(Pos {
+                kl,
+                rev,
+                dp: b[target].exp() - a[target].exp(),
+                flip: argmax(&b) != top,
+                p1: a[top].exp(),
+                copy: toks[1..=pos].contains(&(target as i32)),
+            });
+        }
+    }
+    out
+}
+
+fn close(name: &str, got: f64, want: f64, tol: f64) {
+    assert!(
+        (got - want).abs() <= tol * want.abs().max(1.0),
+        "{name}: {got} vs independent {want}"
+    );
+}
+
+fn check_against_independent(m: &std::collections::BTreeMap<String, f64>) {
+    let ps = independent();
+    let n = ps.len() as f64;
+    assert_eq!(m["positions"], n);
+    let mut kl: Vec<f64> = ps.iter().map(|p| p.kl).collect();
+    kl.sort_by(f64::total_cmp);
+    close("kld_mean", m["kld_mean"], kl.iter().sum::<f64>() / n, 1e-9);
+    close("kld_p99", m["kld_p99"], q7(&kl, 0.99), 1e-9);
+    close("kld_median", m["kld_median"], q7(&kl, 0.5), 1e-9);
+    close("kld_max", m["kld_max"], *kl.last().unwrap(), 1e-9);
+    close(
+        "kld_rev_mean",
+        m["kld_rev_mean"],
+        ps.iter().map(|p| p.rev).sum::<f64>() / n,
+        1e-9,
+    );
+    let mut dp: Vec<f64> = ps.iter().map(|p| p.dp).collect();
+    dp.sort_by(f64::total_cmp);
+    close("dp_mean", m["dp_mean"], dp.iter().sum::<f64>() / n, 1e-9);
+    close("dp_p05", m["dp_p05"], q7(&dp, 0.05), 1e-9);
+    close(
+        "dp_rms",
+        m["dp_rms"],
+        (dp.iter().map(|d| d * d).sum::<f64>() / n).sqrt(),
+        1e-9,
+    );
+    let same = ps.iter().filter(|p| !p.flip).count() as f64;
+    assert_eq!(m["same_top"], same / n);
+    // Wilson by its textbook formula.
+    let (z, ph) = (1.959963984540054, same / n);
+    let c = (ph + z * z / (2.0 * n)) / (1.0 + z * z / n);
+    let h = z * (ph * (1.0 - ph) / n + z * z / (4.0 * n * n)).sqrt() / (1.0 + z * z / n);
+    close(
+        "same_top_wilson95_lo",
+        m["same_top_wilson95_lo"],
+        c - h,
+        1e-12,
+    );
+    let edges = [0.0, 0.5, 0.9, 0.99, 0.999, f64::INFINITY];
+    for b in 0..5 {
+        let inb: Vec<&Pos> = ps
+            .iter()
+            .filter(|p| p.p1 >= edges[b] && p.p1 < edges[b + 1])
+            .collect();
+        assert_eq!(m[&format!("flip_bin{b}_n")], inb.len() as f64, "bin {b}");
+        assert_eq!(
+            m[&format!("flip_bin{b}_flips")],
+            inb.iter().filter(|p| p.flip).count() as f64,
+            "bin {b}"
+        );
+    }
+    let copies: Vec<&Pos> = ps.iter().filter(|p| p.copy).collect();
+    assert_eq!(m["copy_positions"], copies.len() as f64);
+    close(
+        "copy_kld_mean",
+        m["copy_kld_mean"],
+        copies.iter().map(|p| p.kl).sum::<f64>() / copies.len() as f64,
+        1e-9,
+    );
+}
+
+#[test]
+fn every_statistic_matches_an_independent_computation() {
+    // The fake vocabulary (258) is below the default cap: every entry exact.
+    let fx = Fx::new("stats", "reference = \"ref\"");
+    let o = fx.run();
+    assert_eq!(o.status, Status::Pass, "{:?}", o.error);
+    check_against_independent(&o.metrics);
+    // The fixture exercises flips and a populated confidence bin.
+    let ps = independent();
+    assert!(ps.iter().any(|p| p.flip) && ps.iter().any(|p| !p.flip));
+    assert!(ps.iter().all(|p| p.p1 > 0.5));
+    // The paired perplexity metrics come from the stored rows and equal a
+    // perplexity case's against the live model.
+    assert!(o.metrics.contains_key("delta_nll_mean"));
+}
+
+#[test]
+fn the_one_byte_tail_matches_too() {
+    // Keep 16 entries exactly; the other 242 go to the companded tail.
+    let fx = Fx::new("tail", "reference = \"ref\"\n[kld]\nmax_kept = 16\n");
+    let o = fx.run();
+    assert_eq!(o.status, Status::Pass, "{:?}", o.error);
+    let ps = independent();
+    let mean = ps.iter().map(|p| p.kl).sum::<f64>() / ps.len() as f64;
+    let err = (o.metrics["kld_mean"] - mean).abs();
+    assert!(err < 1e-6, "mean KL {} vs {mean}", o.metrics["kld_mean"]);
+    // Discrete statistics do not depend on the tail.
+    assert_eq!(
+        o.metrics["same_top"],
+        ps.iter().filter(|p| !p.flip).count() as f64 / ps.len() as f64
+    );
+}
+
+#[test]
+fn the_reference_cache_is_reused_checked_and_rebuilt_only_from_the_model() {
+    let fx = Fx::new("cache", "reference = \"ref\"\n[kld]\nmax_kept = 16\n");
+    let first = fx.run();
+    assert_eq!(first.status, Status::Pass, "{:?}", first.error);
+    let files = fx.cache_files();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let good = std::fs::read(&files[0]).unwrap();
+    // Without the reference model file, the cache stands in for it.
+    let model = fx.root.join("suites/ref.gguf");
+    let saved = std::fs::read(&model).unwrap();
+    std::fs::remove_file(&model).unwrap();
+    let again = fx.run();
+    assert_eq!(again.status, Status::Pass, "{:?}", again.error);
+    assert_eq!(
+        format!("{:?}", again.metrics),
+        format!("{:?}", first.metrics)
+    );
+    // Corrupted, model still gone: an error naming the cache, never used.
+    let mut bad = good.clone();
+    let mid = bad.len() / 2;
+    bad[mid] ^= 1;
+    std::fs::write(&files[0], &bad).unwrap();
+    let o = fx.run();
+    let e = o.error.clone().unwrap_or_default();
+    assert_eq!(o.status, Status::Error, "{o:?}");
+    assert!(
+        e.contains("is unusable") && e.contains("not available to rebuild") && e.contains(".qgref"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read(&files[0]).unwrap(), bad, "left as found");
+    // Truncated, model back: rebuilt, byte for byte.
+    std::fs::write(&model, &saved).unwrap();
+    std::fs::write(&files[0], &good[..good.len() - 100]).unwrap();
+    let o = fx.run();
+    assert_eq!(o.status, Status::Pass, "{:?}", o.error);
+    assert_eq!(format!("{:?}", o.metrics), format!("{:?}", first.metrics));
+    assert_eq!(std::fs::read(&files[0]).unwrap(), good);
+}
+
+#[test]
+fn a_candidate_with_another_tokenizer_is_refused_before_computing() {
+    let fx = Fx::new("vocab", "reference = \"ref\"");
+    let case = fx.root.join("suites/k.toml");
+    let body = std::fs::read_to_string(&case)
+        .unwrap()
+        .replace("models = [\"cand\"]", "models = [\"other\"]");
+    std::fs::write(&case, body).unwrap();
+    let o = fx.run();
+    let e = o.error.clone().unwrap_or_default();
+    assert_eq!(o.status, Status::Error);
+    assert!(e.contains("different tokenizers"), "{e}");
+    assert!(o.metrics.is_empty());
+}
+
+/// A llama-perplexity base file for the fixture's windows, written the way
+/// the tool writes it, from the reference's logits.
+fn kld_file() -> Vec<u8> {
+    let rs = ref_spec();
+    let mut ids = vec![BOS];
+    ids.extend(text().bytes().map(i32::from));
+    let mut b = b"_logits_".to_vec();
+    b.extend_from_slice(&(N_CTX as u32).to_le_bytes());
+    b.extend_from_slice(&(N_VOCAB as i32).to_le_bytes());
+    b.extend_from_slice(&(CHUNKS as i32).to_le_bytes());
+    for id in &ids[..N_CTX * CHUNKS] {
+        b.extend_from_slice(&id.to_le_bytes());
+    }
+    for w in 0..CHUNKS {
+        for pos in N_CTX / 2..N_CTX - 1 {
+            let last = ids[w * N_CTX + pos];
+            let row: Vec<f32> = (0..N_VOCAB).map(|j| rs.logit(last, pos, j)).collect();
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let min = row
+                .iter()
+                .copied()
+                .fold(f32::INFINITY, f32::min)
+                .max(max - 16.0);
+            let sum: f64 = row.iter().map(|&l| f64::from((l - max).exp())).sum();
+            let lse = sum.ln() as f32;
+            let scale = (max - min) / 65535.0;
+            b.extend_from_slice(&scale.to_le_bytes());
+            b.extend_from_slice(&(min - max - lse).to_le_bytes());
+            for &l in &row {
+                let u = if l > min {
+                    ((l - min) / scale).round() as u16
+                } else {
+                    0
+                };
+                b.extend_from_slice(&u.to_le_bytes());
+            }
+            // nv = 2·⌈n_vocab/2⌉ + 4 values: pad an odd vocabulary.
+            if N_VOCAB % 2 == 1 {
+                b.extend_from_slice(&0u16.to_le_bytes());
+            }
+        }
+    }
+    b
+}
+
+fn import_fixture(tag: &str, bytes: &[u8]) -> (Fx, Outcome) {
+    let sha = quantgate::fsutil::sha256_bytes(bytes);
+    let fx = Fx::new(
+        tag,
+        &format!("[reference_kld]\npath = \"base.kld\"\nsha256 = \"{sha}\"\n"),
+    );
+    std::fs::write(fx.root.join("suites/base.kld"), bytes).unwrap();
+    let o = fx.run();
+    (fx, o)
+}
+
+#[test]
+fn an_imported_kld_gives_the_same_positions_as_our_reference() {
+    let (_fx, o) = import_fixture("import", &kld_file());
+    assert_eq!(o.status, Status::Pass, "{:?}", o.error);
+    let ps = independent();
+    assert_eq!(o.metrics["positions"], ps.len() as f64);
+    assert_eq!(o.metrics["approx_positions"], ps.len() as f64);
+    // 16-bit rows: close to the exact KL, not equal.
+    let mean = ps.iter().map(|p| p.kl).sum::<f64>() / ps.len() as f64;
+    assert!(
+        (o.metrics["kld_mean"] - mean).abs() < 1e-3,
+        "{} {mean}",
+        o.metrics["kld_mean"]
+    );
+    assert_eq!(
+        o.metrics["same_top"],
+        ps.iter().filter(|p| !p.flip).count() as f64 / ps.len() as f64
+    );
+    // No paired perplexity from a 16-bit base.
+    assert!(!o.metrics.contains_key("delta_nll_mean"));
+}
+
+#[test]
+fn bad_kld_files_fail_naming_the_file_and_offset() {
+    let good = kld_file();
+    let records = 20 + 4 * N_CTX * CHUNKS;
+    let mut cases: Vec<(&str, Vec<u8>, &str)> = Vec::new();
+    let mut b = good.clone();
+    b[0] = b'X';
+    cases.push(("magic", b, "magic `_logits_` missing"));
+    cases.push(("truncated", good[..good.len() - 3].to_vec(), "truncated"));
+    let mut b = good.clone();
+    b.extend_from_slice(&[0, 0]);
+    cases.push(("trailing", b, "trailing bytes"));
+    // n_vocab one more, file length made consistent: the dimension check fires.
+    let mut b = good.clone();
+    b[12..16].copy_from_slice(&(N_VOCAB as i32 + 2).to_le_bytes());
+    let per = N_CTX - 1 - N_CTX / 2;
+    b.resize(b.len() + per * CHUNKS * 2 * 2, 0);
+    cases.push((
+        "vocab",
+        b,
+        "n_vocab 260, the candidate's vocabulary has 258",
+    ));
+    let mut b = good.clone();
+    b[8..12].copy_from_slice(&(N_CTX as u32 * 2).to_le_bytes());
+    cases.push(("n_ctx", b, "make"));
+    let mut b = good.clone();
+    let at = 20 + 4 * (N_CTX + 5);
+    b[at] ^= 1;
+    cases.push((
+        "tokens",
+        b,
+        "token stream differs from the case's: chunk 1, position 5",
+    ));
+    let mut b = good.clone();
+    b[records..records + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    cases.push(("nan", b, "scale NaN"));
+    for (tag, bytes, want) in cases {
+        let (fx, o) = import_fixture(tag, &bytes);
+        let e = o.error.clone().unwrap_or_default();
+        assert_eq!(o.status, Status::Error, "{tag}: {o:?}");
+        assert!(
+            e.contains(want) && e.contains(&fx.root.join("suites/base.kld").display().to_string()),
+            "{tag}: want `{want}` in: {e}"
+        );
+        assert!(o.metrics.is_empty(), "{tag}: no numbers from a bad file");
+    }
+}
