@@ -77,6 +77,12 @@ pub fn run_trial(
 ) -> Result<(), String> {
     let outcome = runner.run(p);
     let mut messages: Vec<String> = outcome.failure_message().into_iter().collect();
+    // Per-position rows, when asked for (`QUANTGATE_OUT=DIR`).
+    if let Some(dir) = std::env::var_os("QUANTGATE_OUT").filter(|d| !d.is_empty()) {
+        if let Err(e) = crate::report::write_parquet(Path::new(&dir), &outcome) {
+            messages.push(e.message);
+        }
+    }
     if let Ok(case) = &p.case {
         let source = format!("suites/{}.toml", case.name);
         if let Err(m) = golden::check(&outcome, case, &source, goldens, mode) {

@@ -15,6 +15,7 @@ pub mod judge;
 pub mod kld;
 pub mod measure;
 pub mod models;
+pub mod parquet_out;
 pub mod parse;
 pub mod prereg;
 pub mod refcache;

@@ -35,6 +35,9 @@ enum Command {
         /// Write one JSON object per case × model to FILE.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Write per-position rows (kld cases) as DIR/<case>/<model>.parquet.
+        #[arg(long)]
+        out: Option<PathBuf>,
         /// Print per-model stage timings.
         #[arg(long)]
         timings: bool,
@@ -133,6 +136,7 @@ fn main() -> ExitCode {
             patterns,
             models,
             json,
+            out,
             timings,
             threads,
         } => {
@@ -146,9 +150,17 @@ fn main() -> ExitCode {
                 threads.unwrap_or_else(|| threads_per_trial(1)),
             );
             let mut outcomes = Vec::new();
+            let mut write_failed = false;
             for p in &planned {
                 eprintln!("quantgate: running {}", p.name);
-                outcomes.push(runner.run(p));
+                let o = runner.run(p);
+                if let Some(dir) = &out {
+                    if let Err(e) = quantgate::report::write_parquet(dir, &o) {
+                        eprintln!("error: {}", e.message);
+                        write_failed = true;
+                    }
+                }
+                outcomes.push(o);
             }
             print!("{}", report::table(&outcomes));
             if timings {
@@ -164,6 +176,8 @@ fn main() -> ExitCode {
                 .any(|o| o.status == Status::Error && o.input_error)
             {
                 ExitCode::from(2)
+            } else if write_failed {
+                ExitCode::from(1)
             } else if outcomes.iter().all(|o| o.status == Status::Pass) {
                 ExitCode::SUCCESS
             } else {

@@ -129,3 +129,22 @@ pub fn write_json(path: &Path, outcomes: &[Outcome]) -> Result<()> {
         .map_err(|e| crate::error::Error::harness(format!("serialising results: {e}")))?;
     crate::fsutil::write_atomic(path, format!("{body}\n").as_bytes())
 }
+
+/// The Parquet file of one outcome under `dir`: `<dir>/<case>/<model>.parquet`.
+pub fn parquet_path(dir: &Path, o: &Outcome) -> std::path::PathBuf {
+    dir.join(&o.case).join(format!("{}.parquet", o.model))
+}
+
+/// Write an outcome's per-position rows (kld cases; nothing otherwise).
+pub fn write_parquet(dir: &Path, o: &Outcome) -> Result<()> {
+    match &o.kld_rows {
+        Some(rows) => crate::parquet_out::write_kld(
+            &parquet_path(dir, o),
+            &o.case,
+            &o.model,
+            o.model_sha256.as_deref().unwrap_or_default(),
+            rows,
+        ),
+        None => Ok(()),
+    }
+}

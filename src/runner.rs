@@ -144,6 +144,12 @@ pub struct KldRows {
     pub positions: Vec<crate::kld::PosKld>,
     /// Candidate NLL per position.
     pub token_nll: Vec<f64>,
+    /// Window of each position.
+    pub window: Vec<u32>,
+    /// Position in its window.
+    pub position: Vec<u32>,
+    /// The true next token.
+    pub target: Vec<i32>,
     /// Import precision, when the reference was a `.kld` file.
     pub import: Option<crate::refcache::ImportInfo>,
 }
@@ -511,9 +517,20 @@ impl Runner {
             ));
         }
         out.metrics.extend(crate::kld::kld_metrics(&pos, &k.bins));
+        let (mut window, mut position, mut target) = (Vec::new(), Vec::new(), Vec::new());
+        for (w, pw) in plan.windows.iter().enumerate() {
+            for (k, &t) in pw.targets.iter().enumerate() {
+                window.push(w as u32);
+                position.push((pw.first_scored + k) as u32);
+                target.push(t);
+            }
+        }
         out.kld_rows = Some(Arc::new(KldRows {
             positions: pos,
             token_nll: scored.token_nll.clone(),
+            window,
+            position,
+            target,
             import: refs.import,
         }));
         out.timings.measure += t.elapsed();

@@ -451,3 +451,61 @@ fn bad_kld_files_fail_naming_the_file_and_offset() {
         assert!(o.metrics.is_empty(), "{tag}: no numbers from a bad file");
     }
 }
+
+/// The per-position Parquet file: written atomically, read back with the
+/// parquet crate's own row reader, every row equal to the outcome's.
+#[test]
+fn per_position_rows_round_trip_through_parquet() {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    use parquet::record::Field;
+    let fx = Fx::new("parquet", "reference = \"ref\"\n[kld]\nmax_kept = 16\n");
+    let o = fx.run();
+    assert_eq!(o.status, Status::Pass, "{:?}", o.error);
+    let out = fx.root.join("out");
+    quantgate::report::write_parquet(&out, &o).unwrap();
+    let path = out.join("k").join("cand.parquet");
+    let rows = o.kld_rows.as_ref().unwrap();
+    let reader = SerializedFileReader::new(std::fs::File::open(&path).unwrap()).unwrap();
+    assert_eq!(
+        reader.metadata().file_metadata().num_rows() as usize,
+        rows.positions.len()
+    );
+    let mut n = 0;
+    for (i, row) in reader.get_row_iter(None).unwrap().enumerate() {
+        let row = row.unwrap();
+        let get = |name: &str| -> Field {
+            row.get_column_iter()
+                .find(|(k, _)| k.as_str() == name)
+                .unwrap_or_else(|| panic!("no column {name}"))
+                .1
+                .clone()
+        };
+        let p = &rows.positions[i];
+        assert_eq!(get("case"), Field::Str("k".into()));
+        assert_eq!(get("model"), Field::Str("cand".into()));
+        assert_eq!(get("window"), Field::Int(rows.window[i] as i32));
+        assert_eq!(get("position"), Field::Int(rows.position[i] as i32));
+        assert_eq!(get("token_id"), Field::Int(rows.target[i]));
+        assert_eq!(get("kl_vs_ref"), Field::Double(p.kl));
+        assert_eq!(get("ref_p1"), Field::Double(p.p1));
+        assert_eq!(get("flip"), Field::Bool(p.flip()));
+        assert_eq!(get("dp"), Field::Double(p.dp()));
+        assert_eq!(get("copy"), Field::Bool(p.copy));
+        n += 1;
+    }
+    assert_eq!(n, rows.positions.len());
+    // The window/position columns follow the plan: 6 windows × 31 positions.
+    assert_eq!(rows.window.iter().filter(|&&w| w == 5).count(), 31);
+    assert_eq!(rows.position[0] as usize, N_CTX / 2);
+    // A destination that cannot be written: an error, no file, no temp left.
+    let blocked = fx.root.join("blocked");
+    std::fs::write(&blocked, "a file, not a directory").unwrap();
+    let e = quantgate::report::write_parquet(&blocked, &o).unwrap_err();
+    assert!(e.message.contains("blocked"), "{}", e.message);
+    let leftovers: Vec<_> = std::fs::read_dir(&fx.root)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
