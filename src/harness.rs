@@ -5,20 +5,212 @@
 //! before any model loads (nextest's custom-harness rules); the whole
 //! failure explanation (gate violations, golden diffs, errors) goes into the
 //! test's failure message; gate violations fail whatever the update mode.
+//!
+//! Crash isolation: by default each trial runs in a worker process (this
+//! executable re-run with `QUANTGATE_WORKER=<alias>`), the test name on its
+//! stdin, the result as one line on its stdout. llama.cpp aborts the process
+//! on some inputs; a worker that dies fails its test with the signal, the
+//! model, its file and the case, and every other test still runs.
+//! `QUANTGATE_ISOLATION=model` shares one worker per model (a crash then
+//! fails that model's remaining tests), `off` runs everything in one
+//! process; under nextest (a process per test already) workers are not used.
 
 use crate::engine::Engine;
 use crate::golden::{self, Goldens, UpdateMode};
 use crate::runner::{plan, threads_per_trial, Planned, Runner};
 use libtest_mimic::{Arguments, Failed, Trial};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::ExitCode;
-use std::sync::Arc;
+use std::process::{Child, ChildStdin, ChildStdout, Command, ExitCode, Stdio};
+use std::sync::{Arc, Mutex};
+
+/// The environment variable that makes this executable a worker.
+pub const WORKER_ENV: &str = "QUANTGATE_WORKER";
+/// Prefix of a worker's result lines (anything else on stdout is ignored).
+const RESULT: &str = "QUANTGATE-RESULT ";
 
 /// Run the suites under `suites` as tests, goldens under `goldens`, with the
 /// process's arguments and environment.
 pub fn run_suites(suites: &Path, goldens: &Path, engine: Arc<dyn Engine>) -> ExitCode {
+    if let Some(alias) = std::env::var_os(WORKER_ENV) {
+        return worker(suites, goldens, engine, &alias.to_string_lossy());
+    }
     let args = Arguments::from_args();
     run_with_args(suites, goldens, engine, &args)
+}
+
+/// How trials are spread over worker processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Isolation {
+    /// Everything in this process.
+    Off,
+    /// One worker per model, running that model's trials in turn.
+    Model,
+    /// One worker per trial.
+    Test,
+}
+
+/// `QUANTGATE_ISOLATION` = off | model | test (default test; off under
+/// nextest, which runs a process per test itself).
+fn isolation() -> Isolation {
+    if std::env::var_os("NEXTEST").is_some() {
+        return Isolation::Off;
+    }
+    match std::env::var("QUANTGATE_ISOLATION").as_deref() {
+        Ok("off") => Isolation::Off,
+        Ok("model") => Isolation::Model,
+        _ => Isolation::Test,
+    }
+}
+
+/// Worker mode: run the named trials of model `alias` as they arrive on
+/// stdin; answer each with a result line.
+fn worker(suites: &Path, goldens: &Path, engine: Arc<dyn Engine>, alias: &str) -> ExitCode {
+    let (registry, planned) = match plan(suites, &[], &[alias.to_string()]) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("quantgate worker `{alias}`: {}", e.message);
+            return ExitCode::from(2);
+        }
+    };
+    let threads = std::env::var("QUANTGATE_WORKER_THREADS")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| threads_per_trial(1));
+    let runner = Runner::new(registry, engine, threads);
+    let goldens = Goldens::new(goldens.to_path_buf());
+    let mode = match golden::update_mode() {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("quantgate worker `{alias}`: {}", e.message);
+            return ExitCode::from(2);
+        }
+    };
+    let stdin = std::io::stdin();
+    let mut out = std::io::stdout();
+    for line in stdin.lock().lines() {
+        let Ok(name) = line else { break };
+        let result = match planned.iter().find(|p| p.name == name) {
+            Some(p) => run_trial(&runner, p, &goldens, mode),
+            None => Err(format!("worker `{alias}`: no planned test `{name}`")),
+        };
+        let reply = serde_json::json!({ "name": name, "error": result.err() });
+        if writeln!(out, "{RESULT}{reply}")
+            .and_then(|()| out.flush())
+            .is_err()
+        {
+            break;
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+/// One model's worker process, started on first use.
+struct Worker {
+    alias: String,
+    model_path: String,
+    proc: Option<(Child, ChildStdin, BufReader<ChildStdout>)>,
+    /// Why the worker is gone, once it died.
+    dead: Option<String>,
+}
+
+impl Worker {
+    fn run(&mut self, name: &str, threads: u32) -> Result<(), String> {
+        if let Some(why) = &self.dead {
+            return Err(format!("not run: {why}"));
+        }
+        if self.proc.is_none() {
+            let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+            let mut child = Command::new(exe)
+                .env(WORKER_ENV, &self.alias)
+                .env("QUANTGATE_WORKER_THREADS", threads.to_string())
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .map_err(|e| format!("starting the worker for `{}`: {e}", self.alias))?;
+            let stdin = child.stdin.take().expect("piped stdin");
+            let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+            self.proc = Some((child, stdin, stdout));
+        }
+        let (child, stdin, stdout) = self.proc.as_mut().expect("started above");
+        let sent = writeln!(stdin, "{name}").and_then(|()| stdin.flush());
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = if sent.is_ok() {
+                stdout.read_line(&mut line).unwrap_or(0)
+            } else {
+                0
+            };
+            if n == 0 {
+                // The worker is gone: say how, and fail the rest of its model.
+                let status = child.wait().map(|s| describe_exit(&s));
+                let why = format!(
+                    "the worker process for model `{}` ({}) {} while running `{name}`",
+                    self.alias,
+                    self.model_path,
+                    status.unwrap_or_else(|e| format!("could not be waited for ({e})"))
+                );
+                self.proc = None;
+                self.dead = Some(why.clone());
+                return Err(format!(
+                    "{why}; this model's remaining tests are not run, the other models' tests still run"
+                ));
+            }
+            if let Some(json) = line.trim_end().strip_prefix(RESULT) {
+                let v: serde_json::Value = serde_json::from_str(json)
+                    .map_err(|e| format!("unreadable worker result `{json}`: {e}"))?;
+                if v["name"] != name {
+                    return Err(format!(
+                        "worker answered for {} instead of `{name}`",
+                        v["name"]
+                    ));
+                }
+                return match v["error"].as_str() {
+                    None if v["error"].is_null() => Ok(()),
+                    None => Err(format!("unreadable worker result `{json}`")),
+                    Some(m) => Err(m.to_string()),
+                };
+            }
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if let Some((mut child, stdin, _)) = self.proc.take() {
+            drop(stdin); // EOF: the worker finishes and exits
+            let _ = child.wait();
+        }
+    }
+}
+
+/// `exited with status 3` / `was killed by signal 6 (SIGABRT)`.
+fn describe_exit(s: &std::process::ExitStatus) -> String {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(sig) = s.signal() {
+            let name = match sig {
+                6 => " (SIGABRT)",
+                9 => " (SIGKILL)",
+                11 => " (SIGSEGV)",
+                7 => " (SIGBUS)",
+                8 => " (SIGFPE)",
+                4 => " (SIGILL)",
+                15 => " (SIGTERM)",
+                2 => " (SIGINT)",
+                _ => "",
+            };
+            return format!("was killed by signal {sig}{name}");
+        }
+    }
+    match s.code() {
+        Some(c) => format!("exited with status {c}"),
+        None => "ended".into(),
+    }
 }
 
 /// Run the suites as tests with explicit arguments.
@@ -58,7 +250,60 @@ pub fn run_with_args(
     };
     let goldens = Arc::new(Goldens::new(goldens.to_path_buf()));
     let mut trials = vec![orphan_trial(suites, &goldens, &planned)];
-    let runner = Arc::new(Runner::new(registry, engine, threads_per_trial(concurrent)));
+    let threads = threads_per_trial(concurrent);
+    let isolation = isolation();
+    if isolation != Isolation::Off {
+        let label = engine.build().label();
+        let mut workers: HashMap<String, Arc<Mutex<Worker>>> = HashMap::new();
+        // Round-robin over models, so concurrent test threads keep different
+        // workers busy instead of queueing on one model's worker.
+        let mut by_model: Vec<Vec<Planned>> = Vec::new();
+        for p in planned {
+            match by_model.iter_mut().find(|g| g[0].model == p.model) {
+                Some(g) => g.push(p),
+                None => by_model.push(vec![p]),
+            }
+        }
+        let mut order = Vec::new();
+        let longest = by_model.iter().map(Vec::len).max().unwrap_or(0);
+        let mut iters: Vec<_> = by_model.into_iter().map(Vec::into_iter).collect();
+        for _ in 0..longest {
+            order.extend(iters.iter_mut().filter_map(Iterator::next));
+        }
+        for p in order {
+            if let Err(e) = &p.case {
+                // A case that does not parse fails without a worker.
+                trials.push(failing(&p.name, e.message.clone()));
+                continue;
+            }
+            let key = match isolation {
+                Isolation::Model => p.model.clone(),
+                _ => p.name.clone(),
+            };
+            let w = workers
+                .entry(key)
+                .or_insert_with(|| {
+                    let model_path = registry
+                        .location(&p.model, &label)
+                        .map(|l| l.display().to_string())
+                        .unwrap_or_else(|_| "?".into());
+                    Arc::new(Mutex::new(Worker {
+                        alias: p.model.clone(),
+                        model_path,
+                        proc: None,
+                        dead: None,
+                    }))
+                })
+                .clone();
+            let name = p.name.clone();
+            trials.push(Trial::test(p.name.clone(), move || {
+                let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
+                w.run(&name, threads).map_err(Failed::from)
+            }));
+        }
+        return libtest_mimic::run(args, trials).exit_code();
+    }
+    let runner = Arc::new(Runner::new(registry, engine, threads));
     for p in planned {
         let (runner, goldens) = (runner.clone(), goldens.clone());
         trials.push(Trial::test(p.name.clone(), move || {

@@ -187,7 +187,8 @@ pub struct Runner {
     reference_scores: Mutex<HashMap<String, ScoreSlot>>,
     /// Reference rows for KLD, once per process per cache key.
     reference_rows: Mutex<HashMap<String, RowsSlot>>,
-    /// Where reference caches live (`<cache>/kld-ref` by default).
+    /// Where reference caches live (`<cache>/reference` by default): KLD
+    /// reference rows (`.qgref`) and reference scores (`.jsonl` records).
     pub ref_cache_dir: PathBuf,
 }
 
@@ -217,7 +218,7 @@ impl Runner {
             threads: threads.max(1),
             reference_scores: Mutex::new(HashMap::new()),
             reference_rows: Mutex::new(HashMap::new()),
-            ref_cache_dir: crate::models::cache_dir().join("kld-ref"),
+            ref_cache_dir: crate::models::cache_dir().join("reference"),
         }
     }
 
@@ -386,20 +387,61 @@ impl Runner {
                     rplan.token_stream_sha256, plan.token_stream_sha256
                 )));
             }
+            let build = self.pool.engine().build().label();
             let key = format!(
-                "{}|{}|{}|{}",
-                rv.file.sha256, plan.token_stream_sha256, context, pp.n_batch
+                "{}|{}|{}|{}|{}|{:?}",
+                rv.file.sha256, plan.token_stream_sha256, context, pp.n_batch, build, pp.windowing
             );
             let slot = {
                 let mut m = self
                     .reference_scores
                     .lock()
                     .unwrap_or_else(|p| p.into_inner());
-                m.entry(key).or_default().clone()
+                m.entry(key.clone()).or_default().clone()
             };
             let rscored = slot
                 .get_or_init(|| {
-                    score_plan(&*rmodel, &rplan, pp.n_batch, self.threads).map(Arc::new)
+                    // Other processes (test workers, later runs) share the
+                    // scores through a reference record in the cache.
+                    let path = self
+                        .ref_cache_dir
+                        .join(format!("{}.jsonl", crate::fsutil::sha256_bytes(key.as_bytes())));
+                    if let Ok(text) = std::fs::read_to_string(&path) {
+                        match read_record(&text, &rplan) {
+                            Ok((h, scored))
+                                if h.model_sha256 == rv.file.sha256 && h.build == build =>
+                            {
+                                return Ok(Arc::new(scored))
+                            }
+                            Ok(_) => eprintln!(
+                                "quantgate: reference cache {} is for another model or build; rescoring",
+                                path.display()
+                            ),
+                            Err(e) => eprintln!(
+                                "quantgate: reference cache {} is unusable ({e}); rescoring `{ref_alias}`",
+                                path.display()
+                            ),
+                        }
+                    }
+                    let scored = score_plan(&*rmodel, &rplan, pp.n_batch, self.threads)?;
+                    let ri = rmodel.info();
+                    let header = RecordHeader {
+                        quantgate_reference_record: 1,
+                        model: ref_alias.clone(),
+                        model_sha256: rv.file.sha256.clone(),
+                        build: build.clone(),
+                        n_vocab: ri.n_vocab,
+                        tokenizer_fingerprint: ri.tokenizer_fingerprint.clone(),
+                        mode: pp.windowing.mode().to_string(),
+                        windows: rplan.windows.len(),
+                        targets: scored.token_nll.len(),
+                        token_stream_sha256: rplan.token_stream_sha256.clone(),
+                    };
+                    crate::fsutil::write_atomic(
+                        &path,
+                        record_jsonl(&header, &rplan, &scored).as_bytes(),
+                    )?;
+                    Ok(Arc::new(scored))
                 })
                 .clone()?;
             Some(rscored)

@@ -37,6 +37,8 @@ pub struct FakeSpec {
     pub nan_at: Option<(usize, usize)>,
     /// Fail `llama_decode` in this window.
     pub decode_error_in: Option<usize>,
+    /// Abort the whole process in this window, as a GGML_ASSERT does.
+    pub abort_in: Option<usize>,
     /// Tokenizer fingerprint (models of one base share it).
     pub tokenizer: &'static str,
 }
@@ -50,6 +52,7 @@ impl Default for FakeSpec {
             n_ctx_train: 4096,
             nan_at: None,
             decode_error_in: None,
+            abort_in: None,
             tokenizer: "fake-bytes-v1",
         }
     }
@@ -186,6 +189,10 @@ impl LoadedModel for FakeModel {
                     window.tokens.len(),
                     settings.n_ctx
                 )));
+            }
+            if self.spec.abort_in == Some(w) {
+                eprintln!("fake engine: GGML_ASSERT-style abort in window {w}");
+                std::process::abort();
             }
             if self.spec.decode_error_in == Some(w) {
                 return Err(self.info.file.error(format!(
