@@ -424,19 +424,8 @@ impl Runner {
                         }
                     }
                     let scored = score_plan(&*rmodel, &rplan, pp.n_batch, self.threads)?;
-                    let ri = rmodel.info();
-                    let header = RecordHeader {
-                        quantgate_reference_record: 1,
-                        model: ref_alias.clone(),
-                        model_sha256: rv.file.sha256.clone(),
-                        build: build.clone(),
-                        n_vocab: ri.n_vocab,
-                        tokenizer_fingerprint: ri.tokenizer_fingerprint.clone(),
-                        mode: pp.windowing.mode().to_string(),
-                        windows: rplan.windows.len(),
-                        targets: scored.token_nll.len(),
-                        token_stream_sha256: rplan.token_stream_sha256.clone(),
-                    };
+                    let header =
+                        record_header(ref_alias, &rv.file.sha256, &build, &*rmodel, pp, &rplan, &scored);
                     crate::fsutil::write_atomic(
                         &path,
                         record_jsonl(&header, &rplan, &scored).as_bytes(),
@@ -466,14 +455,7 @@ impl Runner {
         let ref_time = t_ref.elapsed();
         out.timings.decode += ref_time;
         if let Some(rscored) = reference {
-            let b = pp.bootstrap;
-            out.metrics.extend(paired_metrics(
-                &scored.windows,
-                &rscored.windows,
-                &scored.token_nll,
-                &rscored.token_nll,
-                (b.block, b.resamples, b.seed),
-            ));
+            add_paired(out, pp, &scored, &rscored);
         }
         out.timings.measure += t.elapsed().saturating_sub(ref_time);
         decide_prereg(prereg.as_ref(), out)
@@ -549,14 +531,7 @@ impl Runner {
         out.metrics = perplexity_metrics(&scored.windows);
         if refs.import.is_none() {
             let rscored = crate::execute::scored_from_rows(plan, &refs.rows);
-            let b = pp.bootstrap;
-            out.metrics.extend(paired_metrics(
-                &scored.windows,
-                &rscored.windows,
-                &scored.token_nll,
-                &rscored.token_nll,
-                (b.block, b.resamples, b.seed),
-            ));
+            add_paired(out, pp, &scored, &rscored);
         }
         out.metrics.extend(crate::kld::kld_metrics(&pos, &k.bins));
         let (mut window, mut position, mut target) = (Vec::new(), Vec::new(), Vec::new());
@@ -733,6 +708,43 @@ impl Runner {
     }
 }
 
+/// The header of a reference record of `scored` (`plan` on `model`).
+fn record_header(
+    alias: &str,
+    sha256: &str,
+    build: &str,
+    model: &dyn crate::engine::LoadedModel,
+    pp: &crate::case::Perplexity,
+    plan: &ScoringPlan,
+    scored: &Scored,
+) -> RecordHeader {
+    let info = model.info();
+    RecordHeader {
+        quantgate_reference_record: 1,
+        model: alias.to_string(),
+        model_sha256: sha256.to_string(),
+        build: build.to_string(),
+        n_vocab: info.n_vocab,
+        tokenizer_fingerprint: info.tokenizer_fingerprint.clone(),
+        mode: pp.windowing.mode().to_string(),
+        windows: plan.windows.len(),
+        targets: scored.token_nll.len(),
+        token_stream_sha256: plan.token_stream_sha256.clone(),
+    }
+}
+
+/// The paired metrics of a candidate against its reference's scores.
+fn add_paired(out: &mut Outcome, pp: &crate::case::Perplexity, scored: &Scored, rscored: &Scored) {
+    let b = pp.bootstrap;
+    out.metrics.extend(paired_metrics(
+        &scored.windows,
+        &rscored.windows,
+        &scored.token_nll,
+        &rscored.token_nll,
+        (b.block, b.resamples, b.seed),
+    ));
+}
+
 /// Evaluate a prereg's rule on the measured metrics.
 fn decide_prereg(
     prereg: Option<&(crate::prereg::Prereg, crate::prereg::LedgerLine)>,
@@ -770,19 +782,16 @@ impl Runner {
         let (verified, model) = self.load(alias)?;
         let plan = self.plan_for(pp, &src, &*model)?;
         let scored = score_plan(&*model, &plan, pp.n_batch, self.threads)?;
-        let info = model.info();
-        let header = RecordHeader {
-            quantgate_reference_record: 1,
-            model: alias.to_string(),
-            model_sha256: verified.file.sha256.clone(),
-            build: self.pool.engine().build().label(),
-            n_vocab: info.n_vocab,
-            tokenizer_fingerprint: info.tokenizer_fingerprint.clone(),
-            mode: pp.windowing.mode().to_string(),
-            windows: plan.windows.len(),
-            targets: scored.token_nll.len(),
-            token_stream_sha256: plan.token_stream_sha256.clone(),
-        };
+        let build = self.pool.engine().build().label();
+        let header = record_header(
+            alias,
+            &verified.file.sha256,
+            &build,
+            &*model,
+            pp,
+            &plan,
+            &scored,
+        );
         Ok(record_jsonl(&header, &plan, &scored))
     }
 

@@ -7,20 +7,13 @@
 //! again as a quantgate harness (`QG_CRASH_ROLE=harness`); that harness then
 //! re-runs it once more per model as a worker (`QUANTGATE_WORKER`).
 
+mod common;
+
 use libtest_mimic::{Arguments, Failed, Trial};
 use quantgate::engine::fake::{FakeEngine, FakeSpec};
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use std::sync::Arc;
-
-fn gguf(len: usize) -> Vec<u8> {
-    let mut v = b"GGUF".to_vec();
-    v.extend_from_slice(&3u32.to_le_bytes());
-    v.extend_from_slice(&0u64.to_le_bytes());
-    v.extend_from_slice(&0u64.to_le_bytes());
-    v.resize(len.max(24), 0);
-    v
-}
 
 fn engine() -> FakeEngine {
     FakeEngine::new().with(
@@ -33,19 +26,7 @@ fn engine() -> FakeEngine {
 }
 
 fn fixture(tag: &str) -> PathBuf {
-    let root = std::env::temp_dir().join(format!("qg-crash-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
-    std::fs::create_dir_all(root.join("suites")).unwrap();
-    let mut reg = String::new();
-    for (alias, len) in [("crashy", 100), ("stable", 101)] {
-        let g = gguf(len);
-        std::fs::write(root.join(format!("suites/{alias}.gguf")), &g).unwrap();
-        reg.push_str(&format!(
-            "[{alias}]\nsha256 = \"{}\"\npath = \"{alias}.gguf\"\n",
-            quantgate::fsutil::sha256_bytes(&g)
-        ));
-    }
-    std::fs::write(root.join("suites/models.toml"), reg).unwrap();
+    let root = common::fake_root(&format!("crash-{tag}"), &[("crashy", 100), ("stable", 101)]);
     let text: String = (0..300)
         .map(|i| char::from(b'a' + (i % 26) as u8))
         .collect();

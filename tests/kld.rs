@@ -4,19 +4,12 @@
 //! when the model is available); a candidate with another tokenizer; and
 //! every bad `.kld` import. Real rows: tests/kld_real.rs.
 
+mod common;
+
 use quantgate::engine::fake::{FakeEngine, FakeSpec, BOS, N_VOCAB};
 use quantgate::runner::{plan, Outcome, Runner, Status};
 use std::path::PathBuf;
 use std::sync::Arc;
-
-fn gguf(len: usize) -> Vec<u8> {
-    let mut v = b"GGUF".to_vec();
-    v.extend_from_slice(&3u32.to_le_bytes());
-    v.extend_from_slice(&0u64.to_le_bytes());
-    v.extend_from_slice(&0u64.to_le_bytes());
-    v.resize(len.max(24), 0);
-    v
-}
 
 const N_CTX: usize = 64;
 const CHUNKS: usize = 6;
@@ -34,19 +27,10 @@ struct Fx {
 
 impl Fx {
     fn new(tag: &str, case_extra: &str) -> Fx {
-        let root = std::env::temp_dir().join(format!("qg-kld-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        std::fs::create_dir_all(root.join("suites")).unwrap();
-        let mut reg = String::new();
-        for (alias, len) in [("ref", 100), ("cand", 101), ("other", 102)] {
-            let g = gguf(len);
-            std::fs::write(root.join(format!("suites/{alias}.gguf")), &g).unwrap();
-            reg.push_str(&format!(
-                "[{alias}]\nsha256 = \"{}\"\npath = \"{alias}.gguf\"\n",
-                quantgate::fsutil::sha256_bytes(&g)
-            ));
-        }
-        std::fs::write(root.join("suites/models.toml"), reg).unwrap();
+        let root = common::fake_root(
+            &format!("kld-{tag}"),
+            &[("ref", 100), ("cand", 101), ("other", 102)],
+        );
         let t = text();
         std::fs::write(root.join("suites/t.txt"), &t).unwrap();
         std::fs::write(

@@ -348,26 +348,15 @@ fn kld_equals_llama_perplexity_kl_divergence() {
     assert_eq!(exact["approx_positions"], 0.0);
     // On the tool's own base file: its numbers, to the printed digits (the
     // candidate side differs only by the tool's float arithmetic).
-    assert!(
-        same_printed(imported["kld_mean"], tool_kld, 5),
-        "{}",
-        imported["kld_mean"]
-    );
-    assert!(
-        same_printed(imported["kld_p99"], tool_p99, 5),
-        "{}",
-        imported["kld_p99"]
-    );
-    assert!(
-        same_printed(imported["same_top"], tool_same, 5),
-        "{}",
-        imported["same_top"]
-    );
-    assert!(
-        same_printed(imported["dp_mean"], tool_dp, 5),
-        "{}",
-        imported["dp_mean"]
-    );
+    for (metric, printed) in [
+        ("kld_mean", tool_kld),
+        ("kld_p99", tool_p99),
+        ("same_top", tool_same),
+        ("dp_mean", tool_dp),
+    ] {
+        let v = imported[metric];
+        assert!(same_printed(v, printed, 5), "{metric}: {v} vs {printed}");
+    }
     // Exact vs 16-bit: the tool's floor at −16 drops a little of every row.
     assert!(
         (exact["kld_mean"] - tool_kld).abs() < 2e-4,

@@ -2,6 +2,8 @@
 //! case, bad preregs, window counts, rule boundaries, git ordering (in a
 //! temporary repository) and the report. Each failure must name the file.
 
+mod common;
+
 use quantgate::engine::fake::{FakeEngine, FakeSpec};
 use quantgate::golden::{Goldens, UpdateMode};
 use quantgate::harness::run_trial;
@@ -11,16 +13,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
-
-/// A GGUF v3 header with no tensors, padded to `len` bytes (sizes differ).
-fn gguf(len: usize) -> Vec<u8> {
-    let mut v = b"GGUF".to_vec();
-    v.extend_from_slice(&3u32.to_le_bytes());
-    v.extend_from_slice(&0u64.to_le_bytes());
-    v.extend_from_slice(&0u64.to_le_bytes());
-    v.resize(len.max(24), 0);
-    v
-}
 
 const RULE: &str = "rule = { win = \"ci95_hi < 0\", loss = \"ci95_lo > 0\" }\n";
 
@@ -40,20 +32,11 @@ impl Fx {
     /// suites/ with models `worse` (smaller file), `better`, `huge` (larger);
     /// a case `NAME` per (name, candidate, baseline, chunks).
     fn new(tag: &str, cases: &[(&str, &str, &str, usize)]) -> Fx {
-        let root = std::env::temp_dir().join(format!("qg-prereg-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        std::fs::create_dir_all(root.join("suites")).unwrap();
+        let root = common::fake_root(
+            &format!("prereg-{tag}"),
+            &[("worse", 100), ("better", 200), ("huge", 300)],
+        );
         std::fs::create_dir_all(root.join("prereg")).unwrap();
-        let mut reg = String::new();
-        for (alias, len) in [("worse", 100), ("better", 200), ("huge", 300)] {
-            let g = gguf(len);
-            std::fs::write(root.join(format!("suites/{alias}.gguf")), &g).unwrap();
-            reg.push_str(&format!(
-                "[{alias}]\nsha256 = \"{}\"\nbytes = {len}\npath = \"{alias}.gguf\"\n",
-                quantgate::fsutil::sha256_bytes(&g)
-            ));
-        }
-        std::fs::write(root.join("suites/models.toml"), reg).unwrap();
         // 200 bytes: three chunks of 64.
         let text: String = (0..200)
             .map(|i| char::from(b'a' + (i * 7 % 26) as u8))

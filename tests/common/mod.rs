@@ -1,0 +1,33 @@
+//! Fixtures shared by the fake-engine tests.
+
+use std::path::PathBuf;
+
+/// A GGUF v3 header with no tensors, padded to `len` bytes (so files differ
+/// in size and sha256). The fake engine never reads it; the preflight does.
+pub fn gguf(len: usize) -> Vec<u8> {
+    let mut v = b"GGUF".to_vec();
+    v.extend_from_slice(&3u32.to_le_bytes());
+    v.extend_from_slice(&0u64.to_le_bytes());
+    v.extend_from_slice(&0u64.to_le_bytes());
+    v.resize(len.max(24), 0);
+    v
+}
+
+/// A fresh `<tmp>/qg-<tag>-<pid>/` whose `suites/models.toml` registers one
+/// fake GGUF of `bytes` bytes per `(alias, bytes)`, pinned by sha256 and size.
+pub fn fake_root(tag: &str, models: &[(&str, usize)]) -> PathBuf {
+    let root = std::env::temp_dir().join(format!("qg-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(root.join("suites")).unwrap();
+    let mut reg = String::new();
+    for &(alias, len) in models {
+        let g = gguf(len);
+        std::fs::write(root.join(format!("suites/{alias}.gguf")), &g).unwrap();
+        reg.push_str(&format!(
+            "[{alias}]\nsha256 = \"{}\"\nbytes = {len}\npath = \"{alias}.gguf\"\n",
+            quantgate::fsutil::sha256_bytes(&g)
+        ));
+    }
+    std::fs::write(root.join("suites/models.toml"), reg).unwrap();
+    root
+}
