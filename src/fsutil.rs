@@ -67,6 +67,38 @@ pub fn commit_temp(tmp: &Path, dest: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Remove temp files ([`temp_path`] names) under `dir` whose writing
+/// process is gone: what an interrupted run left behind. A live process's
+/// temp files (another test worker's) are kept. Returns how many went.
+pub fn clean_stale_temps(dir: &Path) -> usize {
+    let mut removed = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = fs::read_dir(&d) else { continue };
+        for e in rd.flatten() {
+            let path = e.path();
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(path);
+                continue;
+            }
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !(name.starts_with('.') && name.contains(".tmp-")) {
+                continue;
+            }
+            let pid: Option<u32> = name
+                .rsplit(".tmp-")
+                .next()
+                .and_then(|s| s.split('-').next())
+                .and_then(|s| s.parse().ok());
+            let alive = pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
+            if !alive && fs::remove_file(&path).is_ok() {
+                removed += 1;
+            }
+        }
+    }
+    removed
+}
+
 /// Write `bytes` to `dest` atomically.
 pub fn write_atomic(dest: &Path, bytes: &[u8]) -> Result<()> {
     if let Some(dir) = dest.parent() {

@@ -37,6 +37,12 @@ pub fn run_suites(suites: &Path, goldens: &Path, engine: Arc<dyn Engine>) -> Exi
         return worker(suites, goldens, engine, &alias.to_string_lossy());
     }
     let args = Arguments::from_args();
+    // What an interrupted run left: temp files of processes that are gone.
+    crate::models::clean_stale_temps();
+    crate::fsutil::clean_stale_temps(goldens);
+    if let Some(dir) = std::env::var_os("QUANTGATE_OUT").filter(|d| !d.is_empty()) {
+        crate::fsutil::clean_stale_temps(Path::new(&dir));
+    }
     run_with_args(suites, goldens, engine, &args)
 }
 

@@ -149,6 +149,9 @@ fn main() -> ExitCode {
                 Arc::new(LlamaEngine::new()),
                 threads.unwrap_or_else(|| threads_per_trial(1)),
             );
+            if let Some(dir) = &out {
+                quantgate::fsutil::clean_stale_temps(dir);
+            }
             let mut outcomes = Vec::new();
             let mut write_failed = false;
             for p in &planned {

@@ -467,23 +467,7 @@ fn derive(
 
 /// Remove temp files left by an interrupted fetch or derive.
 pub fn clean_stale_temps() {
-    for sub in ["models", "derived"] {
-        let dir = cache_dir().join(sub);
-        if let Ok(rd) = fs::read_dir(&dir) {
-            for e in rd.flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                if name.starts_with('.') && name.contains(".tmp-") {
-                    let pid: Option<u32> = name
-                        .rsplit(".tmp-")
-                        .next()
-                        .and_then(|s| s.split('-').next())
-                        .and_then(|s| s.parse().ok());
-                    let alive = pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
-                    if !alive {
-                        let _ = fs::remove_file(e.path());
-                    }
-                }
-            }
-        }
+    for sub in ["models", "derived", "reference"] {
+        fsutil::clean_stale_temps(&cache_dir().join(sub));
     }
 }

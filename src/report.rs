@@ -73,7 +73,15 @@ pub fn table(outcomes: &[Outcome]) -> String {
         }
     }
     let pass = outcomes.iter().filter(|o| o.status == Status::Pass).count();
-    let _ = writeln!(s, "\n{pass} passed, {} failed", outcomes.len() - pass);
+    let errors = outcomes
+        .iter()
+        .filter(|o| o.status == Status::Error)
+        .count();
+    let _ = writeln!(
+        s,
+        "\n{pass} passed, {} failed, {errors} errors (cases that could not run)",
+        outcomes.len() - pass - errors
+    );
     s
 }
 

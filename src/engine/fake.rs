@@ -39,6 +39,8 @@ pub struct FakeSpec {
     pub decode_error_in: Option<usize>,
     /// Abort the whole process in this window, as a GGML_ASSERT does.
     pub abort_in: Option<usize>,
+    /// Sleep this long per window (a slow model, for interruption tests).
+    pub sleep_ms: u64,
     /// Tokenizer fingerprint (models of one base share it).
     pub tokenizer: &'static str,
 }
@@ -53,6 +55,7 @@ impl Default for FakeSpec {
             nan_at: None,
             decode_error_in: None,
             abort_in: None,
+            sleep_ms: 0,
             tokenizer: "fake-bytes-v1",
         }
     }
@@ -189,6 +192,9 @@ impl LoadedModel for FakeModel {
                     window.tokens.len(),
                     settings.n_ctx
                 )));
+            }
+            if self.spec.sleep_ms > 0 {
+                std::thread::sleep(std::time::Duration::from_millis(self.spec.sleep_ms));
             }
             if self.spec.abort_in == Some(w) {
                 eprintln!("fake engine: GGML_ASSERT-style abort in window {w}");

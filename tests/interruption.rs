@@ -1,0 +1,296 @@
+//! Interruptions and write failures never leave a half-written file under a
+//! final name, and never lose a previous one:
+//! - SIGINT and SIGKILL to a whole `cargo test`-style run (harness and its
+//!   workers) in the middle of rewriting goldens: every golden is whole
+//!   afterwards, the old one or the new one; temp files of dead processes
+//!   are removed by the next run;
+//! - a reference-cache or Parquet write that hits the file-size limit
+//!   (`ulimit -f`: EFBIG, as a full disk gives ENOSPC): an error naming the
+//!   file, no file, no temp file.
+//!
+//! One executable, several roles (`QG_ROLE`): the libtest-mimic tests, the
+//! quantgate harness under test, its workers, and the Parquet writer.
+
+mod common;
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use quantgate::engine::fake::{FakeEngine, FakeSpec};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn engine() -> FakeEngine {
+    let confidence: f32 = std::env::var("QG_CONFIDENCE")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(4.0);
+    let spec = FakeSpec {
+        confidence,
+        sleep_ms: 60,
+        ..FakeSpec::default()
+    };
+    FakeEngine::new()
+        .with("m1", spec.clone())
+        .with("m2", spec.clone())
+        .with("ref", FakeSpec::default())
+}
+
+const N_CASES: usize = 6;
+
+fn fixture(tag: &str) -> PathBuf {
+    let root = common::fake_root(
+        &format!("interrupt-{tag}"),
+        &[("m1", 100), ("m2", 101), ("ref", 102)],
+    );
+    let text: String = (0..400)
+        .map(|i| char::from(b'a' + (i * 7 % 26) as u8))
+        .collect();
+    std::fs::write(root.join("suites/t.txt"), &text).unwrap();
+    let sha = quantgate::fsutil::sha256_bytes(text.as_bytes());
+    for c in 0..N_CASES {
+        std::fs::write(
+            root.join(format!("suites/c{c}.toml")),
+            format!(
+                "kind = \"perplexity\"\nmodels = [\"m1\", \"m2\"]\n[text]\npath = \"t.txt\"\nsha256 = \"{sha}\"\n\
+                 [window]\nmode = \"llama-perplexity\"\nn_ctx = 64\nchunks = {}\n",
+                2 + c % 3
+            ),
+        )
+        .unwrap();
+    }
+    root
+}
+
+/// The harness role on `root`, in its own process group.
+fn harness(root: &Path, confidence: &str, update: &str) -> Command {
+    use std::os::unix::process::CommandExt;
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.env("QG_ROLE", "harness")
+        .env("QG_ROOT", root)
+        .env("QG_CONFIDENCE", confidence)
+        .env("QUANTGATE_UPDATE", update)
+        .env_remove("CI")
+        .env_remove("NEXTEST")
+        .env_remove("QUANTGATE_ISOLATION")
+        .args(["--test-threads", "2", "--color", "never"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0);
+    c
+}
+
+/// Every file under `dir`, with its bytes.
+fn tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            if e.path().is_dir() {
+                stack.push(e.path());
+            } else {
+                out.push((e.path(), std::fs::read(e.path()).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn fail(msg: String) -> Failed {
+    Failed::from(msg)
+}
+
+fn interrupted_runs_leave_every_golden_whole() -> Result<(), Failed> {
+    let root = fixture("signals");
+    let goldens = root.join("goldens");
+    // A complete first run records the goldens.
+    let st = harness(&root, "4.0", "always").status().unwrap();
+    if !st.success() {
+        return Err(fail(format!("first run failed: {st}")));
+    }
+    let old = tree(&goldens);
+    if old.len() != 2 * N_CASES {
+        return Err(fail(format!("{} goldens, want {}", old.len(), 2 * N_CASES)));
+    }
+    // Runs that would rewrite every golden (another model behaviour), cut
+    // by SIGINT then by SIGKILL to the whole process group mid-way.
+    for (signal, after_ms) in [("-INT", 500), ("-KILL", 900), ("-INT", 1300)] {
+        let mut child = harness(&root, "2.5", "always").spawn().unwrap();
+        std::thread::sleep(Duration::from_millis(after_ms));
+        let pgid = child.id();
+        Command::new("kill")
+            .args([signal, "--", &format!("-{pgid}")])
+            .status()
+            .unwrap();
+        let _ = child.wait();
+        // Workers of a killed harness see their stdin close and exit.
+        std::thread::sleep(Duration::from_millis(300));
+        for (path, bytes) in tree(&goldens) {
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            if name.contains(".tmp-") {
+                continue; // a temp file of a killed writer: never a golden
+            }
+            let text = String::from_utf8(bytes.clone())
+                .map_err(|_| fail(format!("{}: not UTF-8 after {signal}", path.display())))?;
+            quantgate::golden::parse(&text).map_err(|e| {
+                fail(format!(
+                    "{}: half-written after {signal}: {e}",
+                    path.display()
+                ))
+            })?;
+            if !name.ends_with(".snap") {
+                return Err(fail(format!("unexpected file {}", path.display())));
+            }
+        }
+    }
+    // A stale temp file of a process that is gone, as SIGKILL mid-write
+    // leaves; the next run removes it (and any real one).
+    let stale = goldens.join("c0/.m1.snap.tmp-999999999-0");
+    std::fs::write(&stale, "half").unwrap();
+    let st = harness(&root, "4.0", "always").status().unwrap();
+    if !st.success() {
+        return Err(fail(format!(
+            "the run after the interruptions failed: {st}"
+        )));
+    }
+    let after = tree(&goldens);
+    if let Some((p, _)) = after
+        .iter()
+        .find(|(p, _)| p.to_string_lossy().contains(".tmp-"))
+    {
+        return Err(fail(format!("stale temp file left: {}", p.display())));
+    }
+    // Back on the first behaviour, the goldens are byte for byte the first run's.
+    if after != old {
+        return Err(fail("goldens differ from the first complete run".into()));
+    }
+    let _ = std::fs::remove_dir_all(&root);
+    Ok(())
+}
+
+fn writes_hitting_the_size_limit_leave_nothing() -> Result<(), Failed> {
+    let root = fixture("fsize");
+    // `ulimit -f 4`: files may not grow past 4 KiB; SIGXFSZ ignored, so a
+    // write fails with EFBIG instead of killing the process.
+    let run = |limited: bool, skip_parquet: bool| {
+        let mut c = Command::new("bash");
+        let script = if limited {
+            "ulimit -f 4; trap '' XFSZ; exec \"$0\""
+        } else {
+            "exec \"$0\""
+        };
+        c.args([
+            "-c",
+            script,
+            &std::env::current_exe().unwrap().display().to_string(),
+        ])
+        .env("QG_ROLE", "parquet")
+        .env("QG_ROOT", &root);
+        if skip_parquet {
+            c.env("QG_SKIP_WRITE", "1");
+        }
+        let out = c.output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+    };
+    let no_files = |dir: &str, log: &str| -> Result<(), Failed> {
+        let left = tree(&root.join(dir));
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(fail(format!(
+                "files left in {dir} after a failed write: {:?}\n{log}",
+                left.iter().map(|(p, _)| p).collect::<Vec<_>>()
+            )))
+        }
+    };
+    // 1. The reference cache cannot be written: the case errors, naming it.
+    let log = run(true, false);
+    if !log.contains("case failed") || !log.contains(".qgref") || !log.contains("File too large") {
+        return Err(fail(format!(
+            "the cache write must fail naming the file:\n{log}"
+        )));
+    }
+    no_files("cache", &log)?;
+    no_files("out", &log)?;
+    // 2. With the cache built, the Parquet file cannot be written.
+    let log = run(false, true);
+    if !log.contains("skipped the write") {
+        return Err(fail(format!("warming the cache failed:\n{log}")));
+    }
+    let log = run(true, false);
+    if !log.contains("write failed:") || !log.contains("m1.parquet") {
+        return Err(fail(format!(
+            "the Parquet write must fail naming the file:\n{log}"
+        )));
+    }
+    no_files("out", &log)?;
+    let _ = std::fs::remove_dir_all(&root);
+    Ok(())
+}
+
+/// Role `parquet`: run a kld case on the fake engine and write its rows.
+fn parquet_role(root: &Path) -> ExitCode {
+    let text = std::fs::read_to_string(root.join("suites/t.txt")).unwrap();
+    std::fs::write(
+        root.join("suites/k.toml"),
+        format!(
+            "kind = \"kld\"\nmodels = [\"m1\"]\nreference = \"ref\"\n[text]\npath = \"t.txt\"\nsha256 = \"{}\"\n\
+             [window]\nmode = \"llama-perplexity\"\nn_ctx = 64\nchunks = 6\n",
+            quantgate::fsutil::sha256_bytes(text.as_bytes())
+        ),
+    )
+    .unwrap();
+    let (registry, planned) =
+        quantgate::runner::plan(&root.join("suites"), &["k.toml".into()], &[]).unwrap();
+    let mut runner = quantgate::runner::Runner::new(registry, Arc::new(engine()), 1);
+    runner.ref_cache_dir = root.join("cache");
+    let o = runner.run(&planned[0]);
+    if o.status != quantgate::runner::Status::Pass {
+        println!("case failed: {:?}", o.error);
+        return ExitCode::from(3);
+    }
+    if std::env::var_os("QG_SKIP_WRITE").is_some() {
+        println!("skipped the write");
+        return ExitCode::SUCCESS;
+    }
+    match quantgate::report::write_parquet(&root.join("out"), &o) {
+        Ok(()) => {
+            println!("write succeeded");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            println!("write failed: {}", e.message);
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    match std::env::var("QG_ROLE").as_deref() {
+        Ok("harness") => {
+            let root = PathBuf::from(std::env::var_os("QG_ROOT").unwrap());
+            return quantgate::harness::run_suites(
+                &root.join("suites"),
+                &root.join("goldens"),
+                Arc::new(engine()),
+            );
+        }
+        Ok("parquet") => {
+            return parquet_role(&PathBuf::from(std::env::var_os("QG_ROOT").unwrap()));
+        }
+        _ => {}
+    }
+    let args = Arguments::from_args();
+    let trials = vec![
+        Trial::test(
+            "interrupted_runs_leave_every_golden_whole",
+            interrupted_runs_leave_every_golden_whole,
+        ),
+        Trial::test(
+            "writes_hitting_the_size_limit_leave_nothing",
+            writes_hitting_the_size_limit_leave_nothing,
+        ),
+    ];
+    libtest_mimic::run(&args, trials).exit_code()
+}
