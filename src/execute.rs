@@ -180,7 +180,7 @@ pub fn parse_token_ids(src: &str) -> std::result::Result<Vec<TokenId>, String> {
 }
 
 /// Time per stage, for `--timings`.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, serde::Deserialize)]
 pub struct StageTimings {
     /// Fetch/derive and sha256 check.
     pub prepare: Duration,

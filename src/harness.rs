@@ -39,6 +39,7 @@ pub fn run_suites(suites: &Path, goldens: &Path, engine: Arc<dyn Engine>) -> Exi
     let args = Arguments::from_args();
     // What an interrupted run left: temp files of processes that are gone.
     crate::models::clean_stale_temps();
+    crate::fsutil::clean_stale_temps(&crate::models::cache_dir().join("results"));
     crate::fsutil::clean_stale_temps(goldens);
     if let Some(dir) = std::env::var_os("QUANTGATE_OUT").filter(|d| !d.is_empty()) {
         crate::fsutil::clean_stale_temps(Path::new(&dir));
@@ -319,6 +320,85 @@ pub fn run_with_args(
     libtest_mimic::run(args, trials).exit_code()
 }
 
+/// The result cache key of a trial: this executable, the case's bytes (its
+/// pins cover texts, token files and reference files), the model's and the
+/// reference's pinned sha256, the engine and the threads. None when the
+/// trial must always run: a preregistered case (its verification reads git),
+/// Parquet output requested, an unpinned model, or
+/// `QUANTGATE_RESULT_CACHE=off`.
+fn result_key(runner: &Runner, p: &Planned) -> Option<String> {
+    static EXE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let case = p.case.as_ref().ok()?;
+    if case.prereg.is_some()
+        || std::env::var_os("QUANTGATE_OUT").is_some_and(|d| !d.is_empty())
+        || std::env::var("QUANTGATE_RESULT_CACHE").is_ok_and(|v| v == "off")
+    {
+        return None;
+    }
+    let exe = EXE
+        .get_or_init(|| {
+            let exe = std::env::current_exe().ok()?;
+            crate::fsutil::sha256_file(&exe, |_| {})
+                .ok()
+                .map(|(s, _)| s)
+        })
+        .clone()?;
+    let pinned = |alias: &str| runner.registry.entry(alias).ok()?.sha256.clone();
+    let model = pinned(&p.model)?;
+    let crate::case::Spec::Perplexity(pp) = &case.spec;
+    let reference = match &pp.reference {
+        Some((r, _)) => format!("{r}={}", pinned(r)?),
+        None => String::new(),
+    };
+    Some(crate::fsutil::sha256_bytes(
+        format!(
+            "{exe}|{}|{}|{}={model}|{reference}|{}|{}",
+            case.name,
+            case.content_sha256,
+            p.model,
+            runner.pool.engine().identity(),
+            runner.threads
+        )
+        .as_bytes(),
+    ))
+}
+
+/// The trial's outcome: from the result cache when a complete run of the
+/// same inputs is recorded there (after checking the model files still
+/// match their pins), else run and, unless it errored, recorded.
+fn outcome_of(runner: &Runner, p: &Planned) -> crate::runner::Outcome {
+    let Some(key) = result_key(runner, p) else {
+        return runner.run(p);
+    };
+    let path = crate::models::cache_dir()
+        .join("results")
+        .join(format!("{key}.json"));
+    let cached = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|t| serde_json::from_str::<crate::runner::Outcome>(&t).ok())
+        .filter(|o| o.case == p.name.split("::").next().unwrap_or_default() && o.model == p.model);
+    if let Some(o) = cached {
+        // A changed input is never answered from the cache: it runs (and
+        // reports the mismatch).
+        if runner.verify_inputs(p).is_ok() {
+            eprintln!(
+                "quantgate: {}: result from the result cache ({})",
+                p.name,
+                path.display()
+            );
+            return o;
+        }
+    }
+    let o = runner.run(p);
+    if o.status != crate::runner::Status::Error {
+        if let Ok(json) = serde_json::to_string(&o) {
+            // Best effort: a result that cannot be cached is still a result.
+            let _ = crate::fsutil::write_atomic(&path, json.as_bytes());
+        }
+    }
+    o
+}
+
 /// Run one trial: gates, errors and the golden, all reported together.
 pub fn run_trial(
     runner: &Runner,
@@ -326,7 +406,7 @@ pub fn run_trial(
     goldens: &Goldens,
     mode: UpdateMode,
 ) -> Result<(), String> {
-    let outcome = runner.run(p);
+    let outcome = outcome_of(runner, p);
     let mut messages: Vec<String> = outcome.failure_message().into_iter().collect();
     // Per-position rows, when asked for (`QUANTGATE_OUT=DIR`).
     if let Some(dir) = std::env::var_os("QUANTGATE_OUT").filter(|d| !d.is_empty()) {

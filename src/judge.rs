@@ -8,13 +8,13 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 
 /// One gate's verdict.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct GateResult {
     /// Metric name, with the selected bound (`delta_nll_mean.ci95_hi`) when
     /// the gate has `on`.
     pub metric: String,
     /// `max` or `min`.
-    pub bound: &'static str,
+    pub bound: String,
     /// The threshold.
     pub threshold: f64,
     /// The measured value (None when missing).
@@ -80,7 +80,7 @@ pub fn judge(gates: &[Gate], metrics: &BTreeMap<String, f64>) -> Vec<GateResult>
             });
             out.push(GateResult {
                 metric: label.clone(),
-                bound,
+                bound: bound.to_string(),
                 threshold,
                 observed,
                 passed,

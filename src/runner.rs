@@ -89,7 +89,7 @@ pub fn plan(
 }
 
 /// pass, fail (a gate was violated) or error (the case could not run).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Status {
     /// All gates held.
@@ -101,7 +101,7 @@ pub enum Status {
 }
 
 /// The result of one trial; also one JSON object of `--json`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Outcome {
     /// Case name.
     pub case: String,
@@ -130,7 +130,9 @@ pub struct Outcome {
     pub build: EngineBuild,
     /// Time per stage.
     pub timings: StageTimings,
-    /// The decision of a preregistered comparison.
+    /// The decision of a preregistered comparison (never read back from the
+    /// result cache: preregistered cases always run).
+    #[serde(skip_deserializing)]
     pub prereg: Option<crate::prereg::Decision>,
     /// Per-position KLD rows (kld cases), for the Parquet output.
     #[serde(skip)]
@@ -234,6 +236,26 @@ impl Runner {
             &self.pool.engine().build().label(),
             &quantize,
         )
+    }
+
+    /// Check every input of a trial still matches its pin (the case's text
+    /// or token file, reference record or `.kld`, the model and reference
+    /// files) without running anything: what a cached result relies on.
+    pub fn verify_inputs(&self, p: &Planned) -> Result<()> {
+        let case = p.case.as_ref().map_err(|e| e.clone())?;
+        let Spec::Perplexity(pp) = &case.spec;
+        read_source(pp)?;
+        if let Some(rec) = &pp.reference_record {
+            read_pinned_bytes(&rec.path, "reference_record", &rec.sha256, &rec.at)?;
+        }
+        if let Some(rec) = pp.kld.as_ref().and_then(|k| k.import.as_ref()) {
+            read_pinned_bytes(&rec.path, "reference_kld", &rec.sha256, &rec.at)?;
+        }
+        self.prepare(&p.model)?;
+        if let Some((r, _)) = &pp.reference {
+            self.prepare(r)?;
+        }
+        Ok(())
     }
 
     /// Run one planned trial.

@@ -8,6 +8,9 @@
 //!   (`ulimit -f`: EFBIG, as a full disk gives ENOSPC): an error naming the
 //!   file, no file, no temp file.
 //!
+//! - a run killed mid-way resumes from the result cache: completed trials
+//!   are taken from it, the rest run; a changed input never is.
+//!
 //! One executable, several roles (`QG_ROLE`): the libtest-mimic tests, the
 //! quantgate harness under test, its workers, and the Parquet writer.
 
@@ -70,6 +73,7 @@ fn harness(root: &Path, confidence: &str, update: &str) -> Command {
         .env("QG_ROOT", root)
         .env("QG_CONFIDENCE", confidence)
         .env("QUANTGATE_UPDATE", update)
+        .env("QUANTGATE_CACHE", root.join("qgcache"))
         .env_remove("CI")
         .env_remove("NEXTEST")
         .env_remove("QUANTGATE_ISOLATION")
@@ -229,6 +233,74 @@ fn writes_hitting_the_size_limit_leave_nothing() -> Result<(), Failed> {
     Ok(())
 }
 
+fn a_killed_run_resumes_from_the_result_cache() -> Result<(), Failed> {
+    let root = fixture("resume");
+    let results = root.join("qgcache/results");
+    let count = || {
+        tree(&results)
+            .iter()
+            .filter(|(p, _)| p.extension().is_some_and(|e| e == "json"))
+            .count()
+    };
+    let mut child = harness(&root, "4.0", "always").spawn().unwrap();
+    // Kill it once two results are recorded (polling: machines differ).
+    let start = std::time::Instant::now();
+    while count() < 2 && start.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Command::new("kill")
+        .args(["-KILL", "--", &format!("-{}", child.id())])
+        .status()
+        .unwrap();
+    let _ = child.wait();
+    std::thread::sleep(Duration::from_millis(300));
+    let done = count();
+    if done == 0 || done >= 2 * N_CASES {
+        return Err(fail(format!(
+            "{done} results recorded before the kill: not mid-run"
+        )));
+    }
+    let resume = |what: &str| -> Result<usize, Failed> {
+        let out = harness(&root, "4.0", "always")
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&out.stderr).into_owned();
+        if !out.status.success() {
+            return Err(fail(format!("{what} failed:\n{log}")));
+        }
+        Ok(log.matches("result from the result cache").count())
+    };
+    // The rerun takes every recorded result and runs only the rest.
+    let reused = resume("the resumed run")?;
+    if reused != done {
+        return Err(fail(format!(
+            "resumed {reused} results, {done} were recorded"
+        )));
+    }
+    if count() != 2 * N_CASES || resume("a third run")? != 2 * N_CASES {
+        return Err(fail("a complete run is recorded whole".into()));
+    }
+    // A changed input is never answered from the cache: the text no longer
+    // matches its pin, so every case errors.
+    let text = root.join("suites/t.txt");
+    let mut t = std::fs::read_to_string(&text).unwrap();
+    t.push('!');
+    std::fs::write(&text, t).unwrap();
+    let out = harness(&root, "4.0", "always")
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() || log.contains("result from the result cache") {
+        return Err(fail(format!(
+            "a changed text must not pass from the cache:\n{log}"
+        )));
+    }
+    let _ = std::fs::remove_dir_all(&root);
+    Ok(())
+}
+
 /// Role `parquet`: run a kld case on the fake engine and write its rows.
 fn parquet_role(root: &Path) -> ExitCode {
     let text = std::fs::read_to_string(root.join("suites/t.txt")).unwrap();
@@ -286,6 +358,10 @@ fn main() -> ExitCode {
         Trial::test(
             "interrupted_runs_leave_every_golden_whole",
             interrupted_runs_leave_every_golden_whole,
+        ),
+        Trial::test(
+            "a_killed_run_resumes_from_the_result_cache",
+            a_killed_run_resumes_from_the_result_cache,
         ),
         Trial::test(
             "writes_hitting_the_size_limit_leave_nothing",

@@ -111,6 +111,16 @@ impl Engine for FakeEngine {
         }))
     }
 
+    fn identity(&self) -> String {
+        let mut specs: Vec<String> = self
+            .specs
+            .iter()
+            .map(|(a, s)| format!("{a}={s:?}"))
+            .collect();
+        specs.sort();
+        format!("{} {}", self.build().label(), specs.join(" "))
+    }
+
     fn build(&self) -> EngineBuild {
         EngineBuild {
             engine: "fake".into(),

@@ -83,7 +83,7 @@ pub struct ModelInfo {
 }
 
 /// Engine settings that change numbers; recorded with every result.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 pub struct Settings {
     /// CPU threads for decoding.
     pub threads: u32,
@@ -94,7 +94,7 @@ pub struct Settings {
     /// Flash attention; pinned off (`auto` turns it on for CPU).
     pub flash_attn: bool,
     /// KV cache element type.
-    pub kv_type: &'static str,
+    pub kv_type: String,
 }
 
 impl Settings {
@@ -105,7 +105,7 @@ impl Settings {
             n_ctx,
             n_batch: 512.min(n_ctx.max(1)),
             flash_attn: false,
-            kv_type: "f16",
+            kv_type: "f16".into(),
         }
     }
 }
@@ -129,7 +129,7 @@ pub struct EngineTimings {
 }
 
 /// The build that produced the numbers.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct EngineBuild {
     /// Engine name (`llama.cpp` or `fake`).
     pub engine: String,
@@ -193,6 +193,11 @@ pub trait Engine: Send + Sync {
     fn load(&self, file: &ModelFile) -> Result<Arc<dyn LoadedModel>>;
     /// What build produces the numbers.
     fn build(&self) -> EngineBuild;
+    /// Everything about this engine that changes results, for cache keys
+    /// (the build label; a fake engine adds its models' behaviour).
+    fn identity(&self) -> String {
+        self.build().label()
+    }
     /// Derive a quantized file (`quant` as `llama-quantize` names it).
     fn quantize(
         &self,
