@@ -99,10 +99,14 @@ fn worker(suites: &Path, goldens: &Path, engine: Arc<dyn Engine>, alias: &str) -
     for line in stdin.lock().lines() {
         let Ok(name) = line else { break };
         let result = match planned.iter().find(|p| p.name == name) {
-            Some(p) => run_trial(&runner, p, &goldens, mode),
-            None => Err(format!("worker `{alias}`: no planned test `{name}`")),
+            Some(p) => trial_result(&runner, p, &goldens, mode),
+            None => (
+                Err(format!("worker `{alias}`: no planned test `{name}`")),
+                true,
+            ),
         };
-        let reply = serde_json::json!({ "name": name, "error": result.err() });
+        let (result, errored) = result;
+        let reply = serde_json::json!({ "name": name, "error": result.err(), "errored": errored });
         if writeln!(out, "{RESULT}{reply}")
             .and_then(|()| out.flush())
             .is_err()
@@ -123,7 +127,19 @@ struct Worker {
 }
 
 impl Worker {
-    fn run(&mut self, name: &str, threads: u32) -> Result<(), String> {
+    /// The trial's result, and whether it errored (a dead worker does).
+    fn run(&mut self, name: &str, threads: u32) -> (Result<(), String>, bool) {
+        match self.run_inner(name, threads) {
+            Ok((r, errored)) => (r, errored),
+            Err(e) => (Err(e), true),
+        }
+    }
+
+    fn run_inner(
+        &mut self,
+        name: &str,
+        threads: u32,
+    ) -> Result<(Result<(), String>, bool), String> {
         if let Some(why) = &self.dead {
             return Err(format!("not run: {why}"));
         }
@@ -175,10 +191,11 @@ impl Worker {
                         v["name"]
                     ));
                 }
+                let errored = v["errored"].as_bool() != Some(false);
                 return match v["error"].as_str() {
-                    None if v["error"].is_null() => Ok(()),
+                    None if v["error"].is_null() => Ok((Ok(()), errored)),
                     None => Err(format!("unreadable worker result `{json}`")),
-                    Some(m) => Err(m.to_string()),
+                    Some(m) => Ok((Err(m.to_string()), errored)),
                 };
             }
         }
@@ -258,6 +275,7 @@ pub fn run_with_args(
     let goldens = Arc::new(Goldens::new(goldens.to_path_buf()));
     let mut trials = vec![orphan_trial(suites, &goldens, &planned)];
     let threads = threads_per_trial(concurrent);
+    let counts = Arc::new(Counts::default());
     let isolation = isolation();
     if isolation != Isolation::Off {
         let label = engine.build().label();
@@ -303,21 +321,30 @@ pub fn run_with_args(
                 })
                 .clone();
             let name = p.name.clone();
+            let counts = counts.clone();
             trials.push(Trial::test(p.name.clone(), move || {
                 let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
-                w.run(&name, threads).map_err(Failed::from)
+                let (result, errored) = w.run(&name, threads);
+                counts.record(&result, errored);
+                result.map_err(Failed::from)
             }));
         }
-        return libtest_mimic::run(args, trials).exit_code();
+        let code = libtest_mimic::run(args, trials).exit_code();
+        counts.print();
+        return code;
     }
     let runner = Arc::new(Runner::new(registry, engine, threads));
     for p in planned {
-        let (runner, goldens) = (runner.clone(), goldens.clone());
+        let (runner, goldens, counts) = (runner.clone(), goldens.clone(), counts.clone());
         trials.push(Trial::test(p.name.clone(), move || {
-            run_trial(&runner, &p, &goldens, mode).map_err(Failed::from)
+            let (result, errored) = trial_result(&runner, &p, &goldens, mode);
+            counts.record(&result, errored);
+            result.map_err(Failed::from)
         }));
     }
-    libtest_mimic::run(args, trials).exit_code()
+    let code = libtest_mimic::run(args, trials).exit_code();
+    counts.print();
+    code
 }
 
 /// The result cache key of a trial: this executable, the case's bytes (its
@@ -406,7 +433,19 @@ pub fn run_trial(
     goldens: &Goldens,
     mode: UpdateMode,
 ) -> Result<(), String> {
+    trial_result(runner, p, goldens, mode).0
+}
+
+/// [`run_trial`], and whether the case could not run at all (an error, as
+/// opposed to a violated gate or a changed golden).
+fn trial_result(
+    runner: &Runner,
+    p: &Planned,
+    goldens: &Goldens,
+    mode: UpdateMode,
+) -> (Result<(), String>, bool) {
     let outcome = outcome_of(runner, p);
+    let errored = outcome.status == crate::runner::Status::Error;
     let mut messages: Vec<String> = outcome.failure_message().into_iter().collect();
     // Per-position rows, when asked for (`QUANTGATE_OUT=DIR`).
     if let Some(dir) = std::env::var_os("QUANTGATE_OUT").filter(|d| !d.is_empty()) {
@@ -420,10 +459,40 @@ pub fn run_trial(
             messages.push(m);
         }
     }
-    if messages.is_empty() {
+    let result = if messages.is_empty() {
         Ok(())
     } else {
         Err(messages.join("\n"))
+    };
+    (result, errored)
+}
+
+/// Failures and errors, counted apart for the summary line.
+#[derive(Default)]
+struct Counts {
+    failed: std::sync::atomic::AtomicUsize,
+    errors: std::sync::atomic::AtomicUsize,
+}
+
+impl Counts {
+    fn record(&self, result: &Result<(), String>, errored: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        match (result, errored) {
+            (_, true) => self.errors.fetch_add(1, Relaxed),
+            (Err(_), false) => self.failed.fetch_add(1, Relaxed),
+            (Ok(()), false) => 0,
+        };
+    }
+
+    /// After libtest's own summary: failures and errors apart.
+    fn print(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let (f, e) = (self.failed.load(Relaxed), self.errors.load(Relaxed));
+        if f + e > 0 {
+            println!(
+                "quantgate: {f} failed (a gate or a golden), {e} errors (a case that could not run, or a worker that died)"
+            );
+        }
     }
 }
 

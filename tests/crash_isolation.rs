@@ -110,6 +110,11 @@ fn scenario(isolation: Option<&str>) -> Result<(), Failed> {
             "each test's abort is described",
         )?;
     }
+    // The summary counts the dead worker's tests as errors, apart from failures.
+    check(
+        log.contains("quantgate: 0 failed (a gate or a golden), 2 errors"),
+        "errors counted apart from failures",
+    )?;
     // The stable model's goldens were written; the crashed one has none.
     check(
         root.join("goldens/a/stable.snap").exists() && root.join("goldens/b/stable.snap").exists(),
