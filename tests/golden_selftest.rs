@@ -2,6 +2,8 @@
 //! scenario's failure message is snapshot-tested with insta
 //! (tests/snapshots/), and CI mode never touches a file under goldens/.
 
+mod common;
+
 use quantgate::engine::fake::FakeEngine;
 use quantgate::golden::{self, update_mode_from, Goldens, UpdateMode};
 use quantgate::harness::run_trial;
@@ -78,21 +80,6 @@ impl Fixture {
 }
 
 /// Every file under `dir` with its bytes, to compare trees.
-fn tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            if e.path().is_dir() {
-                stack.push(e.path());
-            } else {
-                out.push((e.path(), std::fs::read(e.path()).unwrap()));
-            }
-        }
-    }
-    out.sort();
-    out
-}
 
 fn replace_metric(golden: &str, name: &str, f: impl Fn(f64) -> f64) -> String {
     golden
@@ -242,16 +229,16 @@ fn ci_mode_never_modifies_goldens() {
     let fx = fixture("ci", 2.0);
     let ci = update_mode_from(None, None, true).unwrap();
     // Missing, then present-and-changed, then corrupt: nothing is written.
-    let before = tree(&fx.root.join("goldens"));
+    let before = common::tree(&fx.root.join("goldens"));
     assert!(fx.run(ci).is_err());
-    assert_eq!(tree(&fx.root.join("goldens")), before);
+    assert_eq!(common::tree(&fx.root.join("goldens")), before);
     fx.run(UpdateMode::Always).unwrap_err();
     fx.edit_golden(|g| replace_metric(g, "ppl", |v| v + 1.0));
-    let before = tree(&fx.root.join("goldens"));
+    let before = common::tree(&fx.root.join("goldens"));
     assert!(fx.run(ci).is_err());
     fx.edit_golden(|g| g.replace("status:", "stat:"));
-    let corrupt = tree(&fx.root.join("goldens"));
+    let corrupt = common::tree(&fx.root.join("goldens"));
     assert!(fx.run(ci).is_err());
-    assert_eq!(tree(&fx.root.join("goldens")), corrupt);
+    assert_eq!(common::tree(&fx.root.join("goldens")), corrupt);
     assert_ne!(before, corrupt);
 }

@@ -84,23 +84,6 @@ fn harness(root: &Path, confidence: &str, update: &str) -> Command {
     c
 }
 
-/// Every file under `dir`, with its bytes.
-fn tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            if e.path().is_dir() {
-                stack.push(e.path());
-            } else {
-                out.push((e.path(), std::fs::read(e.path()).unwrap()));
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
 fn fail(msg: String) -> Failed {
     Failed::from(msg)
 }
@@ -113,7 +96,7 @@ fn interrupted_runs_leave_every_golden_whole() -> Result<(), Failed> {
     if !st.success() {
         return Err(fail(format!("first run failed: {st}")));
     }
-    let old = tree(&goldens);
+    let old = common::tree(&goldens);
     if old.len() != 2 * N_CASES {
         return Err(fail(format!("{} goldens, want {}", old.len(), 2 * N_CASES)));
     }
@@ -130,7 +113,7 @@ fn interrupted_runs_leave_every_golden_whole() -> Result<(), Failed> {
         let _ = child.wait();
         // Workers of a killed harness see their stdin close and exit.
         std::thread::sleep(Duration::from_millis(300));
-        for (path, bytes) in tree(&goldens) {
+        for (path, bytes) in common::tree(&goldens) {
             let name = path.file_name().unwrap().to_string_lossy().into_owned();
             if name.contains(".tmp-") {
                 continue; // a temp file of a killed writer: never a golden
@@ -158,7 +141,7 @@ fn interrupted_runs_leave_every_golden_whole() -> Result<(), Failed> {
             "the run after the interruptions failed: {st}"
         )));
     }
-    let after = tree(&goldens);
+    let after = common::tree(&goldens);
     if let Some((p, _)) = after
         .iter()
         .find(|(p, _)| p.to_string_lossy().contains(".tmp-"))
@@ -198,7 +181,7 @@ fn writes_hitting_the_size_limit_leave_nothing() -> Result<(), Failed> {
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
     };
     let no_files = |dir: &str, log: &str| -> Result<(), Failed> {
-        let left = tree(&root.join(dir));
+        let left = common::tree(&root.join(dir));
         if left.is_empty() {
             Ok(())
         } else {
@@ -237,7 +220,7 @@ fn a_killed_run_resumes_from_the_result_cache() -> Result<(), Failed> {
     let root = fixture("resume");
     let results = root.join("qgcache/results");
     let count = || {
-        tree(&results)
+        common::tree(&results)
             .iter()
             .filter(|(p, _)| p.extension().is_some_and(|e| e == "json"))
             .count()

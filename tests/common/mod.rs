@@ -1,6 +1,7 @@
-//! Fixtures shared by the fake-engine tests.
+//! Fixtures shared by the fake-engine tests (each test crate uses some).
+#![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// A GGUF v3 header with no tensors, padded to `len` bytes (so files differ
 /// in size and sha256). The fake engine never reads it; the preflight does.
@@ -30,4 +31,21 @@ pub fn fake_root(tag: &str, models: &[(&str, usize)]) -> PathBuf {
     }
     std::fs::write(root.join("suites/models.toml"), reg).unwrap();
     root
+}
+
+/// Every file under `dir`, with its bytes, sorted by path.
+pub fn tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            if e.path().is_dir() {
+                stack.push(e.path());
+            } else {
+                out.push((e.path(), std::fs::read(e.path()).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
 }
