@@ -8,7 +8,7 @@ use quantgate::engine::fake::FakeEngine;
 use quantgate::golden::{self, update_mode_from, Goldens, UpdateMode};
 use quantgate::harness::run_trial;
 use quantgate::runner::{plan, Planned, Runner};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 /// A minimal GGUF v3 header: the fake engine never reads it, the preflight does.
@@ -78,8 +78,6 @@ impl Fixture {
         std::fs::write(self.golden(), f(&g)).unwrap();
     }
 }
-
-/// Every file under `dir` with its bytes, to compare trees.
 
 fn replace_metric(golden: &str, name: &str, f: impl Fn(f64) -> f64) -> String {
     golden
