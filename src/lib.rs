@@ -3,6 +3,7 @@
 
 pub mod case;
 pub mod diff;
+pub mod digits;
 pub mod discover;
 pub mod engine;
 pub mod error;
