@@ -36,7 +36,7 @@ fn arctan_inv(x: u32, scale: &BigUint) -> BigUint {
     let mut k: u64 = 0;
     while term > BigUint::default() {
         let t = &term / BigUint::from(2 * k + 1);
-        if k % 2 == 0 {
+        if k.is_multiple_of(2) {
             pos += t;
         } else {
             neg += t;
