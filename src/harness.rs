@@ -39,7 +39,6 @@ pub fn run_suites(suites: &Path, goldens: &Path, engine: Arc<dyn Engine>) -> Exi
     let args = Arguments::from_args();
     // What an interrupted run left: temp files of processes that are gone.
     crate::models::clean_stale_temps();
-    crate::fsutil::clean_stale_temps(&crate::models::cache_dir().join("results"));
     crate::fsutil::clean_stale_temps(goldens);
     if let Some(dir) = std::env::var_os("QUANTGATE_OUT").filter(|d| !d.is_empty()) {
         crate::fsutil::clean_stale_temps(Path::new(&dir));

@@ -369,13 +369,13 @@ fn tail_kl(r: &RefPosition, tail: &Tail, row: &[f32], st: &RowStats, exps: &[f64
         all_ex += e * x;
     }
     let all_e = st.log_sum_exp.exp();
-    // The kept ids' share of Σ e and Σ e·x, to leave the tail's.
+    // The kept ids' share of Σ e and Σ e·x, to leave the tail's (their
+    // `e` is already in `exps`).
     let (mut kept_e, mut kept_ex) = (0.0f64, 0.0f64);
     for &(j, _) in &r.entries {
-        let x = f64::from(row[j as usize]) - mc;
-        let e = exp_nonpos(x);
+        let e = exps[j as usize];
         kept_e += e;
-        kept_ex += e * x;
+        kept_ex += e * (f64::from(row[j as usize]) - mc);
     }
     let q_mass = all_e - kept_e;
     let q_lq = all_ex - kept_ex;
@@ -398,14 +398,17 @@ fn tail_kl(r: &RefPosition, tail: &Tail, row: &[f32], st: &RowStats, exps: &[f64
 /// Exact KL(ref‖cand) over the full vocabulary, in f64 with libm `exp` — the
 /// independent computation the compact path is checked against.
 pub fn exact_kl(ref_row: &[f32], cand_row: &[f32]) -> f64 {
-    let lsm = |row: &[f32]| -> Vec<f64> {
-        let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-        let s: f64 = row.iter().map(|&v| (f64::from(v) - m).exp()).sum();
-        let lse = m + s.ln();
-        row.iter().map(|&v| f64::from(v) - lse).collect()
-    };
-    let (a, b) = (lsm(ref_row), lsm(cand_row));
+    let (a, b) = (exact_log_softmax(ref_row), exact_log_softmax(cand_row));
     a.iter().zip(&b).map(|(la, lb)| la.exp() * (la - lb)).sum()
+}
+
+/// Naive two-pass f64 log-softmax with libm `exp`: the independent
+/// reference for checks, not the hot path.
+pub fn exact_log_softmax(row: &[f32]) -> Vec<f64> {
+    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let s: f64 = row.iter().map(|&v| (f64::from(v) - m).exp()).sum();
+    let lse = m + s.ln();
+    row.iter().map(|&v| f64::from(v) - lse).collect()
 }
 
 /// Wilson score interval for k of n at 95% (NaN when n = 0).

@@ -467,7 +467,7 @@ fn derive(
 
 /// Remove temp files left by an interrupted fetch or derive.
 pub fn clean_stale_temps() {
-    for sub in ["models", "derived", "reference"] {
+    for sub in ["models", "derived", "reference", "results"] {
         fsutil::clean_stale_temps(&cache_dir().join(sub));
     }
 }

@@ -606,13 +606,7 @@ fn git(root: &Path, args: &[&str]) -> Option<String> {
 }
 
 fn git_ok(root: &Path, args: &[&str]) -> bool {
-    Command::new("git")
-        .arg("-C")
-        .arg(root)
-        .args(args)
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
+    git(root, args).is_some()
 }
 
 /// What the git history says: `Ok(Some(commit))` for the commit that added

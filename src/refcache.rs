@@ -262,17 +262,6 @@ pub fn decode(
     Ok((header, rows))
 }
 
-/// What an imported `.kld` file says about its own precision.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ImportInfo {
-    /// Chunks.
-    pub n_chunk: usize,
-    /// Largest 16-bit step (nats) over all rows.
-    pub max_step: f64,
-    /// Largest probability mass llama.cpp's −16 floor leaves out of a row.
-    pub max_floor_mass: f64,
-}
-
 /// Import a llama-perplexity `--kl-divergence-base` file for a case's plan
 /// (llama-perplexity windowing): checks the exact length, the dimensions
 /// against the case and the candidate, the token stream against the case's,
@@ -283,7 +272,7 @@ pub fn import_llama_kld(
     plan: &ScoringPlan,
     n_ctx: u32,
     n_vocab_cand: usize,
-) -> Result<(Vec<RefPosition>, ImportInfo), String> {
+) -> Result<Vec<RefPosition>, String> {
     if bytes.len() < 8 || &bytes[..8] != b"_logits_" {
         return Err(
             "offset 0: not a llama-perplexity KL-divergence base file (magic `_logits_` missing)"
@@ -361,11 +350,6 @@ pub fn import_llama_kld(
         }
     }
     let mut rows = Vec::with_capacity(per_chunk * n_chunk);
-    let mut info = ImportInfo {
-        n_chunk,
-        max_step: 0.0,
-        max_floor_mass: 0.0,
-    };
     for (w, pw) in plan.windows.iter().enumerate() {
         for (k, &target) in pw.targets.iter().enumerate() {
             let at = r.at;
@@ -382,24 +366,16 @@ pub fn import_llama_kld(
                 let u = u16::from_le_bytes([us[2 * j], us[2 * j + 1]]);
                 scale * f32::from(u) + min_lp
             };
-            let mut entries = Vec::new();
-            let mut floor = 0.0f64;
-            for j in 0..n_vocab {
-                let v = lp(j);
-                if v > -16.0 {
-                    entries.push((j as u32, v));
-                } else {
-                    floor += f64::from(v).exp();
-                }
-            }
+            let mut entries: Vec<(u32, f32)> = (0..n_vocab)
+                .map(|j| (j as u32, lp(j)))
+                .filter(|&(_, v)| v > -16.0)
+                .collect();
             if entries.is_empty() {
                 return Err(format!(
                     "offset {at}: chunk {w}, scored position {k}: no entry above the −16 floor"
                 ));
             }
             entries.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-            info.max_step = info.max_step.max(f64::from(scale));
-            info.max_floor_mass = info.max_floor_mass.max(floor);
             rows.push(RefPosition {
                 max: 0.0,
                 lse: 0.0,
@@ -411,7 +387,7 @@ pub fn import_llama_kld(
             });
         }
     }
-    Ok((rows, info))
+    Ok(rows)
 }
 
 #[cfg(test)]

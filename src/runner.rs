@@ -152,8 +152,6 @@ pub struct KldRows {
     pub position: Vec<u32>,
     /// The true next token.
     pub target: Vec<i32>,
-    /// Import precision, when the reference was a `.kld` file.
-    pub import: Option<crate::refcache::ImportInfo>,
 }
 
 impl Outcome {
@@ -205,10 +203,13 @@ pub struct RefRows {
     pub n_vocab: usize,
     /// Reference tokenizer fingerprint.
     pub tokenizer_fingerprint: String,
-    /// The cache file (model references).
-    pub cache_file: Option<PathBuf>,
-    /// What an imported `.kld` says about its precision.
-    pub import: Option<crate::refcache::ImportInfo>,
+}
+
+impl RefRows {
+    /// The rows are an imported 16-bit llama-perplexity reference.
+    pub fn imported(&self) -> bool {
+        self.rows.iter().any(|r| r.approximate)
+    }
 }
 
 impl Runner {
@@ -414,13 +415,7 @@ impl Runner {
                 "{}|{}|{}|{}|{}|{:?}",
                 rv.file.sha256, plan.token_stream_sha256, context, pp.n_batch, build, pp.windowing
             );
-            let slot = {
-                let mut m = self
-                    .reference_scores
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner());
-                m.entry(key.clone()).or_default().clone()
-            };
+            let slot = memo_slot(&self.reference_scores, &key);
             let rscored = slot
                 .get_or_init(|| {
                     // Other processes (test workers, later runs) share the
@@ -551,7 +546,7 @@ impl Runner {
             )));
         }
         out.metrics = perplexity_metrics(&scored.windows);
-        if refs.import.is_none() {
+        if !refs.imported() {
             let rscored = crate::execute::scored_from_rows(plan, &refs.rows);
             add_paired(out, pp, &scored, &rscored);
         }
@@ -570,7 +565,6 @@ impl Runner {
             window,
             position,
             target,
-            import: refs.import,
         }));
         out.timings.measure += t.elapsed();
         decide_prereg(prereg, out)
@@ -589,15 +583,13 @@ impl Runner {
         let ci = model.info();
         if let Some(rec) = &k.import {
             let bytes = read_pinned_bytes(&rec.path, "reference_kld", &rec.sha256, &rec.at)?;
-            let (rows, info) =
+            let rows =
                 crate::refcache::import_llama_kld(&bytes, plan, pp.windowing.context(), ci.n_vocab)
                     .map_err(|e| Error::input(format!("{}: {e}", rec.path.display())))?;
             return Ok(Arc::new(RefRows {
                 rows,
                 n_vocab: ci.n_vocab,
                 tokenizer_fingerprint: ci.tokenizer_fingerprint.clone(),
-                cache_file: None,
-                import: Some(info),
             }));
         }
         let Some((ref_alias, ref_at)) = &pp.reference else {
@@ -632,13 +624,7 @@ impl Runner {
         };
         let key = header.key();
         let path = self.ref_cache_dir.join(format!("{key}.qgref"));
-        let slot = {
-            let mut m = self
-                .reference_rows
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            m.entry(key).or_default().clone()
-        };
+        let slot = memo_slot(&self.reference_rows, &key);
         slot.get_or_init(|| {
             let corrupt = match std::fs::read(&path) {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
@@ -649,8 +635,6 @@ impl Runner {
                             rows,
                             n_vocab: h.n_vocab,
                             tokenizer_fingerprint: h.tokenizer_fingerprint,
-                            cache_file: Some(path.clone()),
-                            import: None,
                         }))
                     }
                     Err(why) => Some(why),
@@ -722,12 +706,16 @@ impl Runner {
                 rows,
                 n_vocab: h.n_vocab,
                 tokenizer_fingerprint: h.tokenizer_fingerprint,
-                cache_file: Some(path.clone()),
-                import: None,
             }))
         })
         .clone()
     }
+}
+
+/// The once-per-process slot of `key` in a memo of shared results.
+fn memo_slot<T>(memo: &Mutex<HashMap<String, Arc<OnceLock<T>>>>, key: &str) -> Arc<OnceLock<T>> {
+    let mut m = memo.lock().unwrap_or_else(|p| p.into_inner());
+    m.entry(key.to_string()).or_default().clone()
 }
 
 /// The header of a reference record of `scored` (`plan` on `model`).
