@@ -95,12 +95,8 @@ fn cand_spec() -> FakeSpec {
 
 /// f64 log-softmax of a fake row, with libm `exp`.
 fn log_softmax(spec: &FakeSpec, last: i32, pos: usize) -> Vec<f64> {
-    let row: Vec<f64> = (0..N_VOCAB)
-        .map(|j| f64::from(spec.logit(last, pos, j)))
-        .collect();
-    let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let lse = m + row.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
-    row.iter().map(|v| v - lse).collect()
+    let row: Vec<f32> = (0..N_VOCAB).map(|j| spec.logit(last, pos, j)).collect();
+    quantgate::kld::exact_log_softmax(&row)
 }
 
 fn argmax(v: &[f64]) -> usize {

@@ -5,10 +5,13 @@
 
 use quantgate::case::Windowing;
 use quantgate::engine::llama::LlamaEngine;
-use quantgate::engine::{BosPolicy, Engine, ModelPool};
+use quantgate::engine::BosPolicy;
 use quantgate::execute::{plan_windows, score_plan_with};
-use quantgate::kld::{compare, compress_row, exact_kl, DEFAULT_MAX_KEPT, DEFAULT_TAIL};
-use quantgate::models::{ensure, Registry};
+use quantgate::kld::{
+    compare, compress_row, exact_kl, exact_log_softmax, DEFAULT_MAX_KEPT, DEFAULT_TAIL,
+};
+use quantgate::models::Registry;
+use quantgate::runner::Runner;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -16,13 +19,10 @@ use std::sync::Arc;
 fn stored_reference_rows_give_the_exact_kl_on_real_models() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let reg = Registry::load(&repo.join("suites/models.toml")).unwrap();
-    let engine = Arc::new(LlamaEngine::new());
-    let label = engine.build().label();
-    let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 2);
-    let pool = ModelPool::new(engine.clone());
+    let runner = Runner::new(reg, Arc::new(LlamaEngine::new()), 2);
     let load = |alias: &str| {
-        pool.get(&ensure(&reg, alias, &label, &q).unwrap().file)
-            .unwrap()
+        let v = runner.prepare(alias).unwrap();
+        runner.pool.get(&v.file).unwrap()
     };
     let f16 = load("smollm2-f16");
     let text = std::fs::read_to_string(repo.join("suites/data/wikitext-2-test.txt")).unwrap();
@@ -68,16 +68,7 @@ fn stored_reference_rows_give_the_exact_kl_on_real_models() {
             errs.push((c.kl - exact).abs());
             rev_errs.push((c.kl_rev - exact_kl(r.row, &ref_rows[r.index])).abs());
             // The true token's probabilities are exact, not stored approximations.
-            let lp_true = {
-                let row = &ref_rows[r.index];
-                let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-                let lse = m + row
-                    .iter()
-                    .map(|&v| (f64::from(v) - m).exp())
-                    .sum::<f64>()
-                    .ln();
-                f64::from(row[r.target]) - lse
-            };
+            let lp_true = exact_log_softmax(&ref_rows[r.index])[r.target];
             assert!((c.p_ref.ln() - lp_true).abs() < 1e-9);
             Ok(())
         })

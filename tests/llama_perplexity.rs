@@ -56,6 +56,19 @@ fn run_tool(tool: &str, model: &Path, text: &Path, args: &[&str]) -> String {
     log
 }
 
+/// The engine, and the registry's `aliases` fetched or derived and verified.
+fn models(aliases: &[&str]) -> (Arc<LlamaEngine>, Vec<quantgate::models::Verified>) {
+    let reg = Registry::load(&repo().join("suites/models.toml")).unwrap();
+    let engine = Arc::new(LlamaEngine::new());
+    let label = engine.build().label();
+    let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 2);
+    let verified = aliases
+        .iter()
+        .map(|a| ensure(&reg, a, &label, &q).unwrap())
+        .collect();
+    (engine, verified)
+}
+
 /// The running PPL values the tool prints as `[1]x,[2]y,...`.
 fn running(log: &str) -> Vec<f64> {
     let line = log
@@ -118,15 +131,12 @@ fn same_printed(ours: f64, printed: f64, decimals: i32) -> bool {
 fn perplexity_equals_llama_perplexity() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let tool = tool();
-    let reg = Registry::load(&repo().join("suites/models.toml")).unwrap();
-    let engine = Arc::new(LlamaEngine::new());
-    let label = engine.build().label();
-    let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 2);
+    let (engine, verified) = models(&["smollm2-f16", "smollm2-q2_k"]);
     let pool = ModelPool::new(engine.clone());
     let text_path = repo().join("suites/data/wikitext-2-test.txt");
     let text = std::fs::read_to_string(&text_path).unwrap();
-    for alias in ["smollm2-f16", "smollm2-q2_k"] {
-        let v = ensure(&reg, alias, &label, &q).unwrap();
+    for v in &verified {
+        let alias = v.file.alias.as_str();
         let (running, ppl, pm) = reference(&tool, &v.file.path, &text_path, 2);
         assert_eq!(running.len(), 16);
         let model = pool.get(&v.file).unwrap();
@@ -172,10 +182,8 @@ fn perplexity_equals_llama_perplexity() {
 fn strided_mode_equals_ppl_stride() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let tool = tool();
-    let reg = Registry::load(&repo().join("suites/models.toml")).unwrap();
-    let engine = Arc::new(LlamaEngine::new());
-    let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 2);
-    let v = ensure(&reg, "smollm2-f16", &engine.build().label(), &q).unwrap();
+    let (engine, verified) = models(&["smollm2-f16"]);
+    let v = &verified[0];
     let text_path = repo().join("suites/data/wikitext-2-test.txt");
     let log = run_tool(
         &tool,
@@ -264,12 +272,8 @@ fn printed_after(log: &str, label: &str) -> f64 {
 fn kld_equals_llama_perplexity_kl_divergence() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let tool = tool();
-    let reg = Registry::load(&repo().join("suites/models.toml")).unwrap();
-    let engine = Arc::new(LlamaEngine::new());
-    let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 2);
-    let label = engine.build().label();
-    let f16 = ensure(&reg, "smollm2-f16", &label, &q).unwrap();
-    let q8 = ensure(&reg, "smollm2-q8_0", &label, &q).unwrap();
+    let (engine, verified) = models(&["smollm2-f16", "smollm2-q8_0"]);
+    let (f16, q8) = (&verified[0], &verified[1]);
     let dir = std::env::temp_dir().join(format!("qg-kld-tool-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("suites")).unwrap();
