@@ -8,6 +8,7 @@ pub mod discover;
 pub mod engine;
 pub mod error;
 pub mod execute;
+pub mod forecast;
 pub mod fsutil;
 pub mod gguf;
 pub mod golden;

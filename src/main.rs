@@ -361,6 +361,15 @@ fn main() -> ExitCode {
                             .unwrap_or(false);
                         let source = if let Some(f) = &m.fetch {
                             format!("pip {} :: {}", f.pip, f.member)
+                        } else if let Some(parts) = &m.fetch_parts {
+                            format!(
+                                "pip, joined: {}",
+                                parts
+                                    .iter()
+                                    .map(|f| f.pip.as_str())
+                                    .collect::<Vec<_>>()
+                                    .join(" + ")
+                            )
                         } else if let Some(d) = &m.derive {
                             format!("derive {} from {}", d.quant, d.from)
                         } else {

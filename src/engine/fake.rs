@@ -8,8 +8,8 @@
 //! "next byte" `(last + step) % 256`.
 
 use super::{
-    BosPolicy, Engine, EngineBuild, EngineTimings, LoadedModel, ModelFile, ModelInfo, RowSink,
-    Settings, Token, TokenId, Window,
+    top_gap, BosPolicy, Decoding, Engine, EngineBuild, EngineTimings, LoadedModel, ModelFile,
+    ModelInfo, RowSink, Sampler, Settings, Step, Token, TokenId, Window,
 };
 use crate::error::{Error, Result};
 use std::collections::HashMap;
@@ -151,6 +151,34 @@ pub struct FakeModel {
     spec: FakeSpec,
 }
 
+impl FakeModel {
+    /// Generate after `prompt`: `pick` chooses from each row, `push` sees
+    /// each token kept and says whether to stop; EOS ends without a push.
+    fn walk(
+        &self,
+        prompt: &[TokenId],
+        max_new: usize,
+        pick: &mut dyn FnMut(&[f32]) -> TokenId,
+        push: &mut dyn FnMut(TokenId) -> bool,
+    ) -> Result<()> {
+        let mut last = *prompt
+            .last()
+            .ok_or_else(|| self.info.file.error("generation needs a non-empty prompt"))?;
+        let mut pos = prompt.len() - 1;
+        let mut row = Vec::with_capacity(N_VOCAB);
+        for _ in 0..max_new {
+            self.spec.row(last, pos, &mut row);
+            let next = pick(&row);
+            if next == EOS || push(next) {
+                break;
+            }
+            last = next;
+            pos += 1;
+        }
+        Ok(())
+    }
+}
+
 impl LoadedModel for FakeModel {
     fn info(&self) -> &ModelInfo {
         &self.info
@@ -176,6 +204,10 @@ impl LoadedModel for FakeModel {
             offset: Some(i),
         }));
         Ok(out)
+    }
+
+    fn tokenize_special(&self, text: &str, bos: BosPolicy) -> Result<Vec<Token>> {
+        self.tokenize(text, bos)
     }
 
     fn piece(&self, id: TokenId) -> Vec<u8> {
@@ -238,28 +270,48 @@ impl LoadedModel for FakeModel {
         _settings: &Settings,
         prompt: &[TokenId],
         max_new: usize,
+        _decoding: Decoding,
         stop: &mut dyn FnMut(&[TokenId]) -> bool,
-    ) -> Result<Vec<TokenId>> {
-        let mut last = *prompt
-            .last()
-            .ok_or_else(|| self.info.file.error("generation needs a non-empty prompt"))?;
-        let mut pos = prompt.len() - 1;
-        let mut row = Vec::with_capacity(N_VOCAB);
+    ) -> Result<Vec<Step>> {
+        // Fake rows do not depend on the batch: both decodings agree.
         let mut out = Vec::new();
-        while out.len() < max_new {
-            self.spec.row(last, pos, &mut row);
-            let next = super::argmax(&row) as TokenId;
-            if next == EOS {
-                break;
-            }
-            out.push(next);
-            if stop(&out) {
-                break;
-            }
-            last = next;
-            pos += 1;
+        let mut ids = Vec::new();
+        self.walk(prompt, max_new, &mut |row| {
+            let (next, gap) = top_gap(row);
+            out.push(Step {
+                token: next as TokenId,
+                gap,
+            });
+            next as TokenId
+        }, &mut |t| {
+            ids.push(t);
+            stop(&ids)
+        })?;
+        if out.last().is_some_and(|s| s.token == EOS) {
+            out.pop();
         }
         Ok(out)
+    }
+
+    fn sample(
+        &self,
+        _settings: &Settings,
+        prompt: &[TokenId],
+        max_new: usize,
+        sampler: &Sampler,
+        seed: u32,
+        stop: &mut dyn FnMut(&[TokenId]) -> bool,
+    ) -> Result<Vec<TokenId>> {
+        let mut rng = crate::measure::SplitMix64(u64::from(seed));
+        let mut ids = Vec::new();
+        self.walk(prompt, max_new, &mut |row| {
+            let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+            crate::forecast::draw(&crate::forecast::kept(row, sampler), u) as TokenId
+        }, &mut |t| {
+            ids.push(t);
+            stop(&ids)
+        })?;
+        Ok(ids)
     }
 
     fn chat_prompt(&self, user: &str) -> Result<String> {

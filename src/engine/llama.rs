@@ -6,8 +6,9 @@
 //! failures and non-finite logits are errors naming the model.
 
 use super::{
-    first_non_finite, piece_offsets, BosPolicy, Engine, EngineBuild, EngineTimings, LoadedModel,
-    ModelFile, ModelInfo, RowSink, Settings, Token, TokenId, Window,
+    first_non_finite, piece_offsets, top_gap, BosPolicy, Decoding, Engine, EngineBuild,
+    EngineTimings, LoadedModel, ModelFile, ModelInfo, RowSink, Sampler, Settings, Step, Token,
+    TokenId, Window,
 };
 use crate::error::{Error, Result};
 use llama_cpp_2::context::params::{KvCacheType, LlamaContextParams};
@@ -16,6 +17,7 @@ use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::{LlamaChatMessage, LlamaModel};
+use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::LlamaToken;
 use sha2::{Digest, Sha256};
 use std::ffi::CStr;
@@ -181,6 +183,105 @@ impl Loaded {
         Ok(ctx)
     }
 
+    fn tokens(&self, text: &str, bos: BosPolicy, special: bool) -> Vec<Token> {
+        let vocab = self.model.vocab();
+        let mut ids = vocab.tokenize(text.as_bytes(), bos == BosPolicy::Model, special);
+        if bos == BosPolicy::Always && ids.first() != Some(&vocab.bos()) {
+            ids.insert(0, vocab.bos());
+        }
+        let bos_id = vocab.bos();
+        let pieces: Vec<Vec<u8>> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| {
+                if i == 0 && t == bos_id && bos != BosPolicy::Never {
+                    Vec::new()
+                } else {
+                    vocab.token_to_piece(t, special, None)
+                }
+            })
+            .collect();
+        let offsets = piece_offsets(text.as_bytes(), &pieces);
+        ids.iter()
+            .zip(pieces)
+            .zip(offsets)
+            .map(|((t, piece), offset)| Token {
+                id: t.0,
+                piece,
+                offset,
+            })
+            .collect()
+    }
+
+    /// Decode `tokens` at positions `first..`, padded to
+    /// `settings.padded_rows` rows (copies of the last token at the
+    /// following positions, dropped from the cache afterwards). Logits are
+    /// kept for the rows `want` selects (for every row when padding is on).
+    fn decode_padded(
+        &self,
+        ctx: &mut LlamaContext<'_>,
+        batch: &mut LlamaBatch,
+        settings: &Settings,
+        tokens: &[TokenId],
+        first: usize,
+        want: &dyn Fn(usize) -> bool,
+        what: &dyn Fn() -> String,
+    ) -> Result<()> {
+        let rows = settings.padded_rows(tokens.len());
+        let end = first + tokens.len();
+        if first + rows > settings.n_ctx as usize {
+            return Err(self.err(format!(
+                "{}: a pass of {rows} rows at position {first} does not fit n_ctx {}",
+                what(),
+                settings.n_ctx
+            )));
+        }
+        batch.clear();
+        let pad = *tokens.last().ok_or_else(|| self.err("empty pass"))?;
+        // llama.cpp runs the last layer only on the rows whose logits are
+        // kept: with padding on, keep them all, so that layer has the same
+        // row count (and kernels) as every other.
+        let all = settings.min_rows > 0;
+        for k in 0..rows {
+            let t = tokens.get(k).copied().unwrap_or(pad);
+            let pos = first + k;
+            batch
+                .add(LlamaToken::new(t), pos as i32, &[0], all || (k < tokens.len() && want(pos)))
+                .map_err(|e| self.err(format!("batch: {e}")))?;
+        }
+        ctx.decode(batch)
+            .map_err(|e| self.err(format!("llama_decode failed ({e}) {}", what())))?;
+        if rows > tokens.len() {
+            ctx.clear_kv_cache_seq(Some(0), Some(end as u32), None)
+                .map_err(|e| self.err(format!("removing padding: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// A fresh context for generating `max_new` tokens after `prompt`.
+    fn start(
+        &self,
+        settings: &Settings,
+        prompt: &[TokenId],
+        max_new: usize,
+    ) -> Result<LlamaContext<'_>> {
+        if prompt.is_empty() {
+            return Err(self.err("generation needs a non-empty prompt"));
+        }
+        let need = settings.padded_rows(prompt.len() + max_new);
+        if need > settings.n_ctx as usize {
+            return Err(Error::input(format!(
+                "model `{}`: prompt of {} tokens plus {max_new} new tokens (with padding {need}) exceeds n_ctx {}",
+                self.info.file.alias,
+                prompt.len(),
+                settings.n_ctx
+            )));
+        }
+        let mut ctx = self.context(settings)?;
+        ctx.clear_kv_cache();
+        Ok(ctx)
+    }
+
     fn row<'c>(&self, ctx: &'c LlamaContext<'_>, i: i32, pos: usize) -> Result<&'c [f32]> {
         let row = ctx.get_logits_ith(i);
         if row.len() != self.info.n_vocab {
@@ -206,34 +307,11 @@ impl LoadedModel for Loaded {
     }
 
     fn tokenize(&self, text: &str, bos: BosPolicy) -> Result<Vec<Token>> {
-        let vocab = self.model.vocab();
-        let mut ids = vocab.tokenize(text.as_bytes(), bos == BosPolicy::Model, false);
-        if bos == BosPolicy::Always && ids.first() != Some(&vocab.bos()) {
-            ids.insert(0, vocab.bos());
-        }
-        let bos_id = vocab.bos();
-        let pieces: Vec<Vec<u8>> = ids
-            .iter()
-            .enumerate()
-            .map(|(i, &t)| {
-                if i == 0 && t == bos_id && bos != BosPolicy::Never {
-                    Vec::new()
-                } else {
-                    vocab.token_to_piece(t, false, None)
-                }
-            })
-            .collect();
-        let offsets = piece_offsets(text.as_bytes(), &pieces);
-        Ok(ids
-            .iter()
-            .zip(pieces)
-            .zip(offsets)
-            .map(|((t, piece), offset)| Token {
-                id: t.0,
-                piece,
-                offset,
-            })
-            .collect())
+        Ok(self.tokens(text, bos, false))
+    }
+
+    fn tokenize_special(&self, text: &str, bos: BosPolicy) -> Result<Vec<Token>> {
+        Ok(self.tokens(text, bos, true))
     }
 
     fn piece(&self, id: TokenId) -> Vec<u8> {
@@ -252,7 +330,7 @@ impl LoadedModel for Loaded {
         let t0 = Instant::now();
         let mut ctx = self.context(settings)?;
         let n_batch = settings.n_batch as usize;
-        let mut batch = LlamaBatch::new(n_batch, 1);
+        let mut batch = LlamaBatch::new(settings.padded_rows(n_batch), 1);
         let mut in_callback = std::time::Duration::ZERO;
         for (w, window) in windows.iter().enumerate() {
             if window.tokens.len() > settings.n_ctx as usize {
@@ -264,25 +342,17 @@ impl LoadedModel for Loaded {
             }
             ctx.clear_kv_cache();
             for (b, chunk) in window.tokens.chunks(n_batch).enumerate() {
-                batch.clear();
                 let base = b * n_batch;
-                for (k, &t) in chunk.iter().enumerate() {
-                    let pos = base + k;
-                    batch
-                        .add(
-                            LlamaToken::new(t),
-                            pos as i32,
-                            &[0],
-                            pos >= window.logits_from,
-                        )
-                        .map_err(|e| self.err(format!("batch: {e}")))?;
-                }
-                ctx.decode(&mut batch).map_err(|e| {
-                    self.err(format!(
-                        "llama_decode failed ({e}) in window {w} at positions {base}..{}",
-                        base + chunk.len()
-                    ))
-                })?;
+                let from = window.logits_from;
+                self.decode_padded(
+                    &mut ctx,
+                    &mut batch,
+                    settings,
+                    chunk,
+                    base,
+                    &|pos| pos >= from,
+                    &|| format!("in window {w} at positions {base}..{}", base + chunk.len()),
+                )?;
                 for k in 0..chunk.len() {
                     let pos = base + k;
                     if pos < window.logits_from {
@@ -305,23 +375,111 @@ impl LoadedModel for Loaded {
         settings: &Settings,
         prompt: &[TokenId],
         max_new: usize,
+        decoding: Decoding,
         stop: &mut dyn FnMut(&[TokenId]) -> bool,
-    ) -> Result<Vec<TokenId>> {
-        if prompt.is_empty() {
-            return Err(self.err("generation needs a non-empty prompt"));
-        }
-        if prompt.len() + max_new > settings.n_ctx as usize {
-            return Err(Error::input(format!(
-                "model `{}`: prompt of {} tokens plus {max_new} new tokens exceeds n_ctx {}",
-                self.info.file.alias,
-                prompt.len(),
-                settings.n_ctx
+    ) -> Result<Vec<Step>> {
+        // Incremental passes are never padded.
+        let unpadded = Settings {
+            min_rows: 0,
+            ..settings.clone()
+        };
+        let settings = match decoding {
+            Decoding::Invariant => settings,
+            Decoding::Incremental => &unpadded,
+        };
+        let mut ctx = self.start(settings, prompt, max_new)?;
+        let n_batch = settings.n_batch as usize;
+        // Rows of every pass that picks a token (invariant mode).
+        let r = settings.padded_rows(1);
+        if decoding == Decoding::Invariant && (settings.min_rows == 0 || r > n_batch) {
+            return Err(self.err(format!(
+                "invariant decoding needs 0 < min_rows ({}) ≤ n_batch ({n_batch})",
+                settings.min_rows
             )));
         }
-        let mut ctx = self.context(settings)?;
+        let mut batch = LlamaBatch::new(settings.padded_rows(n_batch), 1);
+        let vocab = self.model.vocab();
+        let mut tokens = prompt.to_vec();
+        let mut ids = Vec::new();
+        let mut out = Vec::new();
+        // Positions [0, done) hold their final cache entries.
+        let mut done = 0usize;
+        while out.len() < max_new {
+            let n = tokens.len();
+            // This pass decodes [s, n); its last row picks the next token.
+            let s = match decoding {
+                Decoding::Invariant => n.saturating_sub(r),
+                Decoding::Incremental => done.min(n - 1),
+            };
+            if done > s {
+                ctx.clear_kv_cache_seq(Some(0), Some(s as u32), None)
+                    .map_err(|e| self.err(format!("trimming the cache: {e}")))?;
+            }
+            // The prompt before the trailing rows, in n_batch passes.
+            let mut p = done.min(s);
+            while p < s {
+                let chunk = &tokens[p..s.min(p + n_batch)];
+                self.decode_padded(&mut ctx, &mut batch, settings, chunk, p, &|_| false, &|| {
+                    "on the prompt".into()
+                })?;
+                p += chunk.len();
+            }
+            for chunk_start in (s..n).step_by(n_batch) {
+                let chunk = &tokens[chunk_start..n.min(chunk_start + n_batch)];
+                self.decode_padded(
+                    &mut ctx,
+                    &mut batch,
+                    settings,
+                    chunk,
+                    chunk_start,
+                    &|pos| pos + 1 == n,
+                    &|| format!("generating at position {n}"),
+                )?;
+            }
+            done = n;
+            let last = ((n - 1 - s) % n_batch) as i32;
+            let row = self.row(&ctx, last, n - 1)?;
+            let (next, gap) = top_gap(row);
+            let next = next as TokenId;
+            if vocab.is_eog(LlamaToken::new(next)) {
+                break;
+            }
+            out.push(Step { token: next, gap });
+            ids.push(next);
+            tokens.push(next);
+            if stop(&ids) {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    fn sample(
+        &self,
+        settings: &Settings,
+        prompt: &[TokenId],
+        max_new: usize,
+        sampler: &Sampler,
+        seed: u32,
+        stop: &mut dyn FnMut(&[TokenId]) -> bool,
+    ) -> Result<Vec<TokenId>> {
+        let mut ctx = self.start(settings, prompt, max_new)?;
         let n_batch = settings.n_batch as usize;
         let mut batch = LlamaBatch::new(n_batch, 1);
-        ctx.clear_kv_cache();
+        let mut chain = Vec::new();
+        if sampler.top_k > 0 {
+            chain.push(LlamaSampler::top_k(sampler.top_k as i32));
+        }
+        if sampler.top_p < 1.0 {
+            chain.push(LlamaSampler::top_p(sampler.top_p, 1));
+        }
+        if sampler.min_p > 0.0 {
+            chain.push(LlamaSampler::min_p(sampler.min_p, 1));
+        }
+        chain.push(LlamaSampler::temp(sampler.temperature));
+        chain.push(LlamaSampler::dist(seed));
+        let mut chain = LlamaSampler::chain_simple(chain);
+        let vocab = self.model.vocab();
         let mut last = 0i32;
         for (b, chunk) in prompt.chunks(n_batch).enumerate() {
             batch.clear();
@@ -338,22 +496,22 @@ impl LoadedModel for Loaded {
             ctx.decode(&mut batch)
                 .map_err(|e| self.err(format!("llama_decode failed ({e}) on the prompt")))?;
         }
-        let vocab = self.model.vocab();
         let mut out = Vec::new();
         let mut pos = prompt.len();
         while out.len() < max_new {
-            let row = self.row(&ctx, last, pos - 1)?;
-            let next = super::argmax(row) as TokenId;
-            if vocab.is_eog(LlamaToken::new(next)) {
+            // Check the row as every other path does, then let llama.cpp sample it.
+            self.row(&ctx, last, pos - 1)?;
+            let next = chain.sample(&ctx, last);
+            if vocab.is_eog(next) {
                 break;
             }
-            out.push(next);
+            out.push(next.0);
             if stop(&out) || out.len() == max_new {
                 break;
             }
             batch.clear();
             batch
-                .add(LlamaToken::new(next), pos as i32, &[0], true)
+                .add(next, pos as i32, &[0], true)
                 .map_err(|e| self.err(format!("batch: {e}")))?;
             ctx.decode(&mut batch).map_err(|e| {
                 self.err(format!(

@@ -95,6 +95,13 @@ pub struct Settings {
     pub flash_attn: bool,
     /// KV cache element type.
     pub kv_type: String,
+    /// Every `llama_decode` gets at least this many rows, rounded up to a
+    /// multiple of 4 (padding after the last real token, removed from the
+    /// cache at once); 0 = no padding. Logits depend on the micro-batch shape,
+    /// so teacher forcing and [`Decoding::Invariant`] generation with the same
+    /// value use the same kernels and agree bitwise.
+    #[serde(default)]
+    pub min_rows: u32,
 }
 
 impl Settings {
@@ -106,8 +113,69 @@ impl Settings {
             n_batch: 512.min(n_ctx.max(1)),
             flash_attn: false,
             kv_type: "f16".into(),
+            min_rows: 0,
         }
     }
+
+    /// Rows of a pass that decodes `n` tokens: `n`, or with `min_rows` set,
+    /// at least `min_rows`, rounded up to a multiple of 4 (the repacked CPU
+    /// kernels take rows four at a time and the rest one by one).
+    pub fn padded_rows(&self, n: usize) -> usize {
+        if self.min_rows == 0 {
+            n
+        } else {
+            n.max(self.min_rows as usize).next_multiple_of(4)
+        }
+    }
+}
+
+/// How greedy generation decodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Decoding {
+    /// Every pass that picks a token has the kernel shape of teacher forcing
+    /// with `Settings::min_rows`: the trailing `padded_rows(1)` tokens are
+    /// re-decoded each step (padded while the text is shorter). Greedy
+    /// output then equals the argmax of the teacher-forced rows, bitwise.
+    Invariant,
+    /// One new token per pass (llama.cpp's usual generation): other kernels
+    /// than a many-row pass, so near-ties can flip.
+    Incremental,
+}
+
+/// One generated token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Step {
+    /// The token picked.
+    pub token: TokenId,
+    /// Its logit minus the runner-up's (≥ 0; the log-odds of the pick).
+    pub gap: f32,
+}
+
+/// A sampler chain in llama.cpp's default order: top-k, top-p, min-p,
+/// temperature, then a seeded draw.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, serde::Deserialize)]
+pub struct Sampler {
+    /// Temperature (> 0).
+    pub temperature: f32,
+    /// Keep the k most likely tokens (0: off).
+    pub top_k: u32,
+    /// Keep the smallest set holding this much probability (1: off).
+    pub top_p: f32,
+    /// Keep tokens at least this fraction as likely as the top one (0: off).
+    pub min_p: f32,
+}
+
+/// The top two logits of a row: (argmax, its logit − the runner-up's).
+pub fn top_gap(row: &[f32]) -> (usize, f32) {
+    let best = argmax(row);
+    let second = row
+        .iter()
+        .enumerate()
+        .filter(|(j, _)| *j != best)
+        .map(|(_, &v)| v)
+        .fold(f32::NEG_INFINITY, f32::max);
+    (best, row[best] - second)
 }
 
 /// One teacher-forced window: fresh memory, positions 0..tokens.len().
@@ -162,6 +230,9 @@ pub trait LoadedModel: Send + Sync {
     fn info(&self) -> &ModelInfo;
     /// Tokenize `text` (special tokens not parsed) with pieces and offsets.
     fn tokenize(&self, text: &str, bos: BosPolicy) -> Result<Vec<Token>>;
+    /// Tokenize a text that holds special tokens (a chat template's), which
+    /// are parsed and rendered in the pieces.
+    fn tokenize_special(&self, text: &str, bos: BosPolicy) -> Result<Vec<Token>>;
     /// The text piece of one token.
     fn piece(&self, id: TokenId) -> Vec<u8>;
     /// Teacher-forced scoring: memory cleared before each window; one finite
@@ -180,6 +251,18 @@ pub trait LoadedModel: Send + Sync {
         settings: &Settings,
         prompt: &[TokenId],
         max_new: usize,
+        decoding: Decoding,
+        stop: &mut dyn FnMut(&[TokenId]) -> bool,
+    ) -> Result<Vec<Step>>;
+    /// Sampled generation through `sampler` seeded with `seed`, one new
+    /// token per pass; stops as [`LoadedModel::generate`] does.
+    fn sample(
+        &self,
+        settings: &Settings,
+        prompt: &[TokenId],
+        max_new: usize,
+        sampler: &Sampler,
+        seed: u32,
         stop: &mut dyn FnMut(&[TokenId]) -> bool,
     ) -> Result<Vec<TokenId>>;
     /// The model's chat template applied to one user message, with the
