@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use toml::Spanned;
 
 /// Case kinds.
-pub const KINDS: &[&str] = &["perplexity", "kld"];
+pub const KINDS: &[&str] = &["perplexity", "kld", "recite", "teacher_forcing"];
 
 /// Metrics of every perplexity case.
 pub const PPL_METRICS: &[&str] = &[
@@ -114,6 +114,11 @@ impl Case {
                 self.prereg.is_some(),
                 p.kld.as_ref().map(|k| k.bins.len()),
             ),
+            Spec::Recite(_) => crate::digitcase::RECITE_METRICS
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            Spec::TeacherForcing(t) => t.metrics(),
         }
     }
 }
@@ -147,6 +152,29 @@ impl std::fmt::Display for Location {
 pub enum Spec {
     /// Teacher-forced scoring of a text or token-id file over windows.
     Perplexity(Perplexity),
+    /// Greedy recitation from a prompt (seed 000).
+    Recite(crate::digitcase::Recite),
+    /// Teacher forcing of expected digits after a prompt, digit by digit.
+    TeacherForcing(crate::digitcase::TeacherForcing),
+}
+
+impl Spec {
+    /// The perplexity spec, if this is one.
+    pub fn perplexity(&self) -> Option<&Perplexity> {
+        match self {
+            Spec::Perplexity(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// The reference model alias, if any.
+    pub fn reference(&self) -> Option<&(String, Location)> {
+        match self {
+            Spec::Perplexity(p) => p.reference.as_ref(),
+            Spec::TeacherForcing(t) => t.reference.as_ref(),
+            Spec::Recite(_) => None,
+        }
+    }
 }
 
 /// What is scored.
@@ -418,7 +446,7 @@ struct BootstrapFile {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct GateFile {
+pub(crate) struct GateFile {
     metric: Spanned<String>,
     max: Option<f64>,
     min: Option<f64>,
@@ -460,6 +488,9 @@ pub fn parse_case(path: &Path, name: &str) -> Result<Case> {
             kind.get_ref(),
             KINDS.join(", ")
         )));
+    }
+    if matches!(kind.get_ref().as_str(), "recite" | "teacher_forcing") {
+        return crate::digitcase::parse(path, name, &src, kind.get_ref(), sha256_bytes(&bytes));
     }
     let f: PerplexityFile = parse_toml(path, &src)?;
     let mut errors = Vec::new();
@@ -784,79 +815,14 @@ pub fn parse_case(path: &Path, name: &str) -> Result<Case> {
             "prereg: a preregistered comparison needs `reference` (its baseline model)".into(),
         );
     }
-    let mut gates = Vec::new();
-    for (i, g) in f.gate.iter().enumerate() {
-        let m = g.metric.get_ref();
-        if !metrics.contains(&m.as_str()) {
-            let hint = nearest(m, metrics.iter().copied())
-                .map(|n| format!(" (did you mean `{n}`?)"))
-                .unwrap_or_default();
-            let why = if PAIRED_METRICS.contains(&m.as_str()) {
-                " without a `reference` or `reference_record`".to_string()
-            } else {
-                String::new()
-            };
-            err(
-                at(g.metric.span().start),
-                format!(
-                    "gate[{i}].metric: `{m}` is not a metric of a {} case{why}{hint}; metrics: {}",
-                    kind.get_ref(),
-                    metrics.join(", ")
-                ),
-            );
-        }
-        if g.max.is_none() && g.min.is_none() {
-            err(
-                at(g.metric.span().start),
-                format!("gate[{i}]: give `max`, `min` or both"),
-            );
-        }
-        let gate = Gate {
-            metric: m.clone(),
-            max: g.max,
-            min: g.min,
-            on: g.on.as_ref().map(|o| o.get_ref().clone()),
-        };
-        if let Some(on) = &g.on {
-            let gated = gate.gated_metric();
-            if !GATE_ON.contains(&on.get_ref().as_str()) {
-                err(
-                    at(on.span().start),
-                    format!(
-                        "gate[{i}].on: `{}` is not one of {}",
-                        on.get_ref(),
-                        GATE_ON.join(", ")
-                    ),
-                );
-            } else if metrics.contains(&m.as_str()) && !metrics.contains(&gated.as_str()) {
-                err(
-                    at(on.span().start),
-                    format!("gate[{i}].on: `{m}` has no `{}` bound (`{gated}` is not a metric of this case)", on.get_ref()),
-                );
-            }
-        }
-        gates.push(gate);
-    }
-    let mut tolerances = BTreeMap::new();
-    for (k, t) in &f.tolerance {
-        let v = t.get_ref();
-        if k != "default" && !metrics.contains(&k.as_str()) {
-            err(
-                at(t.span().start),
-                format!(
-                    "tolerance.{k}: `{k}` is not a metric of this case; metrics: default, {}",
-                    metrics.join(", ")
-                ),
-            );
-        }
-        if v.atol < 0.0 || v.rtol < 0.0 {
-            err(
-                at(t.span().start),
-                format!("tolerance.{k}: atol and rtol must be ≥ 0"),
-            );
-        }
-        tolerances.insert(k.clone(), *v);
-    }
+    let (gates, tolerances) = gates_and_tolerances(
+        &f.gate,
+        &f.tolerance,
+        &metrics,
+        kind.get_ref(),
+        &at,
+        &mut err,
+    );
     if !errors.is_empty() {
         return Err(crate::error::join(errors));
     }
@@ -896,6 +862,92 @@ pub fn parse_case(path: &Path, name: &str) -> Result<Case> {
         gates,
         tolerances,
     })
+}
+
+/// Gates and tolerances of a case whose kind produces `metrics`; problems
+/// go to `err` with their positions.
+pub(crate) fn gates_and_tolerances(
+    gate_files: &[GateFile],
+    tolerance: &BTreeMap<String, Spanned<Tolerance>>,
+    metrics: &[&str],
+    kind: &str,
+    at: &dyn Fn(usize) -> Location,
+    err: &mut dyn FnMut(Location, String),
+) -> (Vec<Gate>, BTreeMap<String, Tolerance>) {
+    let mut gates = Vec::new();
+    for (i, g) in gate_files.iter().enumerate() {
+        let m = g.metric.get_ref();
+        if !metrics.contains(&m.as_str()) {
+            let hint = nearest(m, metrics.iter().copied())
+                .map(|n| format!(" (did you mean `{n}`?)"))
+                .unwrap_or_default();
+            let why = if PAIRED_METRICS.contains(&m.as_str()) {
+                " without a `reference` or `reference_record`".to_string()
+            } else {
+                String::new()
+            };
+            err(
+                at(g.metric.span().start),
+                format!(
+                    "gate[{i}].metric: `{m}` is not a metric of a {} case{why}{hint}; metrics: {}",
+                    kind,
+                    metrics.join(", ")
+                ),
+            );
+        }
+        if g.max.is_none() && g.min.is_none() {
+            err(
+                at(g.metric.span().start),
+                format!("gate[{i}]: give `max`, `min` or both"),
+            );
+        }
+        let gate = Gate {
+            metric: m.clone(),
+            max: g.max,
+            min: g.min,
+            on: g.on.as_ref().map(|o| o.get_ref().clone()),
+        };
+        if let Some(on) = &g.on {
+            let gated = gate.gated_metric();
+            if !GATE_ON.contains(&on.get_ref().as_str()) {
+                err(
+                    at(on.span().start),
+                    format!(
+                        "gate[{i}].on: `{}` is not one of {}",
+                        on.get_ref(),
+                        GATE_ON.join(", ")
+                    ),
+                );
+            } else if metrics.contains(&m.as_str()) && !metrics.contains(&gated.as_str()) {
+                err(
+                    at(on.span().start),
+                    format!("gate[{i}].on: `{m}` has no `{}` bound (`{gated}` is not a metric of this case)", on.get_ref()),
+                );
+            }
+        }
+        gates.push(gate);
+    }
+    let mut tolerances = BTreeMap::new();
+    for (k, t) in tolerance {
+        let v = t.get_ref();
+        if k != "default" && !metrics.contains(&k.as_str()) {
+            err(
+                at(t.span().start),
+                format!(
+                    "tolerance.{k}: `{k}` is not a metric of this case; metrics: default, {}",
+                    metrics.join(", ")
+                ),
+            );
+        }
+        if v.atol < 0.0 || v.rtol < 0.0 {
+            err(
+                at(t.span().start),
+                format!("tolerance.{k}: atol and rtol must be ≥ 0"),
+            );
+        }
+        tolerances.insert(k.clone(), *v);
+    }
+    (gates, tolerances)
 }
 
 /// Why `sha` is not a sha256 pin, if it is not.
@@ -951,7 +1003,7 @@ max = 10.0
                 on: None
             }]
         );
-        let Spec::Perplexity(pp) = &c.spec;
+        let pp = c.spec.perplexity().unwrap();
         assert_eq!(
             pp.windowing,
             Windowing::LlamaPerplexity {

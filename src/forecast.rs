@@ -34,7 +34,10 @@ pub fn kept(row: &[f32], s: &Sampler) -> Vec<(usize, f64)> {
     if s.top_p < 1.0 {
         // Softmax over what top-k left; the shortest prefix reaching top_p,
         // the crossing token included (llama_sampler_top_p_apply).
-        let e: Vec<f64> = idx.iter().map(|&j| (f64::from(row[j]) - max).exp()).collect();
+        let e: Vec<f64> = idx
+            .iter()
+            .map(|&j| (f64::from(row[j]) - max).exp())
+            .collect();
         let z: f64 = e.iter().sum();
         let mut cum = 0.0;
         let mut keep = idx.len();
@@ -117,7 +120,10 @@ mod tests {
     fn plain_temperature_is_the_tempered_softmax() {
         let row = [1.0f32, 2.0, 0.5, -1.0];
         for t in [0.5f32, 1.0, 1.7] {
-            let z: f64 = row.iter().map(|&l| (f64::from(l) / f64::from(t)).exp()).sum();
+            let z: f64 = row
+                .iter()
+                .map(|&l| (f64::from(l) / f64::from(t)).exp())
+                .sum();
             for (j, &l) in row.iter().enumerate() {
                 let want = (f64::from(l) / f64::from(t)).exp() / z;
                 assert!((p_pick(&row, &s(t, 0, 1.0, 0.0), j) - want).abs() < 1e-12);

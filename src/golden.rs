@@ -23,6 +23,21 @@ const DISCRETE: &[&str] = &[
     "top1_matches",
     "top1_matches_ref",
     "windows_better",
+    "first_error",
+    "digits_correct",
+    "complete",
+    "units_expected",
+    "tokens_generated",
+    "max_tokens_reached",
+    "units",
+    "units_measured",
+    "own_token_units",
+    "all_own_tokens",
+    "prompt_tokens_match",
+    "first_flip",
+    "flips",
+    "ref_first_flip",
+    "ref_flips",
 ];
 
 /// What to do with a changed or missing golden (insta's modes).
@@ -263,6 +278,12 @@ pub fn body(outcome: &Outcome) -> String {
     if let Some(d) = &outcome.prereg {
         let _ = writeln!(s, "prereg: {}", prereg_line(d));
     }
+    if !outcome.texts.is_empty() {
+        let _ = writeln!(s, "texts:");
+        for (k, v) in &outcome.texts {
+            let _ = writeln!(s, "  {k}: {}", yaml_scalar(v));
+        }
+    }
     s
 }
 
@@ -306,6 +327,8 @@ pub struct Parsed {
     pub gates: Vec<String>,
     /// The `prereg:` decision line, if any.
     pub prereg: Option<String>,
+    /// Text outcomes by name (compared exactly).
+    pub texts: BTreeMap<String, String>,
     /// The body text (after the header).
     pub body: String,
 }
@@ -349,6 +372,7 @@ pub fn parse(text: &str) -> std::result::Result<Parsed, String> {
     let mut metrics = BTreeMap::new();
     let mut gates = Vec::new();
     let mut prereg = None;
+    let mut texts = BTreeMap::new();
     let mut section = "";
     for (i, line) in text.lines().enumerate().skip(body_start) {
         let n = i + 1;
@@ -357,12 +381,8 @@ pub fn parse(text: &str) -> std::result::Result<Parsed, String> {
         } else if let Some(s) = line.strip_prefix("prereg: ") {
             prereg = Some(s.to_string());
             section = "";
-        } else if line == "metrics:" || line == "gates:" {
-            section = if line == "metrics:" {
-                "metrics"
-            } else {
-                "gates"
-            };
+        } else if line == "metrics:" || line == "gates:" || line == "texts:" {
+            section = &line[..line.len() - 1];
         } else if let Some(rest) = line.strip_prefix("  ") {
             match section {
                 "metrics" => {
@@ -377,7 +397,20 @@ pub fn parse(text: &str) -> std::result::Result<Parsed, String> {
                     }
                 }
                 "gates" => gates.push(rest.to_string()),
-                _ => return Err(format!("{n}: indented line outside `metrics:` or `gates:`")),
+                "texts" => {
+                    let (k, v) = rest
+                        .split_once(": ")
+                        .ok_or(format!("{n}: expected `name: text`"))?;
+                    let v = yaml_unscalar(v).ok_or(format!("{n}: unterminated quoted text"))?;
+                    if texts.insert(k.to_string(), v).is_some() {
+                        return Err(format!("{n}: text `{k}` appears twice"));
+                    }
+                }
+                _ => {
+                    return Err(format!(
+                        "{n}: indented line outside `metrics:`, `gates:` or `texts:`"
+                    ))
+                }
             }
         } else if !line.trim().is_empty() {
             return Err(format!("{n}: unexpected line `{line}`"));
@@ -389,6 +422,7 @@ pub fn parse(text: &str) -> std::result::Result<Parsed, String> {
         metrics,
         gates,
         prereg,
+        texts,
         body,
     })
 }
@@ -441,6 +475,18 @@ pub fn compare(golden: &Parsed, now: &Parsed, case: &Case) -> Vec<String> {
                 }
             }
             (None, None) => {}
+        }
+    }
+    let keys: std::collections::BTreeSet<&String> =
+        golden.texts.keys().chain(now.texts.keys()).collect();
+    for k in keys {
+        match (golden.texts.get(k), now.texts.get(k)) {
+            (Some(a), Some(b)) if a == b => {}
+            (a, b) => diffs.push(format!(
+                "{k}: {} → {} (texts compare exactly)",
+                a.map_or("(none)".into(), |v| format!("{v:?}")),
+                b.map_or("(none)".into(), |v| format!("{v:?}"))
+            )),
         }
     }
     if golden.gates != now.gates {

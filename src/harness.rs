@@ -371,8 +371,7 @@ fn result_key(runner: &Runner, p: &Planned) -> Option<String> {
         .clone()?;
     let pinned = |alias: &str| runner.registry.entry(alias).ok()?.sha256.clone();
     let model = pinned(&p.model)?;
-    let crate::case::Spec::Perplexity(pp) = &case.spec;
-    let reference = match &pp.reference {
+    let reference = match case.spec.reference() {
         Some((r, _)) => format!("{r}={}", pinned(r)?),
         None => String::new(),
     };

@@ -3,6 +3,7 @@
 
 pub mod case;
 pub mod diff;
+pub mod digitcase;
 pub mod digits;
 pub mod discover;
 pub mod engine;
@@ -20,6 +21,7 @@ pub mod models;
 pub mod parquet_out;
 pub mod parse;
 pub mod prereg;
+pub mod recitation;
 pub mod refcache;
 pub mod report;
 pub mod runner;

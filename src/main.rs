@@ -198,8 +198,7 @@ fn main() -> ExitCode {
                 Ok(c) => c,
                 Err(e) => return fail(&e),
             };
-            let quantgate::case::Spec::Perplexity(pp) = &parsed.spec;
-            let Some(alias) = model.or_else(|| pp.reference.as_ref().map(|r| r.0.clone())) else {
+            let Some(alias) = model.or_else(|| parsed.spec.reference().map(|r| r.0.clone())) else {
                 return fail(&Error::input(format!(
                     "{}: the case names no `reference`; pass --model ALIAS",
                     case.display()

@@ -35,6 +35,9 @@ pub struct ModelEntry {
     pub fetch_parts: Option<Vec<Fetch>>,
     /// Derive from another alias.
     pub derive: Option<Derive>,
+    /// A llama.cpp built-in chat template (`gemma`, `chatml`, …) for a file
+    /// that carries none.
+    pub chat_template: Option<String>,
     /// Free text.
     #[serde(default)]
     pub note: String,
@@ -144,7 +147,12 @@ impl Registry {
                     )));
                 }
             }
-            for (i, f) in m.fetch.iter().chain(m.fetch_parts.iter().flatten()).enumerate() {
+            for (i, f) in m
+                .fetch
+                .iter()
+                .chain(m.fetch_parts.iter().flatten())
+                .enumerate()
+            {
                 let at = if m.fetch.is_some() {
                     format!("{at}.fetch")
                 } else {
@@ -373,10 +381,8 @@ fn fetch(alias: &str, parts: &[Fetch], dest: &Path) -> Result<()> {
     let result = (|| -> Result<()> {
         let mut out = fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
         for (i, f) in parts.iter().enumerate() {
-            let dl = std::env::temp_dir().join(format!(
-                "quantgate-pip-{}-{alias}-{i}",
-                std::process::id()
-            ));
+            let dl = std::env::temp_dir()
+                .join(format!("quantgate-pip-{}-{alias}-{i}", std::process::id()));
             let _ = fs::remove_dir_all(&dl);
             fs::create_dir_all(&dl).map_err(|e| Error::io(&dl, e))?;
             let r = download(alias, f, &dl).and_then(|()| extract(alias, f, &dl, &mut out, &tmp));

@@ -11,7 +11,7 @@
 //! Contract: every mismatch is an input error naming the file (and the
 //! ledger line); a loss is an outcome, never an error.
 
-use crate::case::{Case, Location, Spec, Windowing};
+use crate::case::{Case, Location, Windowing};
 use crate::error::{Error, Result};
 use crate::fsutil::{line_col, sha256_bytes, write_atomic};
 use crate::parse::parse_toml;
@@ -728,8 +728,7 @@ pub fn check_case(p: &Prereg, case: &Case) -> Result<()> {
             p.candidate.1, p.candidate.0, case.name, models
         ));
     }
-    let Spec::Perplexity(pp) = &case.spec;
-    let reference = pp.reference.as_ref().map(|(r, _)| r.as_str());
+    let reference = case.spec.reference().map(|(r, _)| r.as_str());
     if reference != Some(p.baseline.0.as_str()) {
         errors.push(format!(
             "{}: compare.baseline: `{}`, but case `{}` compares against {:?}",
@@ -747,18 +746,28 @@ pub fn check_case(p: &Prereg, case: &Case) -> Result<()> {
             ));
         }
     }
-    let declared = match &pp.windowing {
-        Windowing::LlamaPerplexity { chunks, .. } | Windowing::Strided { chunks, .. } => *chunks,
-        Windowing::Resets { starts, .. } => Some(starts.len()),
-    };
-    if declared != Some(p.windows) {
-        errors.push(format!(
-            "{file}: windows: {} preregistered, but case `{}` declares {} ({})",
-            p.windows,
-            case.name,
-            declared.map_or("no chunk count".to_string(), |c| format!("{c} windows")),
-            pp.window_at
-        ));
+    match case.spec.perplexity() {
+        None => errors.push(format!(
+            "{}: case `{}` is not a perplexity or kld case; a prereg compares windows",
+            p.case.1, case.name
+        )),
+        Some(pp) => {
+            let declared = match &pp.windowing {
+                Windowing::LlamaPerplexity { chunks, .. } | Windowing::Strided { chunks, .. } => {
+                    *chunks
+                }
+                Windowing::Resets { starts, .. } => Some(starts.len()),
+            };
+            if declared != Some(p.windows) {
+                errors.push(format!(
+                    "{file}: windows: {} preregistered, but case `{}` declares {} ({})",
+                    p.windows,
+                    case.name,
+                    declared.map_or("no chunk count".to_string(), |c| format!("{c} windows")),
+                    pp.window_at
+                ));
+            }
+        }
     }
     if errors.is_empty() {
         Ok(())

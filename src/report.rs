@@ -150,16 +150,16 @@ pub fn parquet_path(dir: &Path, o: &Outcome) -> std::path::PathBuf {
     dir.join(&o.case).join(format!("{}.parquet", o.model))
 }
 
-/// Write an outcome's per-position rows (kld cases; nothing otherwise).
+/// Write an outcome's per-position rows (kld and teacher-forcing cases;
+/// nothing otherwise).
 pub fn write_parquet(dir: &Path, o: &Outcome) -> Result<()> {
-    match &o.kld_rows {
-        Some(rows) => crate::parquet_out::write_kld(
-            &parquet_path(dir, o),
-            &o.case,
-            &o.model,
-            o.model_sha256.as_deref().unwrap_or_default(),
-            rows,
-        ),
-        None => Ok(()),
+    let sha = o.model_sha256.as_deref().unwrap_or_default();
+    let dest = parquet_path(dir, o);
+    if let Some(rows) = &o.kld_rows {
+        crate::parquet_out::write_kld(&dest, &o.case, &o.model, sha, rows)?;
     }
+    if let Some(rows) = &o.digit_rows {
+        crate::parquet_out::write_digits(&dest, &o.case, &o.model, sha, rows)?;
+    }
+    Ok(())
 }

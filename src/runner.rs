@@ -59,33 +59,62 @@ pub fn plan(
                 model: String::new(),
             }),
             Ok(case) => {
-                let case = Arc::new(case);
-                for (alias, at) in &case.models {
-                    if !models.is_empty() && !models.contains(alias) {
-                        continue;
-                    }
-                    let reference = match &case.spec {
-                        Spec::Perplexity(p) => p.reference.clone(),
-                    };
-                    let case = match (registry.entry(alias), reference) {
-                        (Err(e), _) => Err(e.context(format!("{at}: models"))),
-                        (Ok(_), Some((r, rat))) if registry.entry(&r).is_err() => Err(registry
-                            .entry(&r)
-                            .unwrap_err()
-                            .context(format!("{rat}: reference"))),
-                        _ => Ok(case.clone()),
-                    };
-                    out.push(Planned {
-                        name: format!("{}::{alias}", found.name()),
-                        case,
-                        model: alias.clone(),
-                    });
+                // Several wordings of a recite prompt: one case (and test) each.
+                let variants: Vec<(String, Arc<Case>)> = match &case.spec {
+                    Spec::Recite(r) if r.prompts.len() > 1 => r
+                        .prompts
+                        .iter()
+                        .map(|p| {
+                            let mut one = r.clone();
+                            one.prompts = vec![p.clone()];
+                            let name = format!("{}/{}", found.name(), p.name);
+                            let c = Case {
+                                name: name.clone(),
+                                spec: Spec::Recite(one),
+                                ..case.clone()
+                            };
+                            (name, Arc::new(c))
+                        })
+                        .collect(),
+                    _ => vec![(found.name().to_string(), Arc::new(case))],
+                };
+                for (stem, case) in variants {
+                    plan_models(&registry, models, &stem, &case, &mut out);
                 }
             }
         }
     }
     out.sort_by(|a, b| (&a.model, &a.name).cmp(&(&b.model, &b.name)));
     Ok((registry, out))
+}
+
+/// One planned trial per model of `case` (those in `models` when given).
+fn plan_models(
+    registry: &Registry,
+    models: &[String],
+    stem: &str,
+    case: &Arc<Case>,
+    out: &mut Vec<Planned>,
+) {
+    for (alias, at) in &case.models {
+        if !models.is_empty() && !models.contains(alias) {
+            continue;
+        }
+        let reference = case.spec.reference().cloned();
+        let case = match (registry.entry(alias), reference) {
+            (Err(e), _) => Err(e.context(format!("{at}: models"))),
+            (Ok(_), Some((r, rat))) if registry.entry(&r).is_err() => Err(registry
+                .entry(&r)
+                .unwrap_err()
+                .context(format!("{rat}: reference"))),
+            _ => Ok(case.clone()),
+        };
+        out.push(Planned {
+            name: format!("{stem}::{alias}"),
+            case,
+            model: alias.clone(),
+        });
+    }
 }
 
 /// pass, fail (a gate was violated) or error (the case could not run).
@@ -137,6 +166,13 @@ pub struct Outcome {
     /// Per-position KLD rows (kld cases), for the Parquet output.
     #[serde(skip)]
     pub kld_rows: Option<Arc<KldRows>>,
+    /// Discrete text outcomes (recitation output, stop reason, least
+    /// certain positions), compared exactly with the golden.
+    #[serde(default)]
+    pub texts: BTreeMap<String, String>,
+    /// Per-digit rows (teacher-forcing cases), for the Parquet output.
+    #[serde(skip)]
+    pub digit_rows: Option<Arc<crate::recitation::DigitRows>>,
 }
 
 /// Per-position results of a kld case.
@@ -244,7 +280,13 @@ impl Runner {
     /// files) without running anything: what a cached result relies on.
     pub fn verify_inputs(&self, p: &Planned) -> Result<()> {
         let case = p.case.as_ref().map_err(|e| e.clone())?;
-        let Spec::Perplexity(pp) = &case.spec;
+        let Some(pp) = case.spec.perplexity() else {
+            self.prepare(&p.model)?;
+            if let Some((r, _)) = case.spec.reference() {
+                self.prepare(r)?;
+            }
+            return Ok(());
+        };
         read_source(pp)?;
         if let Some(rec) = &pp.reference_record {
             read_pinned_bytes(&rec.path, "reference_record", &rec.sha256, &rec.at)?;
@@ -278,6 +320,8 @@ impl Runner {
             timings: StageTimings::default(),
             prereg: None,
             kld_rows: None,
+            texts: BTreeMap::new(),
+            digit_rows: None,
         };
         let case = match &p.case {
             Ok(c) => c.clone(),
@@ -309,7 +353,7 @@ impl Runner {
         out
     }
 
-    fn load(
+    pub(crate) fn load(
         &self,
         alias: &str,
     ) -> Result<(crate::models::Verified, Arc<dyn crate::engine::LoadedModel>)> {
@@ -319,7 +363,13 @@ impl Runner {
     }
 
     fn run_case(&self, case: &Case, alias: &str, out: &mut Outcome) -> Result<()> {
-        let Spec::Perplexity(pp) = &case.spec;
+        let pp = match &case.spec {
+            Spec::Perplexity(pp) => pp,
+            Spec::Recite(r) => return crate::recitation::run_recite(self, case, r, alias, out),
+            Spec::TeacherForcing(t) => {
+                return crate::recitation::run_teacher_forcing(self, case, t, alias, out)
+            }
+        };
         let in_case = |e: Error| match e.kind {
             ErrorKind::Input if !e.message.contains(&case.path.display().to_string()) => {
                 e.context(case.path.display())
@@ -622,47 +672,10 @@ impl Runner {
             n_vocab: ci.n_vocab,
             tokenizer_fingerprint: String::new(),
         };
-        let key = header.key();
-        let path = self.ref_cache_dir.join(format!("{key}.qgref"));
-        let slot = memo_slot(&self.reference_rows, &key);
-        slot.get_or_init(|| {
-            let corrupt = match std::fs::read(&path) {
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-                Err(e) => Some(e.to_string()),
-                Ok(bytes) => match crate::refcache::decode(&bytes, &header) {
-                    Ok((h, rows)) => {
-                        return Ok(Arc::new(RefRows {
-                            rows,
-                            n_vocab: h.n_vocab,
-                            tokenizer_fingerprint: h.tokenizer_fingerprint,
-                        }))
-                    }
-                    Err(why) => Some(why),
-                },
-            };
-            let loaded = self
+        self.cached_ref_rows(&header, &case.path, ref_alias, &|| {
+            let (_, rmodel) = self
                 .load(ref_alias)
-                .map_err(|e| e.context(format!("{ref_at}: reference")));
-            let (_, rmodel) = match (loaded, &corrupt) {
-                (Ok(m), None) => m,
-                (Ok(m), Some(why)) => {
-                    eprintln!(
-                        "quantgate: reference cache {} is unusable ({why}); rebuilding it from `{ref_alias}`",
-                        path.display()
-                    );
-                    m
-                }
-                (Err(e), Some(why)) => {
-                    return Err(Error::input(format!(
-                        "{}: reference cache {} is unusable ({why}), and the reference model `{ref_alias}` \
-                         is not available to rebuild it: {}",
-                        case.path.display(),
-                        path.display(),
-                        e.message
-                    )))
-                }
-                (Err(e), None) => return Err(e),
-            };
+                .map_err(|e| e.context(format!("{ref_at}: reference")))?;
             let ri = rmodel.info();
             if ri.n_vocab != ci.n_vocab || ri.tokenizer_fingerprint != ci.tokenizer_fingerprint {
                 return Err(Error::input(format!(
@@ -695,9 +708,59 @@ impl Runner {
                 ));
                 Ok(())
             })?;
+            Ok((ri.n_vocab, ri.tokenizer_fingerprint.clone(), rows))
+        })
+    }
+
+    /// Reference rows from the `.qgref` cache file of `header`, or built by
+    /// `build` (which loads the reference model, scores it and returns its
+    /// vocabulary size, tokenizer fingerprint and rows) and written there.
+    /// Once per process per key; a corrupt cache is rebuilt, or reported
+    /// with the reason when the reference model is not available.
+    pub(crate) fn cached_ref_rows(
+        &self,
+        header: &crate::refcache::CacheHeader,
+        case_path: &Path,
+        ref_alias: &str,
+        build: &dyn Fn() -> Result<(usize, String, Vec<crate::kld::RefPosition>)>,
+    ) -> Result<Arc<RefRows>> {
+        let key = header.key();
+        let path = self.ref_cache_dir.join(format!("{key}.qgref"));
+        let slot = memo_slot(&self.reference_rows, &key);
+        slot.get_or_init(|| {
+            let corrupt = match std::fs::read(&path) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => Some(e.to_string()),
+                Ok(bytes) => match crate::refcache::decode(&bytes, header) {
+                    Ok((h, rows)) => {
+                        return Ok(Arc::new(RefRows {
+                            rows,
+                            n_vocab: h.n_vocab,
+                            tokenizer_fingerprint: h.tokenizer_fingerprint,
+                        }))
+                    }
+                    Err(why) => Some(why),
+                },
+            };
+            if let Some(why) = &corrupt {
+                eprintln!(
+                    "quantgate: reference cache {} is unusable ({why}); rebuilding it from `{ref_alias}`",
+                    path.display()
+                );
+            }
+            let (n_vocab, fingerprint, rows) = build().map_err(|e| match &corrupt {
+                Some(why) => Error::input(format!(
+                    "{}: reference cache {} is unusable ({why}), and the reference model `{ref_alias}` \
+                     is not available to rebuild it: {}",
+                    case_path.display(),
+                    path.display(),
+                    e.message
+                )),
+                None => e,
+            })?;
             let mut h = header.clone();
-            h.n_vocab = ri.n_vocab;
-            h.tokenizer_fingerprint = ri.tokenizer_fingerprint.clone();
+            h.n_vocab = n_vocab;
+            h.tokenizer_fingerprint = fingerprint;
             std::fs::create_dir_all(&self.ref_cache_dir).map_err(|e| {
                 Error::harness(format!("{}: {e}", self.ref_cache_dir.display()))
             })?;
@@ -787,7 +850,12 @@ impl Runner {
     /// Score the case's windows on `alias` and return them as a reference
     /// record (JSONL) that later runs can compare against without the model.
     pub fn export_reference(&self, case: &Case, alias: &str) -> Result<String> {
-        let Spec::Perplexity(pp) = &case.spec;
+        let Some(pp) = case.spec.perplexity() else {
+            return Err(Error::input(format!(
+                "{}: only perplexity and kld cases have reference records",
+                case.path.display()
+            )));
+        };
         let src = read_source(pp)?;
         let (verified, model) = self.load(alias)?;
         let plan = self.plan_for(pp, &src, &*model)?;

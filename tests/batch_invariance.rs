@@ -6,7 +6,7 @@
 
 use quantgate::engine::llama::LlamaEngine;
 use quantgate::engine::{
-    top_gap, BosPolicy, Decoding, Engine, LoadedModel, ModelPool, Settings, Window,
+    top_gap, BosPolicy, Decoding, LoadedModel, ModelPool, Settings, Window,
 };
 use quantgate::models::{ensure, Registry};
 use std::path::Path;
@@ -33,7 +33,12 @@ fn load(pool: &ModelPool, alias: &str) -> Arc<dyn LoadedModel> {
 }
 
 /// Teacher-force `tokens` and return (argmax, gap) of rows `from..`.
-fn forced(m: &dyn LoadedModel, settings: &Settings, tokens: &[i32], from: usize) -> Vec<(i32, f32)> {
+fn forced(
+    m: &dyn LoadedModel,
+    settings: &Settings,
+    tokens: &[i32],
+    from: usize,
+) -> Vec<(i32, f32)> {
     let mut rows = Vec::new();
     m.score(
         settings,
@@ -68,7 +73,9 @@ fn invariant_greedy_is_the_teacher_forced_argmax_bitwise() {
         let n_new = 48;
         let t0 = std::time::Instant::now();
         let steps = m
-            .generate(&settings, &prompt, n_new, Decoding::Invariant, &mut |_| false)
+            .generate(&settings, &prompt, n_new, Decoding::Invariant, &mut |_| {
+                false
+            })
             .unwrap();
         let t_inv = t0.elapsed();
         assert!(!steps.is_empty(), "{alias}: generated nothing");
@@ -87,7 +94,13 @@ fn invariant_greedy_is_the_teacher_forced_argmax_bitwise() {
         // Token-at-a-time decoding, for comparison (not asserted: it may flip).
         let t0 = std::time::Instant::now();
         let plain = m
-            .generate(&settings, &prompt, steps.len(), Decoding::Incremental, &mut |_| false)
+            .generate(
+                &settings,
+                &prompt,
+                steps.len(),
+                Decoding::Incremental,
+                &mut |_| false,
+            )
             .unwrap();
         let t_inc = t0.elapsed();
         let differ = plain
@@ -95,7 +108,10 @@ fn invariant_greedy_is_the_teacher_forced_argmax_bitwise() {
             .zip(&steps)
             .filter(|(a, b)| a.gap.to_bits() != b.gap.to_bits())
             .count();
-        let first_token_diff = plain.iter().zip(&steps).position(|(a, b)| a.token != b.token);
+        let first_token_diff = plain
+            .iter()
+            .zip(&steps)
+            .position(|(a, b)| a.token != b.token);
         report.push(format!(
             "{alias:<20} {} tokens: invariant {:>6.0} ms, incremental {:>6.0} ms ({:.1}x); \
              incremental margins differ at {differ} of {}, first token difference {:?}",

@@ -3,7 +3,7 @@
 //! greedy generation, the chat template, and model sharing between threads.
 
 use quantgate::engine::llama::LlamaEngine;
-use quantgate::engine::{BosPolicy, Engine, LoadedModel, ModelPool, Settings, Window};
+use quantgate::engine::{BosPolicy, Decoding, Engine, LoadedModel, ModelPool, Settings, Window};
 use quantgate::measure::row_stats;
 use quantgate::models::{ensure, Registry};
 use std::path::Path;
@@ -164,7 +164,7 @@ fn greedy_generation_starts_with_the_teacher_forced_argmax() {
 #[test]
 fn chat_template_wraps_the_user_message() {
     let m = fixture();
-    let p = m.chat_prompt("Recite pi.").unwrap();
+    let p = m.chat_prompt("Recite pi.", None).unwrap();
     assert!(
         p.contains("<|im_start|>user\nRecite pi.<|im_end|>"),
         "{p:?}"

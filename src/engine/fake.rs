@@ -276,17 +276,22 @@ impl LoadedModel for FakeModel {
         // Fake rows do not depend on the batch: both decodings agree.
         let mut out = Vec::new();
         let mut ids = Vec::new();
-        self.walk(prompt, max_new, &mut |row| {
-            let (next, gap) = top_gap(row);
-            out.push(Step {
-                token: next as TokenId,
-                gap,
-            });
-            next as TokenId
-        }, &mut |t| {
-            ids.push(t);
-            stop(&ids)
-        })?;
+        self.walk(
+            prompt,
+            max_new,
+            &mut |row| {
+                let (next, gap) = top_gap(row);
+                out.push(Step {
+                    token: next as TokenId,
+                    gap,
+                });
+                next as TokenId
+            },
+            &mut |t| {
+                ids.push(t);
+                stop(&ids)
+            },
+        )?;
         if out.last().is_some_and(|s| s.token == EOS) {
             out.pop();
         }
@@ -304,17 +309,22 @@ impl LoadedModel for FakeModel {
     ) -> Result<Vec<TokenId>> {
         let mut rng = crate::measure::SplitMix64(u64::from(seed));
         let mut ids = Vec::new();
-        self.walk(prompt, max_new, &mut |row| {
-            let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-            crate::forecast::draw(&crate::forecast::kept(row, sampler), u) as TokenId
-        }, &mut |t| {
-            ids.push(t);
-            stop(&ids)
-        })?;
+        self.walk(
+            prompt,
+            max_new,
+            &mut |row| {
+                let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+                crate::forecast::draw(&crate::forecast::kept(row, sampler), u) as TokenId
+            },
+            &mut |t| {
+                ids.push(t);
+                stop(&ids)
+            },
+        )?;
         Ok(ids)
     }
 
-    fn chat_prompt(&self, user: &str) -> Result<String> {
+    fn chat_prompt(&self, user: &str, _builtin: Option<&str>) -> Result<String> {
         Ok(format!("<user>{user}</user><assistant>"))
     }
 }

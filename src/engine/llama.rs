@@ -16,7 +16,7 @@ use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::model::params::LlamaModelParams;
-use llama_cpp_2::model::{LlamaChatMessage, LlamaModel};
+use llama_cpp_2::model::{LlamaChatMessage, LlamaChatTemplate, LlamaModel};
 use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::LlamaToken;
 use sha2::{Digest, Sha256};
@@ -194,10 +194,14 @@ impl Loaded {
             .iter()
             .enumerate()
             .map(|(i, &t)| {
-                if i == 0 && t == bos_id && bos != BosPolicy::Never {
+                let piece = vocab.token_to_piece(t, special, None);
+                // A BOS the tokenizer added spells nothing; one parsed from
+                // the text (a chat template's) spells itself.
+                let added = !(special && text.as_bytes().starts_with(&piece));
+                if i == 0 && t == bos_id && bos != BosPolicy::Never && added {
                     Vec::new()
                 } else {
-                    vocab.token_to_piece(t, special, None)
+                    piece
                 }
             })
             .collect();
@@ -246,7 +250,12 @@ impl Loaded {
             let t = tokens.get(k).copied().unwrap_or(pad);
             let pos = first + k;
             batch
-                .add(LlamaToken::new(t), pos as i32, &[0], all || (k < tokens.len() && want(pos)))
+                .add(
+                    LlamaToken::new(t),
+                    pos as i32,
+                    &[0],
+                    all || (k < tokens.len() && want(pos)),
+                )
                 .map_err(|e| self.err(format!("batch: {e}")))?;
         }
         ctx.decode(batch)
@@ -419,9 +428,15 @@ impl LoadedModel for Loaded {
             let mut p = done.min(s);
             while p < s {
                 let chunk = &tokens[p..s.min(p + n_batch)];
-                self.decode_padded(&mut ctx, &mut batch, settings, chunk, p, &|_| false, &|| {
-                    "on the prompt".into()
-                })?;
+                self.decode_padded(
+                    &mut ctx,
+                    &mut batch,
+                    settings,
+                    chunk,
+                    p,
+                    &|_| false,
+                    &|| "on the prompt".into(),
+                )?;
                 p += chunk.len();
             }
             for chunk_start in (s..n).step_by(n_batch) {
@@ -524,11 +539,17 @@ impl LoadedModel for Loaded {
         Ok(out)
     }
 
-    fn chat_prompt(&self, user: &str) -> Result<String> {
-        let tmpl = self
-            .model
-            .chat_template(None)
-            .map_err(|e| self.err(format!("no chat template: {e}")))?;
+    fn chat_prompt(&self, user: &str, builtin: Option<&str>) -> Result<String> {
+        let tmpl = match builtin {
+            Some(name) => LlamaChatTemplate::new(name)
+                .map_err(|e| self.err(format!("chat template `{name}`: {e}")))?,
+            None => self.model.chat_template(None).map_err(|e| {
+                self.err(format!(
+                    "no chat template in the file ({e}); name one of llama.cpp's built-in \
+                     templates as `chat_template` in the model registry"
+                ))
+            })?,
+        };
         let msg = LlamaChatMessage::new("user".into(), user.into())
             .map_err(|e| self.err(format!("chat message: {e}")))?;
         self.model

@@ -266,8 +266,9 @@ pub trait LoadedModel: Send + Sync {
         stop: &mut dyn FnMut(&[TokenId]) -> bool,
     ) -> Result<Vec<TokenId>>;
     /// The model's chat template applied to one user message, with the
-    /// assistant turn opened.
-    fn chat_prompt(&self, user: &str) -> Result<String>;
+    /// assistant turn opened. `builtin` names one of llama.cpp's built-in
+    /// templates (`gemma`, `chatml`, …) for a file that carries none.
+    fn chat_prompt(&self, user: &str, builtin: Option<&str>) -> Result<String>;
 }
 
 /// An engine: loads models.
