@@ -146,12 +146,17 @@ impl Inputs {
             m.insert(
                 "settings".into(),
                 format!(
-                    "n_ctx={} n_batch={} n_ubatch={} flash_attn={} kv={}",
+                    "n_ctx={} n_batch={} n_ubatch={} flash_attn={} kv={}{}",
                     s.n_ctx,
                     s.n_batch,
                     s.n_batch,
                     if s.flash_attn { "on" } else { "off" },
-                    s.kv_type
+                    s.kv_type,
+                    if s.min_rows > 0 {
+                        format!(" min_rows={}", s.min_rows)
+                    } else {
+                        String::new()
+                    }
                 ),
             );
         }
