@@ -161,9 +161,8 @@ pub fn write_digits(
     let r = &rows.rows;
     let n = r.len();
     let s = |v: &str| Col::Str(vec![ByteArray::from(v); n]);
-    let strs = |f: &dyn Fn(&DigitRow) -> &str| {
-        Col::Str(r.iter().map(|x| ByteArray::from(f(x))).collect())
-    };
+    let strs =
+        |f: &dyn Fn(&DigitRow) -> &str| Col::Str(r.iter().map(|x| ByteArray::from(f(x))).collect());
     let mut cols = vec![
         s(case),
         s(model),

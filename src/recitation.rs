@@ -1009,7 +1009,10 @@ mod tests {
         // Words: the token carries the space before the word.
         let text = "say: two zero";
         let t = toks(text, &["say", ":", " two", " zero"]);
-        assert_eq!(unit_tokens(text.as_bytes(), &[5, 9], &t), vec![Some(2), Some(3)]);
+        assert_eq!(
+            unit_tokens(text.as_bytes(), &[5, 9], &t),
+            vec![Some(2), Some(3)]
+        );
     }
 
     #[test]

@@ -4,24 +4,15 @@
 //! every model of the SmolLM2 ladder and for Gemma-3-270M; plain
 //! token-at-a-time decoding is measured beside it.
 
+mod common;
+
 use quantgate::engine::llama::LlamaEngine;
-use quantgate::engine::{
-    top_gap, BosPolicy, Decoding, LoadedModel, ModelPool, Settings, Window,
-};
+use quantgate::engine::{top_gap, BosPolicy, Decoding, LoadedModel, ModelPool, Settings, Window};
 use quantgate::models::{ensure, Registry};
 use std::path::Path;
 use std::sync::Arc;
 
-const MODELS: &[&str] = &[
-    "smollm2-q4_1",
-    "smollm2-f16",
-    "smollm2-q8_0",
-    "smollm2-q6_k",
-    "smollm2-q4_k_m",
-    "smollm2-q3_k_m",
-    "smollm2-q2_k",
-    "gemma3-270m-q4_k_m",
-];
+use common::REAL_MODELS as MODELS;
 
 fn load(pool: &ModelPool, alias: &str) -> Arc<dyn LoadedModel> {
     let reg =

@@ -152,10 +152,17 @@ fn wordings_are_tests_and_first_error_equals_first_flip() {
             .filter(|&j| j != target)
             .map(|j| lp[j])
             .fold(f64::NEG_INFINITY, f64::max);
-        assert!((d.margin - (lp[target] - best_other)).abs() < 1e-9, "unit {k}");
+        assert!(
+            (d.margin - (lp[target] - best_other)).abs() < 1e-9,
+            "unit {k}"
+        );
         let refrow = row(&rspec, text[pos], pos);
         let kl = quantgate::kld::exact_kl(&refrow, &c);
-        assert!((d.kl_vs_ref - kl).abs() < 1e-9, "unit {k}: {} vs {kl}", d.kl_vs_ref);
+        assert!(
+            (d.kl_vs_ref - kl).abs() < 1e-9,
+            "unit {k}: {} vs {kl}",
+            d.kl_vs_ref
+        );
         kl_sum += kl;
         // Unit 4 is the departure; after the forced "X" the fake wants "Y".
         assert_eq!(d.rank > 0, k == 4 || k == 5, "unit {k}");
@@ -168,17 +175,22 @@ fn wordings_are_tests_and_first_error_equals_first_flip() {
     let mut p: Vec<f64> = rows.iter().map(|r| r.ref_odds_percentile).collect();
     p.sort_by(f64::total_cmp);
     assert_eq!((p[0], p[6]), (0.0, 100.0));
-    assert!(tf.texts["least_certain_ref"].starts_with("4: "), "{:?}", tf.texts);
+    assert!(
+        tf.texts["least_certain_ref"].starts_with("4: "),
+        "{:?}",
+        tf.texts
+    );
 
     // Parquet: one row per digit, read back with the crate's row reader.
     let dir = root.join("out");
     quantgate::report::write_parquet(&dir, tf).unwrap();
     let file = std::fs::File::open(quantgate::report::parquet_path(&dir, tf)).unwrap();
     let reader = parquet::file::serialized_reader::SerializedFileReader::new(file).unwrap();
-    let back: Vec<parquet::record::Row> = parquet::file::reader::FileReader::get_row_iter(&reader, None)
-        .unwrap()
-        .map(|r| r.unwrap())
-        .collect();
+    let back: Vec<parquet::record::Row> =
+        parquet::file::reader::FileReader::get_row_iter(&reader, None)
+            .unwrap()
+            .map(|r| r.unwrap())
+            .collect();
     assert_eq!(back.len(), 7);
     for (r, d) in back.iter().zip(rows) {
         let cols: std::collections::HashMap<String, String> = r
@@ -216,13 +228,21 @@ fn a_complete_recitation_and_words() {
     assert_eq!(done.metrics["complete"], 1.0);
     assert_eq!(done.metrics["first_error"], 4.0);
     assert_eq!(done.metrics["tokens_generated"], 4.0);
-    assert!(done.texts["stopped"].starts_with("complete"), "{:?}", done.texts);
+    assert!(
+        done.texts["stopped"].starts_with("complete"),
+        "{:?}",
+        done.texts
+    );
     // max_tokens before the expected text ends: reported as a lower bound.
     let (_, short) = &out[1];
     assert_eq!(short.status, Status::Pass);
     assert_eq!(short.metrics["first_error"], 3.0);
     assert_eq!(short.metrics["max_tokens_reached"], 1.0);
-    assert!(short.texts["stopped"].contains("lower bound"), "{:?}", short.texts);
+    assert!(
+        short.texts["stopped"].contains("lower bound"),
+        "{:?}",
+        short.texts
+    );
 }
 
 #[test]
@@ -235,7 +255,10 @@ fn another_vocabulary_is_refused_before_scoring() {
     let (_, o) = &out[0];
     assert_eq!(o.status, Status::Error);
     let e = o.error.as_deref().unwrap();
-    assert!(e.contains("different vocabularies") && e.contains("tf.toml"), "{e}");
+    assert!(
+        e.contains("different vocabularies") && e.contains("tf.toml"),
+        "{e}"
+    );
     assert!(o.digit_rows.is_none() && o.metrics.is_empty());
 }
 
@@ -356,14 +379,18 @@ fn golden_texts_are_compared_exactly() {
     let r = Runner::new(registry, Arc::new(engine()), 1);
     let o = r.run(&planned[0]);
     let text = quantgate::golden::render(&o, "suites/r.toml");
-    assert!(text.contains("texts:\n  decoding: invariant (min_rows 32)\n"), "{text}");
+    assert!(
+        text.contains("texts:\n  decoding: invariant (min_rows 32)\n"),
+        "{text}"
+    );
     let parsed = quantgate::golden::parse(&text).unwrap();
     assert_eq!(parsed.texts, o.texts);
     let case = planned[0].case.as_ref().unwrap();
     assert!(quantgate::golden::compare(&parsed, &parsed, case).is_empty());
     let mut changed = o.clone();
     changed.texts.insert("output".into(), "3456799".into());
-    let now = quantgate::golden::parse(&quantgate::golden::render(&changed, "suites/r.toml")).unwrap();
+    let now =
+        quantgate::golden::parse(&quantgate::golden::render(&changed, "suites/r.toml")).unwrap();
     let diffs = quantgate::golden::compare(&parsed, &now, case);
     assert_eq!(
         diffs,

@@ -4,21 +4,14 @@
 //! Gemma-3-270M; and per-digit `logprob` and `kl_vs_ref` against an
 //! independent f64 computation from the raw logits.
 
+mod common;
+
 use quantgate::engine::{BosPolicy, Settings, Window};
 use quantgate::runner::{plan, Outcome, Runner, Status};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-const MODELS: &[&str] = &[
-    "smollm2-q4_1",
-    "smollm2-f16",
-    "smollm2-q8_0",
-    "smollm2-q6_k",
-    "smollm2-q4_k_m",
-    "smollm2-q3_k_m",
-    "smollm2-q2_k",
-    "gemma3-270m-q4_k_m",
-];
+use common::REAL_MODELS as MODELS;
 const PROMPT: &str = "Pi to 1000 decimal places: 3.";
 const DIGITS: usize = 300;
 
@@ -164,10 +157,7 @@ fn logprob_and_kl_vs_ref_match_an_independent_computation() {
     let pi = quantgate::digits::pi(n);
     let text = format!("{PROMPT}{}", &pi[2..]);
     let s = o.settings.clone().unwrap();
-    let settings = Settings {
-        threads: 2,
-        ..s
-    };
+    let settings = Settings { threads: 2, ..s };
     let picks = [0usize, 5, 17, n - 1];
     let raw = |alias: &str| -> Vec<Vec<f32>> {
         let v = runner.prepare(alias).unwrap();
@@ -178,7 +168,10 @@ fn logprob_and_kl_vs_ref_match_an_independent_computation() {
             .iter()
             .map(|t| t.id)
             .collect();
-        let want: Vec<usize> = picks.iter().map(|&k| rows[k].token_index as usize - 1).collect();
+        let want: Vec<usize> = picks
+            .iter()
+            .map(|&k| rows[k].token_index as usize - 1)
+            .collect();
         let mut got = Vec::new();
         m.score(
             &settings,

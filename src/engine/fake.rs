@@ -164,16 +164,14 @@ impl FakeModel {
         let mut last = *prompt
             .last()
             .ok_or_else(|| self.info.file.error("generation needs a non-empty prompt"))?;
-        let mut pos = prompt.len() - 1;
         let mut row = Vec::with_capacity(N_VOCAB);
-        for _ in 0..max_new {
+        for pos in (prompt.len() - 1..).take(max_new) {
             self.spec.row(last, pos, &mut row);
             let next = pick(&row);
             if next == EOS || push(next) {
                 break;
             }
             last = next;
-            pos += 1;
         }
         Ok(())
     }

@@ -221,6 +221,7 @@ impl Loaded {
     /// `settings.padded_rows` rows (copies of the last token at the
     /// following positions, dropped from the cache afterwards). Logits are
     /// kept for the rows `want` selects (for every row when padding is on).
+    #[allow(clippy::too_many_arguments)]
     fn decode_padded(
         &self,
         ctx: &mut LlamaContext<'_>,
@@ -495,46 +496,41 @@ impl LoadedModel for Loaded {
         chain.push(LlamaSampler::dist(seed));
         let mut chain = LlamaSampler::chain_simple(chain);
         let vocab = self.model.vocab();
-        let mut last = 0i32;
-        for (b, chunk) in prompt.chunks(n_batch).enumerate() {
-            batch.clear();
-            for (k, &t) in chunk.iter().enumerate() {
-                let pos = b * n_batch + k;
-                let want = pos + 1 == prompt.len();
-                batch
-                    .add(LlamaToken::new(t), pos as i32, &[0], want)
-                    .map_err(|e| self.err(format!("batch: {e}")))?;
-                if want {
-                    last = k as i32;
-                }
-            }
-            ctx.decode(&mut batch)
-                .map_err(|e| self.err(format!("llama_decode failed ({e}) on the prompt")))?;
-        }
+        let plain = Settings {
+            min_rows: 0,
+            ..settings.clone()
+        };
+        let mut tokens = prompt.to_vec();
         let mut out = Vec::new();
-        let mut pos = prompt.len();
+        // Positions [0, done) are in the cache; each pass decodes the rest.
+        let mut done = 0usize;
         while out.len() < max_new {
+            let n = tokens.len();
+            for start in (done..n).step_by(n_batch) {
+                let chunk = &tokens[start..n.min(start + n_batch)];
+                self.decode_padded(
+                    &mut ctx,
+                    &mut batch,
+                    &plain,
+                    chunk,
+                    start,
+                    &|pos| pos + 1 == n,
+                    &|| format!("sampling at position {n}"),
+                )?;
+            }
+            let last = ((n - 1 - done) % n_batch) as i32;
+            done = n;
             // Check the row as every other path does, then let llama.cpp sample it.
-            self.row(&ctx, last, pos - 1)?;
+            self.row(&ctx, last, n - 1)?;
             let next = chain.sample(&ctx, last);
             if vocab.is_eog(next) {
                 break;
             }
             out.push(next.0);
-            if stop(&out) || out.len() == max_new {
+            tokens.push(next.0);
+            if stop(&out) {
                 break;
             }
-            batch.clear();
-            batch
-                .add(next, pos as i32, &[0], true)
-                .map_err(|e| self.err(format!("batch: {e}")))?;
-            ctx.decode(&mut batch).map_err(|e| {
-                self.err(format!(
-                    "llama_decode failed ({e}) generating at position {pos}"
-                ))
-            })?;
-            last = 0;
-            pos += 1;
         }
         Ok(out)
     }

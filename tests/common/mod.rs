@@ -3,6 +3,18 @@
 
 use std::path::{Path, PathBuf};
 
+/// Every real fixture model: the SmolLM2 ladder and Gemma-3-270M.
+pub const REAL_MODELS: &[&str] = &[
+    "smollm2-q4_1",
+    "smollm2-f16",
+    "smollm2-q8_0",
+    "smollm2-q6_k",
+    "smollm2-q4_k_m",
+    "smollm2-q3_k_m",
+    "smollm2-q2_k",
+    "gemma3-270m-q4_k_m",
+];
+
 /// A GGUF v3 header with no tensors, padded to `len` bytes (so files differ
 /// in size and sha256). The fake engine never reads it; the preflight does.
 pub fn gguf(len: usize) -> Vec<u8> {
