@@ -20,6 +20,7 @@ pub mod measure;
 pub mod models;
 pub mod parquet_out;
 pub mod parse;
+pub mod plot;
 pub mod prereg;
 pub mod recitation;
 pub mod refcache;

@@ -533,7 +533,8 @@ pub fn run_teacher_forcing(
             unit_of_row.len()
         )));
     }
-    let rows: Vec<DigitRow> = rows
+    // A unit without a token of its own keeps a row, with nothing scored.
+    let mut rows: Vec<DigitRow> = rows
         .into_iter()
         .enumerate()
         .map(|(k, r)| {
@@ -557,7 +558,6 @@ pub fn run_teacher_forcing(
             })
         })
         .collect();
-    let mut rows = rows;
     tf_metrics(t, &loc, &mut rows, reference.is_some(), out);
     if !samplers.is_empty() {
         sampling(case, t, &*model, &loc, &rows, &settings, out)?;

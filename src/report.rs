@@ -151,7 +151,7 @@ pub fn parquet_path(dir: &Path, o: &Outcome) -> std::path::PathBuf {
 }
 
 /// Write an outcome's per-position rows (kld and teacher-forcing cases;
-/// nothing otherwise).
+/// nothing otherwise), and a teacher-forcing case's per-digit plot (`.svg`).
 pub fn write_parquet(dir: &Path, o: &Outcome) -> Result<()> {
     let sha = o.model_sha256.as_deref().unwrap_or_default();
     let dest = parquet_path(dir, o);
@@ -160,6 +160,10 @@ pub fn write_parquet(dir: &Path, o: &Outcome) -> Result<()> {
     }
     if let Some(rows) = &o.digit_rows {
         crate::parquet_out::write_digits(&dest, &o.case, &o.model, sha, rows)?;
+        // The per-digit plot beside it.
+        let first_flip = o.metrics.get("first_flip").map(|f| *f as usize);
+        let svg = crate::plot::digits_svg(&format!("{}::{}", o.case, o.model), rows, first_flip);
+        crate::fsutil::write_atomic(&dest.with_extension("svg"), svg.as_bytes())?;
     }
     Ok(())
 }

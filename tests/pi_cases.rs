@@ -192,6 +192,13 @@ fn wordings_are_tests_and_first_error_equals_first_flip() {
             .map(|r| r.unwrap())
             .collect();
     assert_eq!(back.len(), 7);
+    let svg =
+        std::fs::read_to_string(quantgate::report::parquet_path(&dir, tf).with_extension("svg"))
+            .unwrap();
+    assert!(
+        svg.contains("first flip: 4") && svg.contains("<polyline"),
+        "{svg}"
+    );
     for (r, d) in back.iter().zip(rows) {
         let cols: std::collections::HashMap<String, String> = r
             .get_column_iter()
