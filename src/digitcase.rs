@@ -98,6 +98,13 @@ impl Expected {
         }
     }
 
+    /// Tokens enough to write the expected text, with 16 to spare: a
+    /// token per character of the lead and per digit, three per word.
+    pub fn token_budget(&self) -> usize {
+        let per_unit = if self.format == Format::Words { 3 } else { 1 };
+        (self.lead.len() + self.units.len()) * per_unit + 16
+    }
+
     /// Byte span of each unit in `lead + body`.
     pub fn spans(&self) -> Vec<(usize, usize)> {
         let mut at = self.lead.len();
@@ -302,32 +309,20 @@ pub fn parse(path: &Path, name: &str, src: &str, kind: &str, sha: String) -> Res
             );
         }
     }
-    let template = match f
-        .template
-        .as_ref()
-        .map(|t| (t.get_ref().as_str(), t.span()))
-    {
-        None | Some(("raw", _)) => Template::Raw,
-        Some(("chat", _)) => Template::Chat,
-        Some((other, span)) => {
-            err(
-                at(span.start),
-                format!("template: `{other}` is not one of raw, chat"),
-            );
-            Template::Raw
-        }
-    };
-    let format = match f.format.as_ref().map(|t| (t.get_ref().as_str(), t.span())) {
-        None | Some(("digits", _)) => Format::Digits,
-        Some(("words", _)) => Format::Words,
-        Some((other, span)) => {
-            err(
-                at(span.start),
-                format!("format: `{other}` is not one of digits, words"),
-            );
-            Format::Digits
-        }
-    };
+    let template = choice(
+        &f.template,
+        "template",
+        &[("raw", Template::Raw), ("chat", Template::Chat)],
+        &at,
+        &mut err,
+    );
+    let format = choice(
+        &f.format,
+        "format",
+        &[("digits", Format::Digits), ("words", Format::Words)],
+        &at,
+        &mut err,
+    );
     let expected = expected(&f.expect, format, &at, &mut err);
     let subst = |t: &str| t.replace("{digits}", &expected.digits);
     let mut prompts = Vec::new();
@@ -390,26 +385,20 @@ pub fn parse(path: &Path, name: &str, src: &str, kind: &str, sha: String) -> Res
         .as_ref()
         .map(|r| (r.get_ref().clone(), at(r.span().start)));
     let spec = if recite {
-        let decoding = match f
-            .decoding
-            .as_ref()
-            .map(|d| (d.get_ref().as_str(), d.span()))
-        {
-            None | Some(("invariant", _)) => Decoding::Invariant,
-            Some(("incremental", _)) => Decoding::Incremental,
-            Some((other, span)) => {
-                err(
-                    at(span.start),
-                    format!("decoding: `{other}` is not one of invariant, incremental"),
-                );
-                Decoding::Invariant
-            }
-        };
-        let per_unit = if format == Format::Words { 3 } else { 1 };
-        let max_tokens = f.max_tokens.as_ref().map_or(
-            (expected.lead.len() + expected.units.len()) * per_unit + 16,
-            |m| *m.get_ref(),
+        let decoding = choice(
+            &f.decoding,
+            "decoding",
+            &[
+                ("invariant", Decoding::Invariant),
+                ("incremental", Decoding::Incremental),
+            ],
+            &at,
+            &mut err,
         );
+        let max_tokens = f
+            .max_tokens
+            .as_ref()
+            .map_or(expected.token_budget(), |m| *m.get_ref());
         if max_tokens == 0 {
             err(
                 at(f.max_tokens.as_ref().map_or(0, |m| m.span().start)),
@@ -519,6 +508,35 @@ pub fn parse(path: &Path, name: &str, src: &str, kind: &str, sha: String) -> Res
         tolerances,
         prereg: None,
     })
+}
+
+/// A value from a closed set: the first option when absent; otherwise an
+/// error listing the options (and the first option, to go on checking).
+fn choice<T: Copy>(
+    value: &Option<Spanned<String>>,
+    key: &str,
+    options: &[(&str, T)],
+    at: &dyn Fn(usize) -> Location,
+    err: &mut dyn FnMut(Location, String),
+) -> T {
+    let Some(v) = value else {
+        return options[0].1;
+    };
+    match options.iter().find(|(name, _)| *name == v.get_ref()) {
+        Some(&(_, t)) => t,
+        None => {
+            let names: Vec<&str> = options.iter().map(|o| o.0).collect();
+            err(
+                at(v.span().start),
+                format!(
+                    "{key}: `{}` is not one of {}",
+                    v.get_ref(),
+                    names.join(", ")
+                ),
+            );
+            options[0].1
+        }
+    }
 }
 
 fn expected(

@@ -115,6 +115,58 @@ fn ids_sha256(ids: &[TokenId]) -> String {
     crate::fsutil::sha256_bytes(&bytes)
 }
 
+/// A generated text followed against the expected one, token by token.
+struct Follow<'a> {
+    expected: &'a Expected,
+    /// Skip the leading whitespace (a chat answer's).
+    trim: bool,
+    text: String,
+    /// Byte end of each token's piece in `text`.
+    ends: Vec<usize>,
+}
+
+impl<'a> Follow<'a> {
+    fn new(expected: &'a Expected, template: Template) -> Self {
+        Follow {
+            expected,
+            trim: template == Template::Chat,
+            text: String::new(),
+            ends: Vec::new(),
+        }
+    }
+
+    /// Add one token's piece; how far the text follows now.
+    fn push(&mut self, piece: &str) -> Reach {
+        self.text.push_str(piece);
+        self.ends.push(self.text.len());
+        self.reach()
+    }
+
+    /// Bytes of leading whitespace skipped.
+    fn skipped(&self) -> usize {
+        if self.trim {
+            self.text.len() - self.text.trim_start().len()
+        } else {
+            0
+        }
+    }
+
+    /// The text compared with the expected one.
+    fn shown(&self) -> &str {
+        &self.text[self.skipped()..]
+    }
+
+    fn reach(&self) -> Reach {
+        reach(self.expected, self.shown())
+    }
+
+    /// The token whose piece holds byte `at` of the shown text.
+    fn token_at(&self, at: usize) -> Option<usize> {
+        let at = at + self.skipped();
+        self.ends.iter().position(|&e| e > at)
+    }
+}
+
 fn prompt_text(
     runner: &Runner,
     model: &dyn LoadedModel,
@@ -225,8 +277,7 @@ pub fn run_recite(
     out.timings.tokenize = t.elapsed();
     let settings = settings_for(runner, &*model, case, ids.len() + r.max_tokens, r.min_rows)?;
     out.settings = Some(settings.clone());
-    let trim = r.template == Template::Chat;
-    let mut produced = String::new();
+    let mut follow = Follow::new(&r.expected, r.template);
     let mut departed_at_step: Option<usize> = None;
     let mut stopped = "max_tokens";
     let t = Instant::now();
@@ -235,13 +286,7 @@ pub fn run_recite(
             let Some(&last) = gen.last() else {
                 return false;
             };
-            produced.push_str(&piece_text(&*model, last));
-            let shown = if trim {
-                produced.trim_start()
-            } else {
-                &produced
-            };
-            let now = reach(&r.expected, shown);
+            let now = follow.push(&piece_text(&*model, last));
             if now.complete {
                 stopped = "complete";
                 return true;
@@ -261,20 +306,7 @@ pub fn run_recite(
     if steps.len() < r.max_tokens && stopped == "max_tokens" {
         stopped = "end-of-generation";
     }
-    // The text of each step, to find the step where the output departs.
-    let mut text_out = String::new();
-    let mut ends = Vec::with_capacity(steps.len());
-    for s in &steps {
-        text_out.push_str(&piece_text(&*model, s.token));
-        ends.push(text_out.len());
-    }
-    let lead_ws = if trim {
-        text_out.len() - text_out.trim_start().len()
-    } else {
-        0
-    };
-    let shown = &text_out[lead_ws..];
-    let got = reach(&r.expected, shown);
+    let got = follow.reach();
     let m = &mut out.metrics;
     m.insert("first_error".into(), got.correct as f64);
     m.insert("digits_correct".into(), got.correct as f64);
@@ -285,14 +317,11 @@ pub fn run_recite(
         "max_tokens_reached".into(),
         f64::from(u8::from(stopped == "max_tokens")),
     );
-    if let Some(at) = got.departs_at {
-        let step = ends.iter().position(|&e| e > at + lead_ws);
-        if let Some(s) = step {
-            m.insert("error_gap".into(), f64::from(steps[s].gap));
-        }
+    if let Some(s) = got.departs_at.and_then(|at| follow.token_at(at)) {
+        m.insert("error_gap".into(), f64::from(steps[s].gap));
     }
     let tx = &mut out.texts;
-    tx.insert("output".into(), bounded(shown, got.departs_at));
+    tx.insert("output".into(), bounded(follow.shown(), got.departs_at));
     tx.insert(
         "stopped".into(),
         match stopped {
@@ -393,15 +422,18 @@ pub fn unit_tokens(text: &[u8], starts: &[usize], tokens: &[Token]) -> Vec<Optio
         .collect()
 }
 
-/// Margin of the true token: its logit minus the best other's (f64).
-fn margin_of(row: &[f32], target: usize) -> f64 {
-    let best_other = row
-        .iter()
-        .enumerate()
-        .filter(|(j, _)| *j != target)
-        .map(|(_, &v)| v)
-        .fold(f32::NEG_INFINITY, f32::max);
-    f64::from(row[target]) - f64::from(best_other)
+/// Rank of the true token (tokens with a strictly higher logit) and its
+/// margin (its logit minus the best other's, f64), in one pass.
+fn rank_and_margin(row: &[f32], target: usize) -> (i64, f64) {
+    let t = row[target];
+    let (mut rank, mut best_other) = (0i64, f32::NEG_INFINITY);
+    for (j, &v) in row.iter().enumerate() {
+        if j != target {
+            rank += i64::from(v > t);
+            best_other = best_other.max(v);
+        }
+    }
+    (rank, f64::from(t) - f64::from(best_other))
 }
 
 /// The reference's margin at a stored position (exact: its top entries
@@ -480,7 +512,7 @@ pub fn run_teacher_forcing(
                 let target = ids[pos + 1] as usize;
                 let st = row_stats_exps(row, &mut exps);
                 let top = st.argmax;
-                let rank = row.iter().filter(|&&v| v > row[target]).count() as i64;
+                let (rank, margin) = rank_and_margin(row, target);
                 let (kl, matches, rmargin) = match &reference {
                     Some(refs) => {
                         let r = &refs.rows[refs_used];
@@ -500,7 +532,7 @@ pub fn run_teacher_forcing(
                     own_token: String::from_utf8_lossy(&tok.piece).trim() == t.expected.units[k],
                     logprob: st.logprob(row, target),
                     rank,
-                    margin: margin_of(row, target),
+                    margin,
                     top1_token: top as TokenId,
                     top1_piece: piece_text(&*model, top as TokenId),
                     kl_vs_ref: kl,
@@ -853,25 +885,18 @@ fn sampling(
             lines.push(format!("{}: forecast reach {forecast:.2}", s.name));
             continue;
         }
-        let max_new = t.expected.lead.len()
-            + t.expected.units.len()
-                * if t.expected.format == Format::Words {
-                    3
-                } else {
-                    1
-                }
-            + 8;
+        let max_new = t.expected.token_budget();
+        // Sampling passes are never padded (the engine decodes them one
+        // token at a time); the context only needs the prompt and the budget.
         let plain = Settings {
-            min_rows: 0,
             n_ctx: (loc.prompt_ids.len() + max_new + 8).div_ceil(256) as u32 * 256,
             ..settings.clone()
         };
-        let trim = t.template == Template::Chat;
         let mut reached = Vec::with_capacity(s.samples);
         let t0 = Instant::now();
         for k in 0..s.samples {
-            let mut produced = String::new();
-            let ids = model
+            let mut follow = Follow::new(&t.expected, t.template);
+            model
                 .sample(
                     &plain,
                     &loc.prompt_ids,
@@ -879,22 +904,15 @@ fn sampling(
                     &s.sampler,
                     s.seed.wrapping_add(k as u32),
                     &mut |gen| {
-                        if let Some(&last) = gen.last() {
-                            produced.push_str(&piece_text(model, last));
-                        }
-                        let shown = if trim {
-                            produced.trim_start()
-                        } else {
-                            &produced
+                        let Some(&last) = gen.last() else {
+                            return false;
                         };
-                        let r = reach(&t.expected, shown);
+                        let r = follow.push(&piece_text(model, last));
                         r.complete || r.departs_at.is_some()
                     },
                 )
                 .map_err(|e| e.context(case.path.display()))?;
-            let text: String = ids.iter().map(|&id| piece_text(model, id)).collect();
-            let shown = if trim { text.trim_start() } else { &text };
-            reached.push(reach(&t.expected, shown).correct as f64);
+            reached.push(follow.reach().correct as f64);
         }
         out.timings.decode += t0.elapsed();
         let n = reached.len() as f64;

@@ -268,6 +268,37 @@ impl Loaded {
         Ok(())
     }
 
+    /// Decode `tokens[from..]` in `n_batch` passes (each padded as
+    /// [`Self::decode_padded`] pads), keeping the logits of the last
+    /// token's row; returns that row's index in the last pass (0 when the
+    /// range is empty).
+    fn decode_range(
+        &self,
+        ctx: &mut LlamaContext<'_>,
+        batch: &mut LlamaBatch,
+        settings: &Settings,
+        tokens: &[TokenId],
+        from: usize,
+    ) -> Result<i32> {
+        let n = tokens.len();
+        let n_batch = settings.n_batch as usize;
+        let mut last = 0;
+        for start in (from..n).step_by(n_batch) {
+            let chunk = &tokens[start..n.min(start + n_batch)];
+            self.decode_padded(
+                ctx,
+                batch,
+                settings,
+                chunk,
+                start,
+                &|pos| pos + 1 == n,
+                &|| format!("at positions {start}..{}", start + chunk.len()),
+            )?;
+            last = (chunk.len() - 1) as i32;
+        }
+        Ok(last)
+    }
+
     /// A fresh context for generating `max_new` tokens after `prompt`.
     fn start(
         &self,
@@ -388,16 +419,6 @@ impl LoadedModel for Loaded {
         decoding: Decoding,
         stop: &mut dyn FnMut(&[TokenId]) -> bool,
     ) -> Result<Vec<Step>> {
-        // Incremental passes are never padded.
-        let unpadded = Settings {
-            min_rows: 0,
-            ..settings.clone()
-        };
-        let settings = match decoding {
-            Decoding::Invariant => settings,
-            Decoding::Incremental => &unpadded,
-        };
-        let mut ctx = self.start(settings, prompt, max_new)?;
         let n_batch = settings.n_batch as usize;
         // Rows of every pass that picks a token (invariant mode).
         let r = settings.padded_rows(1);
@@ -407,10 +428,16 @@ impl LoadedModel for Loaded {
                 settings.min_rows
             )));
         }
+        // Incremental passes are never padded.
+        let unpadded = settings.unpadded();
+        let settings = match decoding {
+            Decoding::Invariant => settings,
+            Decoding::Incremental => &unpadded,
+        };
+        let mut ctx = self.start(settings, prompt, max_new)?;
         let mut batch = LlamaBatch::new(settings.padded_rows(n_batch), 1);
         let vocab = self.model.vocab();
         let mut tokens = prompt.to_vec();
-        let mut ids = Vec::new();
         let mut out = Vec::new();
         // Positions [0, done) hold their final cache entries.
         let mut done = 0usize;
@@ -419,41 +446,16 @@ impl LoadedModel for Loaded {
             // This pass decodes [s, n); its last row picks the next token.
             let s = match decoding {
                 Decoding::Invariant => n.saturating_sub(r),
-                Decoding::Incremental => done.min(n - 1),
+                Decoding::Incremental => done,
             };
             if done > s {
                 ctx.clear_kv_cache_seq(Some(0), Some(s as u32), None)
                     .map_err(|e| self.err(format!("trimming the cache: {e}")))?;
             }
-            // The prompt before the trailing rows, in n_batch passes.
-            let mut p = done.min(s);
-            while p < s {
-                let chunk = &tokens[p..s.min(p + n_batch)];
-                self.decode_padded(
-                    &mut ctx,
-                    &mut batch,
-                    settings,
-                    chunk,
-                    p,
-                    &|_| false,
-                    &|| "on the prompt".into(),
-                )?;
-                p += chunk.len();
-            }
-            for chunk_start in (s..n).step_by(n_batch) {
-                let chunk = &tokens[chunk_start..n.min(chunk_start + n_batch)];
-                self.decode_padded(
-                    &mut ctx,
-                    &mut batch,
-                    settings,
-                    chunk,
-                    chunk_start,
-                    &|pos| pos + 1 == n,
-                    &|| format!("generating at position {n}"),
-                )?;
-            }
+            // The prompt before the trailing rows.
+            self.decode_range(&mut ctx, &mut batch, settings, &tokens[..s], done.min(s))?;
+            let last = self.decode_range(&mut ctx, &mut batch, settings, &tokens, s)?;
             done = n;
-            let last = ((n - 1 - s) % n_batch) as i32;
             let row = self.row(&ctx, last, n - 1)?;
             let (next, gap) = top_gap(row);
             let next = next as TokenId;
@@ -461,9 +463,8 @@ impl LoadedModel for Loaded {
                 break;
             }
             out.push(Step { token: next, gap });
-            ids.push(next);
             tokens.push(next);
-            if stop(&ids) {
+            if stop(&tokens[prompt.len()..]) {
                 break;
             }
         }
@@ -479,9 +480,9 @@ impl LoadedModel for Loaded {
         seed: u32,
         stop: &mut dyn FnMut(&[TokenId]) -> bool,
     ) -> Result<Vec<TokenId>> {
+        let settings = &settings.unpadded();
         let mut ctx = self.start(settings, prompt, max_new)?;
-        let n_batch = settings.n_batch as usize;
-        let mut batch = LlamaBatch::new(n_batch, 1);
+        let mut batch = LlamaBatch::new(settings.n_batch as usize, 1);
         let mut chain = Vec::new();
         if sampler.top_k > 0 {
             chain.push(LlamaSampler::top_k(sampler.top_k as i32));
@@ -496,29 +497,12 @@ impl LoadedModel for Loaded {
         chain.push(LlamaSampler::dist(seed));
         let mut chain = LlamaSampler::chain_simple(chain);
         let vocab = self.model.vocab();
-        let plain = Settings {
-            min_rows: 0,
-            ..settings.clone()
-        };
         let mut tokens = prompt.to_vec();
-        let mut out = Vec::new();
         // Positions [0, done) are in the cache; each pass decodes the rest.
         let mut done = 0usize;
-        while out.len() < max_new {
+        while tokens.len() - prompt.len() < max_new {
             let n = tokens.len();
-            for start in (done..n).step_by(n_batch) {
-                let chunk = &tokens[start..n.min(start + n_batch)];
-                self.decode_padded(
-                    &mut ctx,
-                    &mut batch,
-                    &plain,
-                    chunk,
-                    start,
-                    &|pos| pos + 1 == n,
-                    &|| format!("sampling at position {n}"),
-                )?;
-            }
-            let last = ((n - 1 - done) % n_batch) as i32;
+            let last = self.decode_range(&mut ctx, &mut batch, settings, &tokens, done)?;
             done = n;
             // Check the row as every other path does, then let llama.cpp sample it.
             self.row(&ctx, last, n - 1)?;
@@ -526,13 +510,12 @@ impl LoadedModel for Loaded {
             if vocab.is_eog(next) {
                 break;
             }
-            out.push(next.0);
             tokens.push(next.0);
-            if stop(&out) {
+            if stop(&tokens[prompt.len()..]) {
                 break;
             }
         }
-        Ok(out)
+        Ok(tokens.split_off(prompt.len()))
     }
 
     fn chat_prompt(&self, user: &str, builtin: Option<&str>) -> Result<String> {

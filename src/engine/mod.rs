@@ -117,6 +117,14 @@ impl Settings {
         }
     }
 
+    /// The same settings without padding (token-at-a-time passes).
+    pub fn unpadded(&self) -> Settings {
+        Settings {
+            min_rows: 0,
+            ..self.clone()
+        }
+    }
+
     /// Rows of a pass that decodes `n` tokens: `n`, or with `min_rows` set,
     /// at least `min_rows`, rounded up to a multiple of 4 (the repacked CPU
     /// kernels take rows four at a time and the rest one by one).
