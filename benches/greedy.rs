@@ -5,8 +5,9 @@
 //! after the π prompt, 2 threads), so the ratio is measured under the same
 //! machine load; the median per-token time of each mode is reported.
 
+use quantgate::core::{Decoding, Settings};
 use quantgate::engine::llama::LlamaEngine;
-use quantgate::engine::{BosPolicy, Decoding, Engine, ModelPool, Settings};
+use quantgate::engine::{BosPolicy, Engine, ModelPool};
 use quantgate::models::{ensure, Registry};
 use std::path::Path;
 use std::sync::Arc;

@@ -11,14 +11,14 @@
 //! default setting misses a target (size ≤ 1/20, mean |error| ≤ 1e-6,
 //! measure ≤ 5% of decode).
 
-use quantgate::case::Windowing;
 use quantgate::engine::llama::LlamaEngine;
 use quantgate::engine::BosPolicy;
-use quantgate::execute::{plan_windows, score_plan_with, ScoringPlan};
-use quantgate::kld::{compare, compress_row, exact_kl, kld_metrics, DEFAULT_BINS};
+use quantgate::execute::qgref::{encode, CacheHeader};
+use quantgate::execute::windows::Windowing;
+use quantgate::execute::windows::{plan_windows, score_plan_with, ScoringPlan};
+use quantgate::execute::RunContext;
+use quantgate::measure::kld::{compare, compress_row, exact_kl, kld_metrics, DEFAULT_BINS};
 use quantgate::models::Registry;
-use quantgate::refcache::{encode, CacheHeader};
-use quantgate::runner::Runner;
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -36,12 +36,9 @@ fn main() -> ExitCode {
         .and_then(|v| v.parse().ok())
         .unwrap_or(16);
     let registry = Registry::load(&repo.join("suites/models.toml")).unwrap();
-    let threads = quantgate::runner::threads_per_trial(1);
-    let runner = Runner::new(registry, Arc::new(LlamaEngine::new()), threads);
-    let load = |alias: &str| {
-        let v = runner.prepare(alias).unwrap();
-        runner.pool.get(&v.file).unwrap()
-    };
+    let threads = quantgate::execute::threads_per_trial(1);
+    let runner = RunContext::new(registry, Arc::new(LlamaEngine::new()), threads);
+    let load = |alias: &str| runner.load(alias).unwrap().1;
     let text = std::fs::read_to_string(repo.join("suites/data/wikitext-2-test.txt")).unwrap();
     let reference = load("smollm2-f16");
     let info = reference.info().clone();
@@ -72,8 +69,8 @@ fn main() -> ExitCode {
     let mut decode = Duration::ZERO;
     let mut measure = Duration::ZERO;
     let (tail0, k0) = (
-        quantgate::kld::DEFAULT_TAIL,
-        quantgate::kld::DEFAULT_MAX_KEPT,
+        quantgate::measure::kld::DEFAULT_TAIL,
+        quantgate::measure::kld::DEFAULT_MAX_KEPT,
     );
     let mut default_pos = vec![Vec::new(); candidates.len()];
     for win in 0..plan.windows.len() {
@@ -83,7 +80,8 @@ fn main() -> ExitCode {
             token_stream_sha256: String::new(),
         };
         let mut ref_rows: Vec<Vec<f32>> = Vec::new();
-        let mut refs: Vec<Vec<quantgate::kld::RefPosition>> = vec![Vec::new(); SETTINGS.len()];
+        let mut refs: Vec<Vec<quantgate::measure::kld::RefPosition>> =
+            vec![Vec::new(); SETTINGS.len()];
         let mut ref_default = Vec::new();
         score_plan_with(&*reference, &sub, 512, threads, false, &mut |r| {
             ref_rows.push(r.row.to_vec());
@@ -112,7 +110,7 @@ fn main() -> ExitCode {
         }
         for (c, alias) in candidates.iter().enumerate() {
             let model = load(alias);
-            let copy = quantgate::kld::copy_flags(
+            let copy = quantgate::measure::kld::copy_flags(
                 &sub.windows[0].window.tokens,
                 sub.windows[0].first_scored,
                 &sub.windows[0].targets,

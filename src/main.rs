@@ -1,10 +1,11 @@
 //! The `quantgate` command line.
 use clap::{Parser, Subcommand};
+use quantgate::core::{Error, Status};
 use quantgate::engine::llama::LlamaEngine;
-use quantgate::error::Error;
+use quantgate::execute::{threads_per_trial, RunContext};
 use quantgate::models::{cache_dir, ensure, Registry};
+use quantgate::plan::plan;
 use quantgate::report;
-use quantgate::runner::{plan, threads_per_trial, Runner, Status};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -44,6 +45,10 @@ enum Command {
         /// llama.cpp threads (default: all cores).
         #[arg(long)]
         threads: Option<u32>,
+        /// The goldens directory a preregistered case's history is checked
+        /// against (default: `goldens` beside the suites directory).
+        #[arg(long)]
+        goldens: Option<PathBuf>,
     },
     /// List registry models with status, bytes and sha256; `models fetch` fetches/derives them.
     Models {
@@ -123,7 +128,7 @@ enum ModelsAction {
 fn fail(e: &Error) -> ExitCode {
     eprintln!("error: {}", e.message);
     match e.kind {
-        quantgate::error::ErrorKind::Input => ExitCode::from(2),
+        quantgate::core::ErrorKind::Input => ExitCode::from(2),
         _ => ExitCode::from(1),
     }
 }
@@ -139,24 +144,29 @@ fn main() -> ExitCode {
             out,
             timings,
             threads,
+            goldens,
         } => {
+            let goldens = goldens.unwrap_or_else(|| {
+                let root = cli.suites.parent().unwrap_or(std::path::Path::new(""));
+                root.join("goldens")
+            });
             let (registry, planned) = match plan(&cli.suites, &patterns, &models) {
                 Ok(p) => p,
                 Err(e) => return fail(&e),
             };
-            let runner = Runner::new(
+            let runner = RunContext::new(
                 registry,
                 Arc::new(LlamaEngine::new()),
                 threads.unwrap_or_else(|| threads_per_trial(1)),
             );
             if let Some(dir) = &out {
-                quantgate::fsutil::clean_stale_temps(dir);
+                quantgate::core::fsutil::clean_stale_temps(dir);
             }
             let mut outcomes = Vec::new();
             let mut write_failed = false;
             for p in &planned {
                 eprintln!("quantgate: running {}", p.name);
-                let o = runner.run(p);
+                let o = quantgate::judge::trial(&runner, p, &goldens);
                 if let Some(dir) = &out {
                     if let Err(e) = quantgate::report::write_parquet(dir, &o) {
                         eprintln!("error: {}", e.message);
@@ -194,22 +204,34 @@ fn main() -> ExitCode {
                 Ok(r) => r,
                 Err(e) => return fail(&e),
             };
-            let parsed = match quantgate::case::parse_case(&case, &case.display().to_string()) {
+            let name = case.display().to_string();
+            let parsed = match quantgate::plan::parse::parse_case(&case, &case, &name) {
                 Ok(c) => c,
                 Err(e) => return fail(&e),
             };
-            let Some(alias) = model.or_else(|| parsed.spec.reference().map(|r| r.0.clone())) else {
+            let Some(alias) = model.or_else(|| parsed.case.reference.as_ref().map(|r| r.0.clone()))
+            else {
                 return fail(&Error::input(format!(
                     "{}: the case names no `reference`; pass --model ALIAS",
                     case.display()
                 )));
             };
-            let runner = Runner::new(registry, Arc::new(LlamaEngine::new()), threads_per_trial(1));
-            match runner.export_reference(&parsed, &alias).and_then(|jsonl| {
-                quantgate::fsutil::write_atomic(&out, jsonl.as_bytes()).map(|()| jsonl)
+            let runner =
+                RunContext::new(registry, Arc::new(LlamaEngine::new()), threads_per_trial(1));
+            let record = parsed
+                .kind
+                .reference_record(&runner, &alias)
+                .unwrap_or_else(|| {
+                    Err(Error::input(format!(
+                        "{}: only perplexity and kld cases have reference records",
+                        case.display()
+                    )))
+                });
+            match record.and_then(|jsonl| {
+                quantgate::core::fsutil::write_atomic(&out, jsonl.as_bytes()).map(|()| jsonl)
             }) {
                 Ok(jsonl) => {
-                    let sha = quantgate::fsutil::sha256_bytes(jsonl.as_bytes());
+                    let sha = quantgate::core::fsutil::sha256_bytes(jsonl.as_bytes());
                     println!(
                         "{}: {} targets, sha256 {sha}",
                         out.display(),
@@ -227,19 +249,21 @@ fn main() -> ExitCode {
         } => match action {
             PreregAction::Seal { file } => {
                 // Check it against the suites before sealing: a sealed file is final.
-                let check = quantgate::prereg::parse(&file).and_then(|p| {
+                let check = quantgate::judge::prereg::parse(&file).and_then(|p| {
                     let case_file = cli.suites.join(format!("{}.toml", p.case.0));
-                    let case = quantgate::case::parse_case(&case_file, &p.case.0)
-                        .map_err(|e| e.context(format!("{}: case", p.case.1)))?;
+                    let case =
+                        quantgate::plan::parse::parse_case(&case_file, &case_file, &p.case.0)
+                            .map_err(|e| e.context(format!("{}: case", p.case.1)))?
+                            .case;
                     let registry = Registry::load(&cli.suites.join("models.toml"))?;
                     for (alias, at) in [&p.candidate, &p.baseline] {
                         registry.entry(alias).map_err(|e| e.context(at))?;
                     }
-                    quantgate::prereg::check_case(&p, &case)
+                    quantgate::judge::prereg::check_case(&p, &case)
                 });
-                match check
-                    .and_then(|()| quantgate::prereg::seal(&file, quantgate::prereg::now_unix()))
-                {
+                match check.and_then(|()| {
+                    quantgate::judge::prereg::seal(&file, quantgate::judge::prereg::now_unix())
+                }) {
                     Ok(line) => {
                         println!(
                             "sealed {} {} at {} (ledger line {}); commit prereg/ before the first run",
@@ -251,7 +275,7 @@ fn main() -> ExitCode {
                 }
             }
             PreregAction::Verify => {
-                match quantgate::prereg::verify_all(&dir, &cli.suites, &goldens) {
+                match quantgate::judge::prereg::verify_all(&dir, &cli.suites, &goldens) {
                     Err(e) => fail(&e),
                     Ok((checked, unsealed)) => {
                         let mut bad = !unsealed.is_empty();
@@ -288,17 +312,19 @@ fn main() -> ExitCode {
                     }
                 }
             }
-            PreregAction::Report => match quantgate::prereg::report(&dir, &cli.suites, &goldens) {
-                Err(e) => fail(&e),
-                Ok((text, ok)) => {
-                    print!("{text}");
-                    if ok {
-                        ExitCode::SUCCESS
-                    } else {
-                        ExitCode::from(2)
+            PreregAction::Report => {
+                match quantgate::report::prereg::report(&dir, &cli.suites, &goldens) {
+                    Err(e) => fail(&e),
+                    Ok((text, ok)) => {
+                        print!("{text}");
+                        if ok {
+                            ExitCode::SUCCESS
+                        } else {
+                            ExitCode::from(2)
+                        }
                     }
                 }
-            },
+            }
         },
         Command::Tokenize {
             file,
@@ -320,15 +346,14 @@ fn main() -> ExitCode {
                     )))
                 }
             };
-            let runner = Runner::new(registry, Arc::new(LlamaEngine::new()), 1);
+            let runner = RunContext::new(registry, Arc::new(LlamaEngine::new()), 1);
             let text = match std::fs::read_to_string(&file) {
                 Ok(t) => t,
                 Err(e) => return fail(&Error::input(format!("{}: {e}", file.display()))),
             };
             let result = runner
-                .prepare(&model)
-                .and_then(|v| runner.pool.get(&v.file))
-                .and_then(|m| m.tokenize(&text, bos));
+                .load(&model)
+                .and_then(|(_, m)| m.tokenize(&text, bos));
             match result {
                 Ok(tokens) => {
                     for t in tokens.iter().take(limit.unwrap_or(usize::MAX)) {

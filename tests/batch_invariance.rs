@@ -6,8 +6,9 @@
 
 mod common;
 
+use quantgate::core::{Decoding, Settings};
 use quantgate::engine::llama::LlamaEngine;
-use quantgate::engine::{top_gap, BosPolicy, Decoding, LoadedModel, ModelPool, Settings, Window};
+use quantgate::engine::{top_gap, BosPolicy, LoadedModel, ModelPool, Window};
 use quantgate::models::{ensure, Registry};
 use std::path::Path;
 use std::sync::Arc;

@@ -211,7 +211,9 @@ fn registry_and_model_file_problems_exit_two() {
     assert_eq!(code, 2, "{stdout}");
     assert!(stdout.contains("model `tiny`: sha256 mismatch"), "{stdout}");
     // Truncated GGUF pinned by its own hash: the preflight stops it.
-    let sha = quantgate::fsutil::sha256_file(&part, |_| {}).unwrap().0;
+    let sha = quantgate::core::fsutil::sha256_file(&part, |_| {})
+        .unwrap()
+        .0;
     std::fs::write(
         root.join("models.toml"),
         format!("[tiny]\nsha256 = \"{sha}\"\npath = \"part.gguf\"\n"),
@@ -313,7 +315,7 @@ fn token_id_and_window_problems_exit_two_naming_file_and_value() {
     for (name, ids, window, want) in cases {
         let root = suites(name);
         std::fs::write(root.join("ppl/ids.txt"), ids).unwrap();
-        let sha = quantgate::fsutil::sha256_bytes(ids.as_bytes());
+        let sha = quantgate::core::fsutil::sha256_bytes(ids.as_bytes());
         std::fs::write(
             root.join(format!("ppl/{name}.toml")),
             ids_case(&sha, &window),
@@ -333,7 +335,7 @@ fn a_record_for_other_tokens_is_refused() {
     let root = suites("record");
     let ids: String = (1..=40).map(|i| format!("{}\n", 100 + i)).collect();
     std::fs::write(root.join("ppl/ids.txt"), &ids).unwrap();
-    let sha = quantgate::fsutil::sha256_bytes(ids.as_bytes());
+    let sha = quantgate::core::fsutil::sha256_bytes(ids.as_bytes());
     let case = ids_case(&sha, "mode = \"resets\"\nlength = 8\nstarts = [0, 8]");
     std::fs::write(root.join("ppl/c.toml"), &case).unwrap();
     // Export a record, then change the windows: the record no longer fits.
@@ -353,7 +355,7 @@ fn a_record_for_other_tokens_is_refused() {
     );
     let rec = std::fs::read(root.join("ppl/rec.jsonl")).unwrap();
     assert_eq!(String::from_utf8_lossy(&rec).lines().count(), 1 + 16);
-    let rsha = quantgate::fsutil::sha256_bytes(&rec);
+    let rsha = quantgate::core::fsutil::sha256_bytes(&rec);
     let with_record = |starts: &str| {
         ids_case(
             &sha,
@@ -400,7 +402,7 @@ fn prereg_verify_and_report_on_the_suite() {
     assert!(ledger.lines().count() >= 2);
     for line in ledger.lines() {
         let path = line.split(' ').nth(1).unwrap();
-        let p = quantgate::prereg::parse(&repo().join(path)).unwrap();
+        let p = quantgate::judge::prereg::parse(&repo().join(path)).unwrap();
         let golden = std::fs::read_to_string(
             repo()
                 .join("goldens")

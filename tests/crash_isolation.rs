@@ -37,7 +37,7 @@ fn fixture(tag: &str) -> PathBuf {
             format!(
                 "kind = \"perplexity\"\nmodels = [\"crashy\", \"stable\"]\n[text]\npath = \"t.txt\"\n\
                  sha256 = \"{}\"\n[window]\nmode = \"llama-perplexity\"\nn_ctx = 64\nchunks = 3\n",
-                quantgate::fsutil::sha256_bytes(text.as_bytes())
+                quantgate::core::fsutil::sha256_bytes(text.as_bytes())
             ),
         )
         .unwrap();

@@ -2,8 +2,9 @@
 //! Q4_1): tokenization, teacher forcing against an independent log-softmax,
 //! greedy generation, the chat template, and model sharing between threads.
 
+use quantgate::core::{Decoding, Settings};
 use quantgate::engine::llama::LlamaEngine;
-use quantgate::engine::{BosPolicy, Decoding, Engine, LoadedModel, ModelPool, Settings, Window};
+use quantgate::engine::{BosPolicy, Engine, LoadedModel, ModelPool, Window};
 use quantgate::measure::row_stats;
 use quantgate::models::{ensure, Registry};
 use std::path::Path;
@@ -27,7 +28,7 @@ fn fixture() -> Arc<dyn LoadedModel> {
 
 /// Independent reference: naive f64 log-softmax with libm's exp.
 fn naive_logprob(row: &[f32], j: usize) -> f64 {
-    quantgate::kld::exact_log_softmax(row)[j]
+    quantgate::measure::kld::exact_log_softmax(row)[j]
 }
 
 #[test]

@@ -3,8 +3,10 @@
 //! whose message names the metric, the observed value, its 95% interval and
 //! the threshold, and the interval lies above the threshold.
 
+use quantgate::core::Status;
 use quantgate::engine::llama::LlamaEngine;
-use quantgate::runner::{plan, Runner, Status};
+use quantgate::execute::RunContext;
+use quantgate::plan::plan;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -22,10 +24,10 @@ fn q3_and_q2_fail_the_delta_nll_gate_with_a_readable_message() {
     )
     .unwrap();
     let (registry, planned) = plan(&root, &[], &[]).unwrap();
-    let runner = Runner::new(registry, Arc::new(LlamaEngine::new()), 2);
+    let runner = RunContext::new(registry, Arc::new(LlamaEngine::new()), 2);
     assert_eq!(planned.len(), 2);
     for p in &planned {
-        let o = runner.run(p);
+        let o = quantgate::judge::trial(&runner, p, std::path::Path::new("goldens"));
         assert_eq!(o.status, Status::Fail, "{}: {:?}", p.name, o.error);
         let msg = o.failure_message().unwrap();
         let want_prefix = format!("{}: gate violated\n  delta_nll_mean = ", p.name);
@@ -63,9 +65,9 @@ fn q2_fails_the_kld_gates() {
     )
     .unwrap();
     let (registry, planned) = plan(&root, &[], &[]).unwrap();
-    let runner = Runner::new(registry, Arc::new(LlamaEngine::new()), 2);
+    let runner = RunContext::new(registry, Arc::new(LlamaEngine::new()), 2);
     assert_eq!(planned.len(), 1);
-    let o = runner.run(&planned[0]);
+    let o = quantgate::judge::trial(&runner, &planned[0], std::path::Path::new("goldens"));
     assert_eq!(o.status, Status::Fail, "{:?}", o.error);
     let msg = o.failure_message().unwrap();
     for (metric, shown, bound) in [

@@ -5,9 +5,11 @@
 mod common;
 
 use quantgate::engine::fake::FakeEngine;
+use quantgate::execute::RunContext;
 use quantgate::golden::{self, update_mode_from, Goldens, UpdateMode};
 use quantgate::harness::run_trial;
-use quantgate::runner::{plan, Planned, Runner};
+use quantgate::plan::plan;
+use quantgate::plan::Planned;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -23,7 +25,7 @@ fn tiny_gguf() -> Vec<u8> {
 struct Fixture {
     root: PathBuf,
     goldens: Goldens,
-    runner: Runner,
+    runner: RunContext,
     planned: Vec<Planned>,
 }
 
@@ -37,7 +39,7 @@ fn fixture(tag: &str, gate_max: f64) -> Fixture {
         root.join("suites/models.toml"),
         format!(
             "[tiny]\nsha256 = \"{}\"\npath = \"m.gguf\"\n",
-            quantgate::fsutil::sha256_bytes(&gguf)
+            quantgate::core::fsutil::sha256_bytes(&gguf)
         ),
     )
     .unwrap();
@@ -50,14 +52,14 @@ fn fixture(tag: &str, gate_max: f64) -> Fixture {
         format!(
             "kind = \"perplexity\"\nmodels = [\"tiny\"]\n[text]\npath = \"t.txt\"\nsha256 = \"{}\"\n\
              [window]\nmode = \"llama-perplexity\"\nn_ctx = 64\nchunks = 3\n[[gate]]\nmetric = \"ppl\"\nmax = {gate_max:?}\n",
-            quantgate::fsutil::sha256_bytes(text.as_bytes())
+            quantgate::core::fsutil::sha256_bytes(text.as_bytes())
         ),
     )
     .unwrap();
     let (registry, planned) = plan(&root.join("suites"), &[], &[]).unwrap();
     Fixture {
         goldens: Goldens::new(root.join("goldens")),
-        runner: Runner::new(registry, Arc::new(FakeEngine::new()), 1),
+        runner: RunContext::new(registry, Arc::new(FakeEngine::new()), 1),
         planned,
         root,
     }

@@ -50,7 +50,7 @@ fn fixture(tag: &str) -> PathBuf {
         .map(|i| char::from(b'a' + (i * 7 % 26) as u8))
         .collect();
     std::fs::write(root.join("suites/t.txt"), &text).unwrap();
-    let sha = quantgate::fsutil::sha256_bytes(text.as_bytes());
+    let sha = quantgate::core::fsutil::sha256_bytes(text.as_bytes());
     for c in 0..N_CASES {
         std::fs::write(
             root.join(format!("suites/c{c}.toml")),
@@ -292,16 +292,16 @@ fn parquet_role(root: &Path) -> ExitCode {
         format!(
             "kind = \"kld\"\nmodels = [\"m1\"]\nreference = \"ref\"\n[text]\npath = \"t.txt\"\nsha256 = \"{}\"\n\
              [window]\nmode = \"llama-perplexity\"\nn_ctx = 64\nchunks = 6\n",
-            quantgate::fsutil::sha256_bytes(text.as_bytes())
+            quantgate::core::fsutil::sha256_bytes(text.as_bytes())
         ),
     )
     .unwrap();
     let (registry, planned) =
-        quantgate::runner::plan(&root.join("suites"), &["k.toml".into()], &[]).unwrap();
-    let mut runner = quantgate::runner::Runner::new(registry, Arc::new(engine()), 1);
-    runner.ref_cache_dir = root.join("cache");
-    let o = runner.run(&planned[0]);
-    if o.status != quantgate::runner::Status::Pass {
+        quantgate::plan::plan(&root.join("suites"), &["k.toml".into()], &[]).unwrap();
+    let mut runner = quantgate::execute::RunContext::new(registry, Arc::new(engine()), 1);
+    runner.references.dir = root.join("cache");
+    let o = quantgate::judge::trial(&runner, &planned[0], std::path::Path::new("goldens"));
+    if o.status != quantgate::core::Status::Pass {
         println!("case failed: {:?}", o.error);
         return ExitCode::from(3);
     }

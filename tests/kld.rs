@@ -6,8 +6,11 @@
 
 mod common;
 
+use quantgate::core::Status;
+use quantgate::core::{Column, Outcome};
 use quantgate::engine::fake::{FakeEngine, FakeSpec, BOS, N_VOCAB};
-use quantgate::runner::{plan, Outcome, Runner, Status};
+use quantgate::execute::RunContext;
+use quantgate::plan::plan;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -38,7 +41,7 @@ impl Fx {
             format!(
                 "kind = \"kld\"\nmodels = [\"cand\"]\n{case_extra}\n[text]\npath = \"t.txt\"\nsha256 = \"{}\"\n\
                  [window]\nmode = \"llama-perplexity\"\nn_ctx = {N_CTX}\nchunks = {CHUNKS}\n",
-                quantgate::fsutil::sha256_bytes(t.as_bytes())
+                quantgate::core::fsutil::sha256_bytes(t.as_bytes())
             ),
         )
         .unwrap();
@@ -58,16 +61,16 @@ impl Fx {
             )
     }
 
-    fn runner(&self) -> (Runner, Vec<quantgate::runner::Planned>) {
+    fn runner(&self) -> (RunContext, Vec<quantgate::plan::Planned>) {
         let (registry, planned) = plan(&self.root.join("suites"), &[], &[]).unwrap();
-        let mut r = Runner::new(registry, Arc::new(Self::engine()), 1);
-        r.ref_cache_dir = self.root.join("cache");
+        let mut r = RunContext::new(registry, Arc::new(Self::engine()), 1);
+        r.references.dir = self.root.join("cache");
         (r, planned)
     }
 
     fn run(&self) -> Outcome {
         let (r, planned) = self.runner();
-        r.run(&planned[0])
+        quantgate::judge::trial(&r, &planned[0], std::path::Path::new("goldens"))
     }
 
     fn cache_files(&self) -> Vec<PathBuf> {
@@ -96,7 +99,7 @@ fn cand_spec() -> FakeSpec {
 /// f64 log-softmax of a fake row, with libm `exp`.
 fn log_softmax(spec: &FakeSpec, last: i32, pos: usize) -> Vec<f64> {
     let row: Vec<f32> = (0..N_VOCAB).map(|j| spec.logit(last, pos, j)).collect();
-    quantgate::kld::exact_log_softmax(&row)
+    quantgate::measure::kld::exact_log_softmax(&row)
 }
 
 fn argmax(v: &[f64]) -> usize {
@@ -352,7 +355,7 @@ fn kld_file() -> Vec<u8> {
 }
 
 fn import_fixture(tag: &str, bytes: &[u8]) -> (Fx, Outcome) {
-    let sha = quantgate::fsutil::sha256_bytes(bytes);
+    let sha = quantgate::core::fsutil::sha256_bytes(bytes);
     let fx = Fx::new(
         tag,
         &format!("[reference_kld]\npath = \"base.kld\"\nsha256 = \"{sha}\"\n"),
@@ -444,11 +447,36 @@ fn per_position_rows_round_trip_through_parquet() {
     let out = fx.root.join("out");
     quantgate::report::write_parquet(&out, &o).unwrap();
     let path = out.join("k").join("cand.parquet");
-    let rows = o.kld_rows.as_ref().unwrap();
+    let table = o.rows.as_ref().unwrap();
+    let col = |name: &str| &table.columns.iter().find(|(n, _)| n == name).unwrap().1;
+    let ints = |name: &str| match col(name) {
+        Column::I32(v) => v.clone(),
+        c => panic!("{name}: {c:?}"),
+    };
+    let floats = |name: &str| match col(name) {
+        Column::F64(v) => v.clone(),
+        c => panic!("{name}: {c:?}"),
+    };
+    let bools = |name: &str| match col(name) {
+        Column::Bool(v) => v.clone(),
+        c => panic!("{name}: {c:?}"),
+    };
+    let (window, position, target) = (ints("window"), ints("position"), ints("token_id"));
+    let (kl, p1, dp) = (floats("kl_vs_ref"), floats("ref_p1"), floats("dp"));
+    let (flip, copy) = (bools("flip"), bools("copy"));
+    let positions = table.rows().unwrap();
+    // The rows are the kld statistics' positions: the flips add up.
+    let flips = flip.iter().filter(|f| **f).count() as f64;
+    let same_top = o.metrics["same_top"];
+    assert!(
+        (1.0 - flips / positions as f64 - same_top).abs() < 1e-12,
+        "{flips} {same_top}"
+    );
+    assert_eq!(positions as f64, o.metrics["positions"]);
     let reader = SerializedFileReader::new(std::fs::File::open(&path).unwrap()).unwrap();
     assert_eq!(
         reader.metadata().file_metadata().num_rows() as usize,
-        rows.positions.len()
+        positions
     );
     let mut n = 0;
     for (i, row) in reader.get_row_iter(None).unwrap().enumerate() {
@@ -460,23 +488,22 @@ fn per_position_rows_round_trip_through_parquet() {
                 .1
                 .clone()
         };
-        let p = &rows.positions[i];
         assert_eq!(get("case"), Field::Str("k".into()));
         assert_eq!(get("model"), Field::Str("cand".into()));
-        assert_eq!(get("window"), Field::Int(rows.window[i] as i32));
-        assert_eq!(get("position"), Field::Int(rows.position[i] as i32));
-        assert_eq!(get("token_id"), Field::Int(rows.target[i]));
-        assert_eq!(get("kl_vs_ref"), Field::Double(p.kl));
-        assert_eq!(get("ref_p1"), Field::Double(p.p1));
-        assert_eq!(get("flip"), Field::Bool(p.flip()));
-        assert_eq!(get("dp"), Field::Double(p.dp()));
-        assert_eq!(get("copy"), Field::Bool(p.copy));
+        assert_eq!(get("window"), Field::Int(window[i]));
+        assert_eq!(get("position"), Field::Int(position[i]));
+        assert_eq!(get("token_id"), Field::Int(target[i]));
+        assert_eq!(get("kl_vs_ref"), Field::Double(kl[i]));
+        assert_eq!(get("ref_p1"), Field::Double(p1[i]));
+        assert_eq!(get("flip"), Field::Bool(flip[i]));
+        assert_eq!(get("dp"), Field::Double(dp[i]));
+        assert_eq!(get("copy"), Field::Bool(copy[i]));
         n += 1;
     }
-    assert_eq!(n, rows.positions.len());
+    assert_eq!(n, positions);
     // The window/position columns follow the plan: 6 windows × 31 positions.
-    assert_eq!(rows.window.iter().filter(|&&w| w == 5).count(), 31);
-    assert_eq!(rows.position[0] as usize, N_CTX / 2);
+    assert_eq!(window.iter().filter(|&&w| w == 5).count(), 31);
+    assert_eq!(position[0] as usize, N_CTX / 2);
     // A destination that cannot be written: an error, no file, no temp left.
     let blocked = fx.root.join("blocked");
     std::fs::write(&blocked, "a file, not a directory").unwrap();

@@ -3,15 +3,15 @@
 //! row (exact top entries + one-byte tail) must give the exact f64 KL over
 //! the whole vocabulary, computed independently with libm `exp`.
 
-use quantgate::case::Windowing;
 use quantgate::engine::llama::LlamaEngine;
 use quantgate::engine::BosPolicy;
-use quantgate::execute::{plan_windows, score_plan_with};
-use quantgate::kld::{
+use quantgate::execute::windows::Windowing;
+use quantgate::execute::windows::{plan_windows, score_plan_with};
+use quantgate::execute::RunContext;
+use quantgate::measure::kld::{
     compare, compress_row, exact_kl, exact_log_softmax, DEFAULT_MAX_KEPT, DEFAULT_TAIL,
 };
 use quantgate::models::Registry;
-use quantgate::runner::Runner;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -19,11 +19,8 @@ use std::sync::Arc;
 fn stored_reference_rows_give_the_exact_kl_on_real_models() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let reg = Registry::load(&repo.join("suites/models.toml")).unwrap();
-    let runner = Runner::new(reg, Arc::new(LlamaEngine::new()), 2);
-    let load = |alias: &str| {
-        let v = runner.prepare(alias).unwrap();
-        runner.pool.get(&v.file).unwrap()
-    };
+    let runner = RunContext::new(reg, Arc::new(LlamaEngine::new()), 2);
+    let load = |alias: &str| runner.load(alias).unwrap().1;
     let f16 = load("smollm2-f16");
     let text = std::fs::read_to_string(repo.join("suites/data/wikitext-2-test.txt")).unwrap();
     let ids: Vec<i32> = f16

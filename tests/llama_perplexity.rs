@@ -4,10 +4,10 @@
 //! The tool is built from the pinned llama.cpp sources by
 //! `scripts/build-llama-perplexity.sh` (cached after the first build).
 
-use quantgate::case::Windowing;
 use quantgate::engine::llama::LlamaEngine;
 use quantgate::engine::{BosPolicy, Engine, ModelPool};
-use quantgate::execute::{plan_windows, score_plan};
+use quantgate::execute::windows::Windowing;
+use quantgate::execute::windows::{plan_windows, score_plan};
 use quantgate::measure::perplexity_metrics;
 use quantgate::models::{ensure, Registry};
 use std::path::Path;
@@ -299,7 +299,9 @@ fn kld_equals_llama_perplexity_kl_divergence() {
         dir.join("suites/models.toml"),
     )
     .unwrap();
-    let sha = quantgate::fsutil::sha256_file(&base, |_| {}).unwrap().0;
+    let sha = quantgate::core::fsutil::sha256_file(&base, |_| {})
+        .unwrap()
+        .0;
     let head = |reference: &str| {
         format!(
             "kind = \"kld\"\nmodels = [\"smollm2-q8_0\"]\n{reference}\n[text]\npath = \"{}\"\n\
@@ -319,15 +321,15 @@ fn kld_equals_llama_perplexity_kl_divergence() {
         head("reference = \"smollm2-f16\""),
     )
     .unwrap();
-    let (registry, planned) = quantgate::runner::plan(&dir.join("suites"), &[], &[]).unwrap();
-    let mut runner = quantgate::runner::Runner::new(registry, engine.clone(), 2);
-    runner.ref_cache_dir = dir.join("cache");
+    let (registry, planned) = quantgate::plan::plan(&dir.join("suites"), &[], &[]).unwrap();
+    let mut runner = quantgate::execute::RunContext::new(registry, engine.clone(), 2);
+    runner.references.dir = dir.join("cache");
     let get = |case: &str| {
         let p = planned.iter().find(|p| p.name.starts_with(case)).unwrap();
-        let o = runner.run(p);
+        let o = quantgate::judge::trial(&runner, p, std::path::Path::new("goldens"));
         assert_eq!(
             o.status,
-            quantgate::runner::Status::Pass,
+            quantgate::core::Status::Pass,
             "{case}: {:?}",
             o.error
         );

@@ -7,8 +7,12 @@
 
 mod common;
 
+use quantgate::core::Outcome;
+use quantgate::core::Status;
 use quantgate::engine::fake::{FakeEngine, FakeSpec};
-use quantgate::runner::{plan, Outcome, Planned, Runner, Status};
+use quantgate::execute::RunContext;
+use quantgate::plan::plan;
+use quantgate::plan::Planned;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -58,12 +62,12 @@ fn soft_spec() -> FakeSpec {
 
 fn run(root: &std::path::Path) -> Vec<(Planned, Outcome)> {
     let (registry, planned) = plan(&root.join("suites"), &[], &[]).unwrap();
-    let mut r = Runner::new(registry, Arc::new(engine()), 1);
-    r.ref_cache_dir = root.join("cache");
+    let mut r = RunContext::new(registry, Arc::new(engine()), 1);
+    r.references.dir = root.join("cache");
     planned
         .into_iter()
         .map(|p| {
-            let o = r.run(&p);
+            let o = quantgate::judge::trial(&r, &p, std::path::Path::new("goldens"));
             (p, o)
         })
         .collect()
@@ -132,7 +136,7 @@ fn wordings_are_tests_and_first_error_equals_first_flip() {
     assert_eq!(tf.metrics["first_flip"], a.metrics["first_error"]);
     assert_eq!(tf.metrics["all_own_tokens"], 1.0);
     assert_eq!(tf.metrics["prompt_tokens_match"], 1.0);
-    let rows = &tf.digit_rows.as_ref().unwrap().rows;
+    let rows = common::digit_rows(tf);
     let text: Vec<i32> = prompt
         .iter()
         .copied()
@@ -144,7 +148,7 @@ fn wordings_are_tests_and_first_error_equals_first_flip() {
         let pos = prompt.len() - 1 + k;
         let target = text[pos + 1] as usize;
         let c = row(&spec, text[pos], pos);
-        let lp = quantgate::kld::exact_log_softmax(&c);
+        let lp = quantgate::measure::kld::exact_log_softmax(&c);
         assert!((d.logprob - lp[target]).abs() < 1e-12, "unit {k}");
         let rank = c.iter().filter(|&&v| v > c[target]).count() as i64;
         assert_eq!(d.rank, rank, "unit {k}");
@@ -157,7 +161,7 @@ fn wordings_are_tests_and_first_error_equals_first_flip() {
             "unit {k}"
         );
         let refrow = row(&rspec, text[pos], pos);
-        let kl = quantgate::kld::exact_kl(&refrow, &c);
+        let kl = quantgate::measure::kld::exact_kl(&refrow, &c);
         assert!(
             (d.kl_vs_ref - kl).abs() < 1e-9,
             "unit {k}: {} vs {kl}",
@@ -199,12 +203,12 @@ fn wordings_are_tests_and_first_error_equals_first_flip() {
         svg.contains("first flip: 4") && svg.contains("<polyline"),
         "{svg}"
     );
-    for (r, d) in back.iter().zip(rows) {
+    for (unit, (r, d)) in back.iter().zip(rows).enumerate() {
         let cols: std::collections::HashMap<String, String> = r
             .get_column_iter()
             .map(|(n, f)| (n.clone(), f.to_string()))
             .collect();
-        assert_eq!(cols["position"], d.unit.to_string());
+        assert_eq!(cols["position"], unit.to_string());
         assert_eq!(cols["piece"], format!("{:?}", d.piece));
         assert_eq!(cols["logprob"].parse::<f64>().unwrap(), d.logprob);
         assert_eq!(cols["kl_vs_ref"].parse::<f64>().unwrap(), d.kl_vs_ref);
@@ -266,7 +270,7 @@ fn another_vocabulary_is_refused_before_scoring() {
         e.contains("different vocabularies") && e.contains("tf.toml"),
         "{e}"
     );
-    assert!(o.digit_rows.is_none() && o.metrics.is_empty());
+    assert!(o.rows.is_none() && o.metrics.is_empty());
 }
 
 #[test]
@@ -293,7 +297,7 @@ fn the_forecast_matches_seeded_samples() {
     for (name, s) in [
         (
             "t08",
-            quantgate::engine::Sampler {
+            quantgate::core::Sampler {
                 temperature: 0.8,
                 top_k: 20,
                 top_p: 0.9,
@@ -302,7 +306,7 @@ fn the_forecast_matches_seeded_samples() {
         ),
         (
             "plain",
-            quantgate::engine::Sampler {
+            quantgate::core::Sampler {
                 temperature: 1.0,
                 top_k: 0,
                 top_p: 1.0,
@@ -314,10 +318,10 @@ fn the_forecast_matches_seeded_samples() {
             .map(|k| {
                 let pos = p0 - 1 + k;
                 let r = row(&spec, text[pos], pos);
-                quantgate::forecast::p_pick(&r, &s, text[pos + 1] as usize)
+                quantgate::measure::forecast::p_pick(&r, &s, text[pos + 1] as usize)
             })
             .collect();
-        let want: f64 = quantgate::forecast::expected_reach(&q);
+        let want: f64 = quantgate::measure::forecast::expected_reach(&q);
         let got = o.metrics[&format!("{name}_forecast_reach")];
         assert!((got - want).abs() < 1e-9, "{name}: {got} vs {want}");
         let mean = o.metrics[&format!("{name}_sampled_reach_mean")];
@@ -383,8 +387,8 @@ fn schema_errors_name_file_line_and_key() {
 fn golden_texts_are_compared_exactly() {
     let root = root("golden", &[("r.toml", &recite_case("\"cand\""))]);
     let (registry, planned) = plan(&root.join("suites"), &[], &[]).unwrap();
-    let r = Runner::new(registry, Arc::new(engine()), 1);
-    let o = r.run(&planned[0]);
+    let r = RunContext::new(registry, Arc::new(engine()), 1);
+    let o = quantgate::judge::trial(&r, &planned[0], std::path::Path::new("goldens"));
     let text = quantgate::golden::render(&o, "suites/r.toml");
     assert!(
         text.contains("texts:\n  decoding: invariant (min_rows 32)\n"),
@@ -392,7 +396,7 @@ fn golden_texts_are_compared_exactly() {
     );
     let parsed = quantgate::golden::parse(&text).unwrap();
     assert_eq!(parsed.texts, o.texts);
-    let case = planned[0].case.as_ref().unwrap();
+    let case = &planned[0].case.as_ref().unwrap().case;
     assert!(quantgate::golden::compare(&parsed, &parsed, case).is_empty());
     let mut changed = o.clone();
     changed.texts.insert("output".into(), "3456799".into());

@@ -6,8 +6,12 @@
 
 mod common;
 
-use quantgate::engine::{BosPolicy, Settings, Window};
-use quantgate::runner::{plan, Outcome, Runner, Status};
+use quantgate::core::Outcome;
+use quantgate::core::Settings;
+use quantgate::core::Status;
+use quantgate::engine::{BosPolicy, Window};
+use quantgate::execute::RunContext;
+use quantgate::plan::plan;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -33,7 +37,7 @@ fn suite(tag: &str, cases: &[(&str, String)]) -> PathBuf {
 
 fn run_all(root: &Path) -> Vec<Outcome> {
     let (registry, planned) = plan(root, &[], &[]).unwrap();
-    let r = Runner::new(
+    let r = RunContext::new(
         registry,
         Arc::new(quantgate::engine::llama::LlamaEngine::new()),
         2,
@@ -41,7 +45,7 @@ fn run_all(root: &Path) -> Vec<Outcome> {
     planned
         .iter()
         .map(|p| {
-            let o = r.run(p);
+            let o = quantgate::judge::trial(&r, p, std::path::Path::new("goldens"));
             assert_ne!(o.status, Status::Error, "{}: {:?}", p.name, o.error);
             o
         })
@@ -111,7 +115,7 @@ fn greedy_first_error_is_the_teacher_forced_first_flip_on_every_model() {
         let err = inv.metrics["first_error"];
         if err != flip {
             let k = err.min(flip) as usize;
-            let rows = &tf.digit_rows.as_ref().unwrap().rows;
+            let rows = common::digit_rows(tf);
             broken.push(format!(
                 "{m}: greedy first_error {err} ≠ teacher-forced first_flip {flip}; at digit {k} \
                  teacher forcing's margin is {:+.6} (top {:?}), greedy's pick had margin {:+.6} ({:?})",
@@ -145,23 +149,22 @@ fn logprob_and_kl_vs_ref_match_an_independent_computation() {
     );
     let out = run_all(&root);
     let o = &out[0];
-    let rows = &o.digit_rows.as_ref().unwrap().rows;
+    let rows = common::digit_rows(o);
     assert_eq!(rows.len(), n);
     // Raw rows of both models over the same text, with the engine alone.
     let reg = quantgate::models::Registry::load(&root.join("models.toml")).unwrap();
-    let runner = Runner::new(
+    let runner = RunContext::new(
         reg,
         Arc::new(quantgate::engine::llama::LlamaEngine::new()),
         2,
     );
-    let pi = quantgate::digits::pi(n);
+    let pi = quantgate::kinds::digits::pi(n);
     let text = format!("{PROMPT}{}", &pi[2..]);
     let s = o.settings.clone().unwrap();
     let settings = Settings { threads: 2, ..s };
     let picks = [0usize, 5, 17, n - 1];
     let raw = |alias: &str| -> Vec<Vec<f32>> {
-        let v = runner.prepare(alias).unwrap();
-        let m = runner.pool.get(&v.file).unwrap();
+        let m = runner.load(alias).unwrap().1;
         let ids: Vec<i32> = m
             .tokenize(&text, BosPolicy::Model)
             .unwrap()
@@ -194,7 +197,7 @@ fn logprob_and_kl_vs_ref_match_an_independent_computation() {
     for (i, &k) in picks.iter().enumerate() {
         let d = &rows[k];
         let target = d.token_id as usize;
-        let lp = quantgate::kld::exact_log_softmax(&cand[i]);
+        let lp = quantgate::measure::kld::exact_log_softmax(&cand[i]);
         assert!(
             (d.logprob - lp[target]).abs() < 1e-9,
             "digit {k}: logprob {} vs {}",
@@ -204,7 +207,7 @@ fn logprob_and_kl_vs_ref_match_an_independent_computation() {
         // The stored reference keeps its top entries exactly and the last
         // 1e-6 of its mass at one byte per entry (src/kld.rs): errors stay
         // below 1e-6 nats (benches/kld.rs measures ~1e-7).
-        let kl = quantgate::kld::exact_kl(&refr[i], &cand[i]);
+        let kl = quantgate::measure::kld::exact_kl(&refr[i], &cand[i]);
         assert!(
             (d.kl_vs_ref - kl).abs() < 1e-6,
             "digit {k}: kl_vs_ref {} vs {kl}",

@@ -4,11 +4,15 @@
 
 mod common;
 
+use quantgate::core::Outcome;
+use quantgate::core::Status;
+use quantgate::core::Verdict;
 use quantgate::engine::fake::{FakeEngine, FakeSpec};
+use quantgate::execute::RunContext;
 use quantgate::golden::{Goldens, UpdateMode};
 use quantgate::harness::run_trial;
-use quantgate::prereg::{self, read_ledger, verify_all, Verdict};
-use quantgate::runner::{plan, Outcome, Runner, Status};
+use quantgate::judge::prereg::{self, read_ledger, verify_all};
+use quantgate::plan::plan;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -42,7 +46,7 @@ impl Fx {
             .map(|i| char::from(b'a' + (i * 7 % 26) as u8))
             .collect();
         std::fs::write(root.join("suites/t.txt"), &text).unwrap();
-        let sha = quantgate::fsutil::sha256_bytes(text.as_bytes());
+        let sha = quantgate::core::fsutil::sha256_bytes(text.as_bytes());
         for (name, cand, base, chunks) in cases {
             std::fs::write(
                 root.join(format!("suites/{name}.toml")),
@@ -79,8 +83,8 @@ impl Fx {
     fn run(&self, name: &str) -> Outcome {
         let (registry, planned) =
             plan(&self.root.join("suites"), &[format!("{name}.toml")], &[]).unwrap();
-        let runner = Runner::new(registry, Arc::new(Self::engine()), 1);
-        runner.run(&planned[0])
+        let runner = RunContext::new(registry, Arc::new(Self::engine()), 1);
+        quantgate::judge::trial(&runner, &planned[0], &self.root.join("goldens"))
     }
 
     fn goldens(&self) -> Goldens {
@@ -90,7 +94,7 @@ impl Fx {
     fn record_golden(&self, name: &str) {
         let (registry, planned) =
             plan(&self.root.join("suites"), &[format!("{name}.toml")], &[]).unwrap();
-        let runner = Runner::new(registry, Arc::new(Self::engine()), 1);
+        let runner = RunContext::new(registry, Arc::new(Self::engine()), 1);
         run_trial(&runner, &planned[0], &self.goldens(), UpdateMode::Always).unwrap();
     }
 
@@ -545,7 +549,7 @@ fn the_report_lists_wins_and_losses_together() {
     }
     fx.record_golden("lose");
     fx.record_golden("win");
-    let (text, ok) = prereg::report(
+    let (text, ok) = quantgate::report::prereg::report(
         &fx.root.join("prereg"),
         &fx.root.join("suites"),
         &fx.root.join("goldens"),
@@ -582,7 +586,7 @@ fn the_report_lists_wins_and_losses_together() {
     let gtext = std::fs::read_to_string(&gp).unwrap();
     let sha = prereg::parse(&win).unwrap().sha256;
     std::fs::write(&gp, gtext.replace(&sha, &"0".repeat(64))).unwrap();
-    let (text, ok) = prereg::report(
+    let (text, ok) = quantgate::report::prereg::report(
         &fx.root.join("prereg"),
         &fx.root.join("suites"),
         &fx.root.join("goldens"),

@@ -3,8 +3,10 @@
 //! record equals, bitwise, the metric against the live model, and the record
 //! reproduces F16's own mean NLL, PPL and top-1 count.
 
+use quantgate::core::Status;
 use quantgate::engine::llama::LlamaEngine;
-use quantgate::runner::{plan, Runner, Status};
+use quantgate::execute::RunContext;
+use quantgate::plan::plan;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -17,8 +19,11 @@ fn record_reproduces_the_live_reference_exactly() {
     ];
     let models = vec!["smollm2-q4_k_m".to_string()];
     let (registry, planned) = plan(&suites, &patterns, &models).unwrap();
-    let runner = Runner::new(registry, Arc::new(LlamaEngine::new()), 2);
-    let out: Vec<_> = planned.iter().map(|p| runner.run(p)).collect();
+    let runner = RunContext::new(registry, Arc::new(LlamaEngine::new()), 2);
+    let out: Vec<_> = planned
+        .iter()
+        .map(|p| quantgate::judge::trial(&runner, p, std::path::Path::new("goldens")))
+        .collect();
     let live = out.iter().find(|o| o.case == "ppl/resets").unwrap();
     let rec = out.iter().find(|o| o.case == "ppl/resets_record").unwrap();
     assert_eq!(live.status, Status::Pass, "{:?}", live.error);
@@ -36,8 +41,8 @@ fn record_reproduces_the_live_reference_exactly() {
     let mut p = f16[0].clone();
     p.model = "smollm2-f16".into();
     p.name = "ppl/resets::smollm2-f16".into();
-    let runner = Runner::new(registry, Arc::new(LlamaEngine::new()), 2);
-    let f = runner.run(&p);
+    let runner = RunContext::new(registry, Arc::new(LlamaEngine::new()), 2);
+    let f = quantgate::judge::trial(&runner, &p, std::path::Path::new("goldens"));
     assert!(f.error.is_none(), "{:?}", f.error);
     assert_eq!(
         f.metrics["nll_mean"].to_bits(),

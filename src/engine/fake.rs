@@ -8,10 +8,11 @@
 //! "next byte" `(last + step) % 256`.
 
 use super::{
-    top_gap, BosPolicy, Decoding, Engine, EngineBuild, EngineTimings, LoadedModel, ModelFile,
-    ModelInfo, RowSink, Sampler, Settings, Step, Token, TokenId, Window,
+    top_gap, BosPolicy, Engine, EngineTimings, LoadedModel, ModelFile, ModelInfo, RowSink, Step,
+    Token, TokenId, Window,
 };
-use crate::error::{Error, Result};
+use crate::core::error::{Error, Result};
+use crate::core::{Decoding, EngineBuild, Sampler, Settings};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -312,7 +313,8 @@ impl LoadedModel for FakeModel {
             max_new,
             &mut |row| {
                 let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-                crate::forecast::draw(&crate::forecast::kept(row, sampler), u) as TokenId
+                crate::measure::forecast::draw(&crate::measure::forecast::kept(row, sampler), u)
+                    as TokenId
             },
             &mut |t| {
                 ids.push(t);

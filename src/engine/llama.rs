@@ -6,11 +6,11 @@
 //! failures and non-finite logits are errors naming the model.
 
 use super::{
-    first_non_finite, piece_offsets, top_gap, BosPolicy, Decoding, Engine, EngineBuild,
-    EngineTimings, LoadedModel, ModelFile, ModelInfo, RowSink, Sampler, Settings, Step, Token,
-    TokenId, Window,
+    first_non_finite, piece_offsets, top_gap, BosPolicy, Engine, EngineTimings, LoadedModel,
+    ModelFile, ModelInfo, RowSink, Step, Token, TokenId, Window,
 };
-use crate::error::{Error, Result};
+use crate::core::error::{Error, Result};
+use crate::core::{Decoding, EngineBuild, Sampler, Settings};
 use llama_cpp_2::context::params::{KvCacheType, LlamaContextParams};
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_backend::LlamaBackend;
@@ -117,7 +117,7 @@ impl Engine for LlamaEngine {
             n_ctx_train: model.n_ctx_train(),
             add_bos: vocab.should_add_bos(),
             bos: vocab.bos().0,
-            tokenizer_fingerprint: crate::fsutil::hex(&h.finalize()),
+            tokenizer_fingerprint: crate::core::fsutil::hex(&h.finalize()),
         };
         Ok(Arc::new(Loaded { model, info }))
     }

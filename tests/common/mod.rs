@@ -38,7 +38,7 @@ pub fn fake_root(tag: &str, models: &[(&str, usize)]) -> PathBuf {
         std::fs::write(root.join(format!("suites/{alias}.gguf")), &g).unwrap();
         reg.push_str(&format!(
             "[{alias}]\nsha256 = \"{}\"\nbytes = {len}\npath = \"{alias}.gguf\"\n",
-            quantgate::fsutil::sha256_bytes(&g)
+            quantgate::core::fsutil::sha256_bytes(&g)
         ));
     }
     std::fs::write(root.join("suites/models.toml"), reg).unwrap();
@@ -60,4 +60,74 @@ pub fn tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     }
     out.sort();
     out
+}
+
+/// One per-digit row, read back from the Parquet table a teacher-forcing
+/// case renders.
+pub struct DigitRow {
+    pub piece: String,
+    pub top1_piece: String,
+    pub token_index: i32,
+    pub token_id: i32,
+    pub top1_token: i32,
+    pub top1_matches_ref: bool,
+    pub logprob: f64,
+    pub rank: i64,
+    pub margin: f64,
+    pub kl_vs_ref: f64,
+    pub ref_odds_percentile: f64,
+}
+
+pub fn digit_rows(o: &quantgate::core::Outcome) -> Vec<DigitRow> {
+    use quantgate::core::Column;
+    let t = o
+        .rows
+        .as_ref()
+        .expect("a teacher-forcing case renders rows");
+    assert_eq!(t.name, "digit_position");
+    let n = t.rows().unwrap();
+    // The reference's columns are there only with a reference.
+    let col = |name: &str| t.columns.iter().find(|(c, _)| c == name).map(|(_, c)| c);
+    let f = |name: &str| match col(name) {
+        Some(Column::F64(v)) => v.clone(),
+        None => vec![f64::NAN; n],
+        Some(c) => panic!("{name}: {c:?}"),
+    };
+    let i = |name: &str| match col(name) {
+        Some(Column::I32(v)) => v.clone(),
+        c => panic!("{name}: {c:?}"),
+    };
+    let s = |name: &str| match col(name) {
+        Some(Column::Str(v)) => v.clone(),
+        c => panic!("{name}: {c:?}"),
+    };
+    let matches = match col("top1_matches_ref") {
+        Some(Column::Bool(v)) => v.clone(),
+        None => vec![false; n],
+        Some(c) => panic!("top1_matches_ref: {c:?}"),
+    };
+    let (logprob, margin, kl, pct) = (
+        f("logprob"),
+        f("margin"),
+        f("kl_vs_ref"),
+        f("ref_odds_percentile"),
+    );
+    let (rank, index, id, top1_token) =
+        (i("rank"), i("token_index"), i("token_id"), i("top1_token"));
+    let (piece, top1) = (s("piece"), s("top1_piece"));
+    (0..n)
+        .map(|k| DigitRow {
+            piece: piece[k].clone(),
+            top1_piece: top1[k].clone(),
+            token_index: index[k],
+            token_id: id[k],
+            top1_token: top1_token[k],
+            top1_matches_ref: matches[k],
+            logprob: logprob[k],
+            rank: i64::from(rank[k]),
+            margin: margin[k],
+            kl_vs_ref: kl[k],
+            ref_odds_percentile: pct[k],
+        })
+        .collect()
 }

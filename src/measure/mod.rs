@@ -6,6 +6,9 @@
 //! exponentials uses a vectorisable f64 `exp` (accurate to a few ulp), since
 //! a libm call per vocabulary entry would cost as much as the forward pass.
 
+pub mod forecast;
+pub mod kld;
+
 use std::collections::BTreeMap;
 
 /// What one logit row reduces to.
@@ -429,7 +432,7 @@ mod tests {
                 .collect();
             let st = row_stats(&row);
             // Independent reference: naive two-pass log-softmax with libm's exp.
-            let naive = crate::kld::exact_log_softmax(&row);
+            let naive = crate::measure::kld::exact_log_softmax(&row);
             for j in [0, len / 2, len - 1] {
                 let got = st.logprob(&row, j);
                 let want = naive[j];

@@ -1,7 +1,7 @@
 //! File helpers shared by every stage that writes: atomic writes (temp file in
 //! the same directory, fsync, rename, directory fsync) and streaming sha256.
 
-use crate::error::{Error, Result};
+use crate::core::error::{Error, Result};
 use sha2::{Digest, Sha256};
 use std::fs::{self, File};
 use std::io::{Read, Write};
@@ -10,6 +10,14 @@ use std::path::{Path, PathBuf};
 /// Lower-case hex of a byte slice.
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Whether `s` is exactly `n` lower-case hex digits (a sha256 is 64, a git
+/// commit 40).
+pub fn is_hex(s: &str, n: usize) -> bool {
+    s.len() == n
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// sha256 of a byte slice, hex.

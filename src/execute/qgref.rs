@@ -13,9 +13,9 @@
 //! Contract: a file that fails any check is an error naming the file and
 //! the offset or field, never a partial result.
 
-use crate::execute::ScoringPlan;
-use crate::fsutil::sha256_bytes;
-use crate::kld::RefPosition;
+use crate::core::fsutil::sha256_bytes;
+use crate::execute::windows::ScoringPlan;
+use crate::measure::kld::RefPosition;
 use serde::{Deserialize, Serialize};
 
 const MAGIC: &[u8; 8] = b"QGKLDREF";
@@ -226,18 +226,23 @@ pub fn decode(
             {
                 return Err(bad(&format!("tail range {lo}..{hi} is invalid")));
             }
-            let kept = codes.iter().filter(|&&c| c == crate::kld::KEPT).count();
+            let kept = codes
+                .iter()
+                .filter(|&&c| c == crate::measure::kld::KEPT)
+                .count();
             if kept != n
                 || entries
                     .iter()
-                    .any(|&(id, _)| codes[id as usize] != crate::kld::KEPT)
+                    .any(|&(id, _)| codes[id as usize] != crate::measure::kld::KEPT)
             {
                 return Err(bad("tail levels disagree with the kept entries"));
             }
             if tail_mass <= 0.0 {
                 return Err(bad("a tail with zero mass"));
             }
-            Some(crate::kld::Tail::new(lo, hi, mean_logit, rounding, codes))
+            Some(crate::measure::kld::Tail::new(
+                lo, hi, mean_logit, rounding, codes,
+            ))
         } else {
             None
         };
@@ -414,7 +419,7 @@ mod tests {
         (0..3)
             .map(|i| {
                 let row: Vec<f32> = (0..10).map(|j| ((j * 7 + i * 3) % 11) as f32).collect();
-                crate::kld::compress_row(&row, &row_stats(&row), 2, 1e-6, 4)
+                crate::measure::kld::compress_row(&row, &row_stats(&row), 2, 1e-6, 4)
             })
             .collect()
     }

@@ -11,10 +11,11 @@
 //! Contract: every mismatch is an input error naming the file (and the
 //! ledger line); a loss is an outcome, never an error.
 
-use crate::case::{Case, Location, Windowing};
-use crate::error::{Error, Result};
-use crate::fsutil::{line_col, sha256_bytes, write_atomic};
-use crate::parse::parse_toml;
+use crate::core::case::{Case, Location};
+use crate::core::error::{Error, Result};
+use crate::core::fsutil::{line_col, sha256_bytes, write_atomic};
+use crate::core::outcome::{Decision, Verdict};
+use crate::core::parse::parse_toml;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -274,63 +275,6 @@ pub fn parse(path: &Path) -> Result<Prereg> {
     })
 }
 
-/// win, loss or tie.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Verdict {
-    /// The win condition held.
-    Win,
-    /// The loss condition held.
-    Loss,
-    /// Neither.
-    Tie,
-}
-
-impl Verdict {
-    /// +1, −1, 0.
-    pub fn as_metric(self) -> f64 {
-        match self {
-            Verdict::Win => 1.0,
-            Verdict::Loss => -1.0,
-            Verdict::Tie => 0.0,
-        }
-    }
-
-    /// The word.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Verdict::Win => "win",
-            Verdict::Loss => "loss",
-            Verdict::Tie => "tie",
-        }
-    }
-}
-
-/// The recorded decision of a preregistered comparison.
-#[derive(Debug, Clone, Serialize)]
-pub struct Decision {
-    /// The prereg file, as in the ledger.
-    pub prereg: String,
-    /// Its sha256.
-    pub prereg_sha256: String,
-    /// When it was sealed (UTC).
-    pub sealed_at: String,
-    /// win / loss / tie.
-    pub outcome: Verdict,
-    /// The measured value inside [low, high] of the prediction.
-    pub prediction_hit: bool,
-    /// The deciding metric and its measured value.
-    pub metric: String,
-    /// Measured value.
-    pub value: f64,
-    /// The bounds the rule read, by name.
-    pub bounds: BTreeMap<String, f64>,
-    /// Predicted value, low, high.
-    pub prediction: [f64; 3],
-    /// The rule, as written.
-    pub rule: String,
-}
-
 impl Prereg {
     /// The rule in words.
     pub fn rule_text(&self) -> String {
@@ -417,12 +361,6 @@ pub struct LedgerLine {
     pub raw: String,
 }
 
-fn is_hex(s: &str, n: usize) -> bool {
-    s.len() == n
-        && s.bytes()
-            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
-}
-
 /// Read and verify a ledger: every line well-formed and chained to the one
 /// before. A missing ledger is empty.
 pub fn read_ledger(path: &Path) -> Result<Vec<LedgerLine>> {
@@ -453,10 +391,10 @@ pub fn read_ledger(path: &Path) -> Result<Vec<LedgerLine>> {
         let [sha, p, time, head, pv] = f[..] else {
             return Err(bad("not 5 space-separated fields"));
         };
-        if !is_hex(sha, 64) || !is_hex(pv, 64) {
+        if !crate::core::fsutil::is_hex(sha, 64) || !crate::core::fsutil::is_hex(pv, 64) {
             return Err(bad("sha256 fields must be 64 lowercase hex digits"));
         }
-        if head != "-" && !is_hex(head, 40) {
+        if head != "-" && !crate::core::fsutil::is_hex(head, 40) {
             return Err(bad("git head must be 40 hex digits or `-`"));
         }
         if parse_utc(time).is_none() {
@@ -542,7 +480,7 @@ pub fn seal(path: &Path, now_unix: u64) -> Result<LedgerLine> {
     }
     let root = root_of(path);
     let head = git(&root, &["rev-parse", "HEAD"])
-        .filter(|h| is_hex(h, 40))
+        .filter(|h| crate::core::fsutil::is_hex(h, 40))
         .unwrap_or_else(|| "-".into());
     let prev = lines
         .last()
@@ -728,14 +666,14 @@ pub fn check_case(p: &Prereg, case: &Case) -> Result<()> {
             p.candidate.1, p.candidate.0, case.name, models
         ));
     }
-    let reference = case.spec.reference().map(|(r, _)| r.as_str());
+    let reference = case.reference.as_ref().map(|(r, _)| r.as_str());
     if reference != Some(p.baseline.0.as_str()) {
         errors.push(format!(
             "{}: compare.baseline: `{}`, but case `{}` compares against {:?}",
             p.baseline.1, p.baseline.0, case.name, reference
         ));
     }
-    let metrics = case.metrics();
+    let metrics = case.metric_names();
     for m in p.needed_metrics() {
         if !metrics.contains(&m) || PREREG_METRICS.contains(&m.as_str()) {
             errors.push(format!(
@@ -746,25 +684,19 @@ pub fn check_case(p: &Prereg, case: &Case) -> Result<()> {
             ));
         }
     }
-    match case.spec.perplexity() {
+    match &case.windows {
         None => errors.push(format!(
             "{}: case `{}` is not a perplexity or kld case; a prereg compares windows",
             p.case.1, case.name
         )),
-        Some(pp) => {
-            let declared = match &pp.windowing {
-                Windowing::LlamaPerplexity { chunks, .. } | Windowing::Strided { chunks, .. } => {
-                    *chunks
-                }
-                Windowing::Resets { starts, .. } => Some(starts.len()),
-            };
-            if declared != Some(p.windows) {
+        Some((declared, window_at)) => {
+            if *declared != Some(p.windows) {
                 errors.push(format!(
                     "{file}: windows: {} preregistered, but case `{}` declares {} ({})",
                     p.windows,
                     case.name,
                     declared.map_or("no chunk count".to_string(), |c| format!("{c} windows")),
-                    pp.window_at
+                    window_at
                 ));
             }
         }
@@ -854,7 +786,8 @@ pub fn verify_all(
                 }
             }
             let case_file = suites.join(format!("{}.toml", p.case.0));
-            match crate::case::parse_case(&case_file, &p.case.0) {
+            match crate::plan::parse::parse_case(&case_file, &case_file, &p.case.0).map(|p| p.case)
+            {
                 Err(_) if !case_file.exists() => problems.push(format!(
                     "{}: case: `{}` is not a case ({} does not exist)",
                     p.case.1,
@@ -900,161 +833,6 @@ pub fn verify_all(
         });
     }
     Ok((out, unsealed))
-}
-
-/// `quantgate prereg report`: every sealed comparison, wins and losses in
-/// one table, decided from the reviewed goldens. Returns the text and
-/// whether everything verified.
-pub fn report(dir: &Path, suites: &Path, goldens: &Path) -> Result<(String, bool)> {
-    use std::fmt::Write as _;
-    let (checked, unsealed) = verify_all(dir, suites, goldens)?;
-    let mut ok = unsealed.is_empty();
-    let mut rows = vec![[
-        "prereg".to_string(),
-        "candidate vs baseline".into(),
-        "metric".into(),
-        "value [lo, hi]".into(),
-        "outcome".into(),
-        "predicted [low, high]".into(),
-        "hit".into(),
-        "sealed".into(),
-    ]];
-    let mut notes = Vec::new();
-    let num = |v: f64| format!("{v:+.4}");
-    for c in &checked {
-        let Some(p) = &c.prereg else {
-            ok = false;
-            rows.push([
-                c.line.path.clone(),
-                "?".into(),
-                "?".into(),
-                "".into(),
-                "INVALID".into(),
-                "".into(),
-                "".into(),
-                c.line.time.clone(),
-            ]);
-            notes.extend(c.problems.iter().cloned());
-            continue;
-        };
-        let pred = format!(
-            "{} [{}, {}]",
-            num(p.prediction.0),
-            num(p.prediction.1),
-            num(p.prediction.2)
-        );
-        let golden_path =
-            crate::golden::Goldens::new(goldens.to_path_buf()).path(&p.case.0, &p.candidate.0);
-        let (value, outcome, hit) = if !c.problems.is_empty() {
-            ok = false;
-            notes.extend(c.problems.iter().cloned());
-            (String::new(), "INVALID".to_string(), String::new())
-        } else {
-            match std::fs::read_to_string(&golden_path) {
-                Err(_) => ("".into(), "not run".into(), "".into()),
-                Ok(text) => match crate::golden::parse(&text) {
-                    Err(e) => {
-                        ok = false;
-                        notes.push(format!("{}:{e}", golden_path.display()));
-                        ("".into(), "INVALID".into(), "".into())
-                    }
-                    Ok(g) if g.inputs.0.get("prereg_sha256") != Some(&p.sha256) => {
-                        ok = false;
-                        notes.push(format!(
-                            "{}: recorded under prereg sha256 {:?}, the sealed file is {}",
-                            golden_path.display(),
-                            g.inputs.0.get("prereg_sha256"),
-                            p.sha256
-                        ));
-                        ("".into(), "INVALID".into(), "".into())
-                    }
-                    Ok(g) => match p.decide(&g.metrics, &c.line.time) {
-                        Err(e) => {
-                            ok = false;
-                            notes.push(format!("{}: {e}", golden_path.display()));
-                            ("".into(), "INVALID".into(), "".into())
-                        }
-                        Ok(d) => {
-                            let b: Vec<f64> = d.bounds.values().copied().collect();
-                            let (lo, hi) = (
-                                b.iter().copied().fold(f64::INFINITY, f64::min),
-                                b.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-                            );
-                            (
-                                format!("{} [{}, {}]", num(d.value), num(lo), num(hi)),
-                                d.outcome.as_str().to_string(),
-                                if d.prediction_hit { "yes" } else { "no" }.to_string(),
-                            )
-                        }
-                    },
-                },
-            }
-        };
-        rows.push([
-            p.ledger_path.clone(),
-            format!("{} vs {}", p.candidate.0, p.baseline.0),
-            format!("{} ({} windows)", p.metric.0, p.windows),
-            value,
-            outcome,
-            pred,
-            hit,
-            c.line.time.clone(),
-        ]);
-    }
-    let widths: Vec<usize> = (0..8)
-        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
-        .collect();
-    let mut s = String::new();
-    for r in &rows {
-        let cells: Vec<String> = r
-            .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c}{}", " ".repeat(w - c.chars().count())))
-            .collect();
-        let _ = writeln!(s, "{}", cells.join("  ").trim_end());
-    }
-    for c in &checked {
-        if let Some(p) = &c.prereg {
-            let _ = writeln!(s, "\n{}: {}", p.ledger_path, p.rule_text());
-            if !p.note.trim().is_empty() {
-                let _ = writeln!(s, "  note: {}", p.note.trim().replace('\n', "\n        "));
-            }
-        }
-    }
-    for n in unsealed.iter().chain(&notes) {
-        let _ = writeln!(s, "\nerror: {n}");
-    }
-    Ok((s, ok))
-}
-
-/// Sum of a GGUF's bytes, all parts of a split file (`-00001-of-00003.gguf`)
-/// added up; a missing part is an error.
-pub fn gguf_total_bytes(path: &Path) -> Result<u64> {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let size = |p: &Path| {
-        std::fs::metadata(p)
-            .map(|m| m.len())
-            .map_err(|e| Error::input(format!("{}: {e}", p.display())))
-    };
-    // <stem>-NNNNN-of-MMMMM.gguf
-    let split = name.strip_suffix(".gguf").and_then(|s| {
-        let (head, total) = s.rsplit_once("-of-")?;
-        let (stem, _) = head.rsplit_once('-')?;
-        let n: usize = total.parse().ok()?;
-        (total.len() == 5).then(|| (stem.to_string(), n))
-    });
-    let Some((stem, n)) = split else {
-        return size(path);
-    };
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let mut total = 0u64;
-    for i in 1..=n {
-        total += size(&dir.join(format!("{stem}-{i:05}-of-{n:05}.gguf")))?;
-    }
-    Ok(total)
 }
 
 /// Check the size rule on the two files.
@@ -1127,6 +905,7 @@ pub fn now_unix() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::models::gguf::gguf_total_bytes;
 
     #[test]
     fn utc_formatting_matches_known_dates() {

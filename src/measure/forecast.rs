@@ -8,7 +8,7 @@
 //! ties at a cut keep the lower id first, as a stable sort does. f64 math
 //! from the f32 logits; pure functions.
 
-use crate::engine::Sampler;
+use crate::core::Sampler;
 
 /// The candidates the sampler can draw after trimming, with their
 /// probabilities (renormalised, tempered), most likely first.

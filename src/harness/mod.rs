@@ -15,9 +15,12 @@
 //! fails that model's remaining tests), `off` runs everything in one
 //! process; under nextest (a process per test already) workers are not used.
 
+use crate::core::outcome::split_test_name;
+use crate::core::{Outcome, Status};
 use crate::engine::Engine;
+use crate::execute::{threads_per_trial, RunContext};
 use crate::golden::{self, Goldens, UpdateMode};
-use crate::runner::{plan, threads_per_trial, Planned, Runner};
+use crate::plan::{plan, Planned};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -39,9 +42,9 @@ pub fn run_suites(suites: &Path, goldens: &Path, engine: Arc<dyn Engine>) -> Exi
     let args = Arguments::from_args();
     // What an interrupted run left: temp files of processes that are gone.
     crate::models::clean_stale_temps();
-    crate::fsutil::clean_stale_temps(goldens);
+    crate::core::fsutil::clean_stale_temps(goldens);
     if let Some(dir) = std::env::var_os("QUANTGATE_OUT").filter(|d| !d.is_empty()) {
-        crate::fsutil::clean_stale_temps(Path::new(&dir));
+        crate::core::fsutil::clean_stale_temps(Path::new(&dir));
     }
     run_with_args(suites, goldens, engine, &args)
 }
@@ -84,7 +87,7 @@ fn worker(suites: &Path, goldens: &Path, engine: Arc<dyn Engine>, alias: &str) -
         .ok()
         .and_then(|t| t.parse().ok())
         .unwrap_or_else(|| threads_per_trial(1));
-    let runner = Runner::new(registry, engine, threads);
+    let runner = RunContext::new(registry, engine, threads);
     let goldens = Goldens::new(goldens.to_path_buf());
     let mode = match golden::update_mode() {
         Ok(m) => m,
@@ -332,7 +335,7 @@ pub fn run_with_args(
         counts.print();
         return code;
     }
-    let runner = Arc::new(Runner::new(registry, engine, threads));
+    let runner = Arc::new(RunContext::new(registry, engine, threads));
     for p in planned {
         let (runner, goldens, counts) = (runner.clone(), goldens.clone(), counts.clone());
         trials.push(Trial::test(p.name.clone(), move || {
@@ -352,9 +355,9 @@ pub fn run_with_args(
 /// trial must always run: a preregistered case (its verification reads git),
 /// Parquet output requested, an unpinned model, or
 /// `QUANTGATE_RESULT_CACHE=off`.
-fn result_key(runner: &Runner, p: &Planned) -> Option<String> {
+fn result_key(runner: &RunContext, p: &Planned) -> Option<String> {
     static EXE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    let case = p.case.as_ref().ok()?;
+    let case = &p.case.as_ref().ok()?.case;
     if case.prereg.is_some()
         || std::env::var_os("QUANTGATE_OUT").is_some_and(|d| !d.is_empty())
         || std::env::var("QUANTGATE_RESULT_CACHE").is_ok_and(|v| v == "off")
@@ -364,24 +367,24 @@ fn result_key(runner: &Runner, p: &Planned) -> Option<String> {
     let exe = EXE
         .get_or_init(|| {
             let exe = std::env::current_exe().ok()?;
-            crate::fsutil::sha256_file(&exe, |_| {})
+            crate::core::fsutil::sha256_file(&exe, |_| {})
                 .ok()
                 .map(|(s, _)| s)
         })
         .clone()?;
-    let pinned = |alias: &str| runner.registry.entry(alias).ok()?.sha256.clone();
+    let pinned = |alias: &str| runner.registry().entry(alias).ok()?.sha256.clone();
     let model = pinned(&p.model)?;
-    let reference = match case.spec.reference() {
+    let reference = match &case.reference {
         Some((r, _)) => format!("{r}={}", pinned(r)?),
         None => String::new(),
     };
-    Some(crate::fsutil::sha256_bytes(
+    Some(crate::core::fsutil::sha256_bytes(
         format!(
             "{exe}|{}|{}|{}={model}|{reference}|{}|{}",
             case.name,
             case.content_sha256,
             p.model,
-            runner.pool.engine().identity(),
+            runner.engine().identity(),
             runner.threads
         )
         .as_bytes(),
@@ -391,21 +394,25 @@ fn result_key(runner: &Runner, p: &Planned) -> Option<String> {
 /// The trial's outcome: from the result cache when a complete run of the
 /// same inputs is recorded there (after checking the model files still
 /// match their pins), else run and, unless it errored, recorded.
-fn outcome_of(runner: &Runner, p: &Planned) -> crate::runner::Outcome {
+fn outcome_of(runner: &RunContext, p: &Planned, goldens: &Goldens) -> Outcome {
     let Some(key) = result_key(runner, p) else {
-        return runner.run(p);
+        return crate::judge::trial(runner, p, &goldens.dir);
     };
     let path = crate::models::cache_dir()
         .join("results")
         .join(format!("{key}.json"));
     let cached = std::fs::read_to_string(&path)
         .ok()
-        .and_then(|t| serde_json::from_str::<crate::runner::Outcome>(&t).ok())
-        .filter(|o| o.case == p.name.split("::").next().unwrap_or_default() && o.model == p.model);
+        .and_then(|t| serde_json::from_str::<Outcome>(&t).ok())
+        .filter(|o| o.case == split_test_name(&p.name).0 && o.model == p.model);
     if let Some(o) = cached {
         // A changed input is never answered from the cache: it runs (and
         // reports the mismatch).
-        if runner.verify_inputs(p).is_ok() {
+        let verified = p
+            .case
+            .as_ref()
+            .is_ok_and(|c| runner.verify_inputs(&c.case, &p.model).is_ok());
+        if verified {
             eprintln!(
                 "quantgate: {}: result from the result cache ({})",
                 p.name,
@@ -414,11 +421,11 @@ fn outcome_of(runner: &Runner, p: &Planned) -> crate::runner::Outcome {
             return o;
         }
     }
-    let o = runner.run(p);
-    if o.status != crate::runner::Status::Error {
+    let o = crate::judge::trial(runner, p, &goldens.dir);
+    if o.status != Status::Error {
         if let Ok(json) = serde_json::to_string(&o) {
             // Best effort: a result that cannot be cached is still a result.
-            let _ = crate::fsutil::write_atomic(&path, json.as_bytes());
+            let _ = crate::core::fsutil::write_atomic(&path, json.as_bytes());
         }
     }
     o
@@ -426,7 +433,7 @@ fn outcome_of(runner: &Runner, p: &Planned) -> crate::runner::Outcome {
 
 /// Run one trial: gates, errors and the golden, all reported together.
 pub fn run_trial(
-    runner: &Runner,
+    runner: &RunContext,
     p: &Planned,
     goldens: &Goldens,
     mode: UpdateMode,
@@ -437,13 +444,13 @@ pub fn run_trial(
 /// [`run_trial`], and whether the case could not run at all (an error, as
 /// opposed to a violated gate or a changed golden).
 fn trial_result(
-    runner: &Runner,
+    runner: &RunContext,
     p: &Planned,
     goldens: &Goldens,
     mode: UpdateMode,
 ) -> (Result<(), String>, bool) {
-    let outcome = outcome_of(runner, p);
-    let errored = outcome.status == crate::runner::Status::Error;
+    let outcome = outcome_of(runner, p, goldens);
+    let errored = outcome.status == Status::Error;
     let mut messages: Vec<String> = outcome.failure_message().into_iter().collect();
     // Per-position rows, when asked for (`QUANTGATE_OUT=DIR`).
     if let Some(dir) = std::env::var_os("QUANTGATE_OUT").filter(|d| !d.is_empty()) {
@@ -451,9 +458,9 @@ fn trial_result(
             messages.push(e.message);
         }
     }
-    if let Ok(case) = &p.case {
-        let source = format!("suites/{}.toml", case.name);
-        if let Err(m) = golden::check(&outcome, case, &source, goldens, mode) {
+    if let Ok(parsed) = &p.case {
+        let source = format!("suites/{}.toml", parsed.case.name);
+        if let Err(m) = golden::check(&outcome, &parsed.case, &source, goldens, mode) {
             messages.push(m);
         }
     }
@@ -498,14 +505,9 @@ fn orphan_trial(suites: &Path, goldens: &Arc<Goldens>, planned: &[Planned]) -> T
     let expected: Vec<(String, String)> = planned
         .iter()
         .filter(|p| p.case.is_ok())
-        .map(|p| {
-            (
-                p.name.split("::").next().unwrap_or_default().to_string(),
-                p.model.clone(),
-            )
-        })
+        .map(|p| (split_test_name(&p.name).0.to_string(), p.model.clone()))
         .collect();
-    let known: Vec<String> = crate::discover::all_cases(suites)
+    let known: Vec<String> = crate::plan::discover::all_cases(suites)
         .map(|v| v.iter().map(|f| f.name().to_string()).collect())
         .unwrap_or_default();
     let goldens = goldens.clone();

@@ -110,7 +110,7 @@ pub fn spell(digits: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fsutil::sha256_bytes;
+    use crate::core::fsutil::sha256_bytes;
 
     /// Rabinowitz & Wagon's spigot (1995): π's digits with machine integers
     /// only, an algorithm independent of Machin's formula and big integers.

@@ -5,8 +5,9 @@
 //! `deny_unknown_fields` on every struct) reports type errors, missing and
 //! unknown keys, an unknown key with the nearest known one.
 
-use crate::error::{Error, Result};
-use crate::fsutil::line_col;
+use crate::core::case::Location;
+use crate::core::error::{Error, Result};
+use crate::core::fsutil::line_col;
 use serde::de::DeserializeOwned;
 use std::path::Path;
 use toml::de::{DeTable, DeValue};
@@ -23,7 +24,7 @@ pub fn parse_toml<T: DeserializeOwned>(path: &Path, src: &str) -> Result<T> {
         walk_non_finite(path, src, root.get_ref(), &mut String::new(), &mut errors);
     }
     if !errors.is_empty() {
-        return Err(crate::error::join(errors));
+        return Err(crate::core::error::join(errors));
     }
     toml::from_str::<T>(src).map_err(|e| {
         let at = e.span().map(|s| s.start);
@@ -163,28 +164,130 @@ fn expected_names(msg: &str) -> Vec<String> {
         .collect()
 }
 
-/// Levenshtein distance.
-pub fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut cur = vec![i + 1];
-        for (j, cb) in b.iter().enumerate() {
-            let sub = prev[j] + usize::from(ca != *cb);
-            cur.push(sub.min(prev[j + 1] + 1).min(cur[j] + 1));
-        }
-        prev = cur;
-    }
-    prev[b.len()]
-}
-
 /// The candidate closest to `word`, if it is close enough to be a typo.
 pub fn nearest<'a>(word: &str, candidates: impl Iterator<Item = &'a str>) -> Option<&'a str> {
     candidates
-        .map(|c| (edit_distance(word, c), c))
+        .map(|c| (strsim::levenshtein(word, c), c))
         .filter(|(d, c)| *d <= (c.len().max(word.len()) / 3).max(2))
         .min_by_key(|(d, _)| *d)
         .map(|(_, c)| c)
+}
+
+/// Every validation error of one file, collected with its `path:line:col`
+/// and reported together.
+pub struct Diagnostics<'a> {
+    path: &'a Path,
+    src: &'a str,
+    errors: Vec<Error>,
+}
+
+impl<'a> Diagnostics<'a> {
+    /// Collect errors of `src`, read from `path`.
+    pub fn new(path: &'a Path, src: &'a str) -> Self {
+        Diagnostics {
+            path,
+            src,
+            errors: Vec::new(),
+        }
+    }
+
+    /// The file, as messages show it.
+    pub fn path(&self) -> &'a Path {
+        self.path
+    }
+
+    /// `path:line:col` of a byte offset.
+    pub fn at(&self, offset: usize) -> Location {
+        let (l, c) = line_col(self.src, offset);
+        Location(format!("{}:{l}:{c}", self.path.display()))
+    }
+
+    /// An error at `loc`: `loc: msg`.
+    pub fn push(&mut self, loc: &Location, msg: impl std::fmt::Display) {
+        self.errors.push(Error::input(format!("{loc}: {msg}")));
+    }
+
+    /// An error at a byte offset.
+    pub fn push_at(&mut self, offset: usize, msg: impl std::fmt::Display) {
+        let loc = self.at(offset);
+        self.push(&loc, msg);
+    }
+
+    /// An error about the whole file: `path: msg`.
+    pub fn push_file(&mut self, msg: impl std::fmt::Display) {
+        self.errors
+            .push(Error::input(format!("{}: {msg}", self.path.display())));
+    }
+
+    /// Whether nothing is wrong so far.
+    pub fn is_empty(&self) -> bool {
+        self.errors.is_empty()
+    }
+
+    /// `value`, or every error collected.
+    pub fn finish<T>(self, value: T) -> Result<T> {
+        if self.errors.is_empty() {
+            Ok(value)
+        } else {
+            Err(crate::core::error::join(self.errors))
+        }
+    }
+}
+
+/// Declares a kind's own case table: the struct with the kind's keys, plus
+/// the keys every case shares (parsed by the plan stage's head parser), so
+/// that `deny_unknown_fields` rejects every key neither knows.
+macro_rules! case_table {
+    ($(#[$m:meta])* struct $name:ident { $($body:tt)* }) => {
+        $(#[$m])*
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        #[allow(dead_code)]
+        struct $name {
+            $($body)*
+            kind: serde::de::IgnoredAny,
+            #[serde(default)]
+            description: serde::de::IgnoredAny,
+            models: serde::de::IgnoredAny,
+            #[serde(default)]
+            reference: serde::de::IgnoredAny,
+            #[serde(default)]
+            prereg: serde::de::IgnoredAny,
+            #[serde(default)]
+            gate: serde::de::IgnoredAny,
+            #[serde(default)]
+            tolerance: serde::de::IgnoredAny,
+        }
+    };
+}
+pub(crate) use case_table;
+
+/// A value from a closed set: `default` when absent; otherwise one of
+/// `options`, or an error listing them (and `default`, to go on checking).
+pub fn choice<T: Copy>(
+    value: Option<&toml::Spanned<String>>,
+    key: &str,
+    options: &[(&str, T)],
+    diag: &mut Diagnostics,
+) -> T {
+    let Some(v) = value else {
+        return options[0].1;
+    };
+    match options.iter().find(|(n, _)| n == v.get_ref()) {
+        Some((_, t)) => *t,
+        None => {
+            let names: Vec<&str> = options.iter().map(|(n, _)| *n).collect();
+            diag.push_at(
+                v.span().start,
+                format!(
+                    "{key}: `{}` is not one of {}",
+                    v.get_ref(),
+                    names.join(", ")
+                ),
+            );
+            options[0].1
+        }
+    }
 }
 
 #[cfg(test)]

@@ -3,8 +3,11 @@
 //! Contract: JSON is one object per case × model (DESIGN.md, Outputs),
 //! written atomically.
 
-use crate::error::Result;
-use crate::runner::{Outcome, Status};
+use crate::core::error::Result;
+use crate::core::{Outcome, Status};
+
+pub mod parquet;
+pub mod prereg;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -64,7 +67,7 @@ pub fn table(outcomes: &[Outcome]) -> String {
                 "",
                 "",
                 d.prereg,
-                crate::golden::prereg_line(d),
+                d.line(),
                 d.sealed_at,
                 fmt_num(d.prediction[0]),
                 fmt_num(d.prediction[1]),
@@ -141,8 +144,8 @@ pub fn peak_rss_kib() -> Option<u64> {
 /// Write the `--json` file.
 pub fn write_json(path: &Path, outcomes: &[Outcome]) -> Result<()> {
     let body = serde_json::to_string_pretty(outcomes)
-        .map_err(|e| crate::error::Error::harness(format!("serialising results: {e}")))?;
-    crate::fsutil::write_atomic(path, format!("{body}\n").as_bytes())
+        .map_err(|e| crate::core::error::Error::harness(format!("serialising results: {e}")))?;
+    crate::core::fsutil::write_atomic(path, format!("{body}\n").as_bytes())
 }
 
 /// The Parquet file of one outcome under `dir`: `<dir>/<case>/<model>.parquet`.
@@ -150,20 +153,16 @@ pub fn parquet_path(dir: &Path, o: &Outcome) -> std::path::PathBuf {
     dir.join(&o.case).join(format!("{}.parquet", o.model))
 }
 
-/// Write an outcome's per-position rows (kld and teacher-forcing cases;
-/// nothing otherwise), and a teacher-forcing case's per-digit plot (`.svg`).
+/// Write an outcome's per-position rows (nothing when its kind rendered
+/// none) and the files its kind rendered beside them (plots).
 pub fn write_parquet(dir: &Path, o: &Outcome) -> Result<()> {
     let sha = o.model_sha256.as_deref().unwrap_or_default();
     let dest = parquet_path(dir, o);
-    if let Some(rows) = &o.kld_rows {
-        crate::parquet_out::write_kld(&dest, &o.case, &o.model, sha, rows)?;
+    if let Some(rows) = &o.rows {
+        parquet::write_table(&dest, &o.case, &o.model, sha, rows)?;
     }
-    if let Some(rows) = &o.digit_rows {
-        crate::parquet_out::write_digits(&dest, &o.case, &o.model, sha, rows)?;
-        // The per-digit plot beside it.
-        let first_flip = o.metrics.get("first_flip").map(|f| *f as usize);
-        let svg = crate::plot::digits_svg(&format!("{}::{}", o.case, o.model), rows, first_flip);
-        crate::fsutil::write_atomic(&dest.with_extension("svg"), svg.as_bytes())?;
+    for a in &o.artifacts {
+        crate::core::fsutil::write_atomic(&dest.with_extension(a.extension), a.body.as_bytes())?;
     }
     Ok(())
 }

@@ -3,51 +3,9 @@
 //! Contract: every gate is evaluated and every violation listed; a missing
 //! or NaN metric is a violation, never a pass.
 
-use crate::case::Gate;
-use serde::Serialize;
+use crate::core::case::Gate;
+use crate::core::GateResult;
 use std::collections::BTreeMap;
-
-/// One gate's verdict.
-#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
-pub struct GateResult {
-    /// Metric name, with the selected bound (`delta_nll_mean.ci95_hi`) when
-    /// the gate has `on`.
-    pub metric: String,
-    /// `max` or `min`.
-    pub bound: String,
-    /// The threshold.
-    pub threshold: f64,
-    /// The measured value (None when missing).
-    pub observed: Option<f64>,
-    /// Whether it held.
-    pub passed: bool,
-    /// The metric's 95% interval and the number of windows behind it, when
-    /// the case measures one (`X_ci95_lo`/`_hi`, or `X` less `_mean`).
-    pub interval: Option<(f64, f64, usize)>,
-}
-
-impl GateResult {
-    /// One line for a failure message.
-    pub fn describe(&self) -> String {
-        let op = if self.bound == "max" { "≤" } else { "≥" };
-        match self.observed {
-            None => format!(
-                "{}: missing, gate needs {} {op} {}",
-                self.metric, self.metric, self.threshold
-            ),
-            Some(v) => {
-                let ci = self
-                    .interval
-                    .map(|(lo, hi, n)| format!(" (95% CI {lo:.6} … {hi:.6} over {n} windows)"))
-                    .unwrap_or_default();
-                format!(
-                    "{} = {v}{ci} violates {} {op} {} ({} {})",
-                    self.metric, self.metric, self.threshold, self.bound, self.threshold
-                )
-            }
-        }
-    }
-}
 
 /// Evaluate `gates` on `metrics`.
 pub fn judge(gates: &[Gate], metrics: &BTreeMap<String, f64>) -> Vec<GateResult> {

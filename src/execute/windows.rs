@@ -17,12 +17,67 @@
 //!
 //! Too few tokens is an error, as it is in the tool.
 
-use crate::case::Windowing;
-use crate::engine::{LoadedModel, Settings, TokenId, Window};
-use crate::error::{Error, Result};
+use crate::core::error::{Error, Result};
+use crate::core::Settings;
+use crate::engine::{LoadedModel, TokenId, Window};
 use crate::measure::{row_stats, row_stats_exps, RowStats, WindowNll};
-use serde::Serialize;
 use std::time::Duration;
+
+/// How a token stream is cut into windows.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Windowing {
+    /// `llama-perplexity` default: chunks of n_ctx, first token → BOS when
+    /// the model adds one, the second half of each chunk scored.
+    LlamaPerplexity {
+        /// Chunk length.
+        n_ctx: u32,
+        /// At most this many chunks.
+        chunks: Option<usize>,
+        /// Chunks to leave out at the start (held-out text: the tool's
+        /// chunks `skip..skip + chunks`); 0 is the tool itself.
+        skip: usize,
+    },
+    /// `llama-perplexity --ppl-stride`: chunks every `stride` tokens, each as
+    /// long as the tool's context, the last `stride` positions of each scored.
+    /// The tool enlarges `-c` by stride/2 and llama.cpp then pads the context
+    /// to a multiple of 256; the tool's chunk is that padded length.
+    Strided {
+        /// `-c` as given (before the tool's enlargement by stride/2).
+        n_ctx: u32,
+        /// `--ppl-stride`.
+        stride: u32,
+        /// At most this many chunks.
+        chunks: Option<usize>,
+    },
+    /// Independent contexts of `length` input tokens at `starts`, scoring the
+    /// actual next id at every position (seed 002).
+    Resets {
+        /// Input tokens per window.
+        length: u32,
+        /// Start offsets.
+        starts: Vec<usize>,
+    },
+}
+
+impl Windowing {
+    /// The mode's name as the case writes it.
+    pub fn mode(&self) -> &'static str {
+        match self {
+            Windowing::LlamaPerplexity { .. } => "llama-perplexity",
+            Windowing::Strided { .. } => "strided",
+            Windowing::Resets { .. } => "resets",
+        }
+    }
+
+    /// Context length the engine needs.
+    pub fn context(&self) -> u32 {
+        match self {
+            Windowing::LlamaPerplexity { n_ctx, .. } => *n_ctx,
+            Windowing::Strided { n_ctx, stride, .. } => (n_ctx + stride / 2).div_ceil(256) * 256,
+            Windowing::Resets { length, .. } => *length,
+        }
+    }
+}
 
 /// A window with what to score in it.
 #[derive(Debug, Clone)]
@@ -149,7 +204,7 @@ pub fn plan_windows(
     Ok(ScoringPlan {
         windows,
         n_ctx: windowing.context(),
-        token_stream_sha256: crate::fsutil::hex(&sha2::Digest::finalize(h)),
+        token_stream_sha256: crate::core::fsutil::hex(&sha2::Digest::finalize(h)),
     })
 }
 
@@ -177,23 +232,6 @@ pub fn parse_token_ids(src: &str) -> std::result::Result<Vec<TokenId>, String> {
         }
     }
     Ok(out)
-}
-
-/// Time per stage, for `--timings`.
-#[derive(Debug, Clone, Copy, Default, Serialize, serde::Deserialize)]
-pub struct StageTimings {
-    /// Fetch/derive and sha256 check.
-    pub prepare: Duration,
-    /// Model load (or wait for another thread's load).
-    pub load: Duration,
-    /// Tokenization.
-    pub tokenize: Duration,
-    /// llama_decode.
-    pub decode: Duration,
-    /// Row reduction and metrics.
-    pub measure: Duration,
-    /// Everything.
-    pub total: Duration,
 }
 
 /// What scoring a plan observed.
@@ -313,7 +351,7 @@ pub fn score_plan_with(
 /// What scoring the reference would have observed, rebuilt from its stored
 /// rows: the same `−lp_true` and argmax, so paired metrics are bitwise those
 /// of a live reference.
-pub fn scored_from_rows(plan: &ScoringPlan, rows: &[crate::kld::RefPosition]) -> Scored {
+pub fn scored_from_rows(plan: &ScoringPlan, rows: &[crate::measure::kld::RefPosition]) -> Scored {
     let mut out = Scored {
         windows: vec![WindowNll::default(); plan.windows.len()],
         ..Scored::default()
@@ -449,138 +487,4 @@ mod tests {
         assert_eq!(e, "2:3: `x4` is not a token id (a non-negative integer)");
         assert!(parse_token_ids("-1").unwrap_err().starts_with("1:1:"));
     }
-}
-
-/// The header line of a reference record (JSONL).
-#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RecordHeader {
-    /// Format marker and version.
-    pub quantgate_reference_record: u32,
-    /// Reference model alias.
-    pub model: String,
-    /// Reference model sha256.
-    pub model_sha256: String,
-    /// Engine build that scored it.
-    pub build: String,
-    /// Vocabulary size.
-    pub n_vocab: usize,
-    /// Tokenizer fingerprint.
-    pub tokenizer_fingerprint: String,
-    /// Windowing mode.
-    pub mode: String,
-    /// Windows.
-    pub windows: usize,
-    /// Scored targets.
-    pub targets: usize,
-    /// sha256 of the scored token stream.
-    pub token_stream_sha256: String,
-}
-
-/// One scored target of a reference record.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RecordEntry {
-    /// Window index.
-    pub window: usize,
-    /// Position in the window whose row predicts the target.
-    pub position: usize,
-    /// The true next token.
-    pub target: TokenId,
-    /// Log-probability of the target (f64, round-trip exact).
-    pub logprob: f64,
-    /// The reference's argmax.
-    pub top1: TokenId,
-}
-
-/// Serialise a scored plan as a reference record: a header line, then one
-/// line per scored target.
-pub fn record_jsonl(header: &RecordHeader, plan: &ScoringPlan, scored: &Scored) -> String {
-    let mut out = serde_json::to_string(header).expect("header serialises");
-    out.push('\n');
-    let mut k = 0;
-    for (w, pw) in plan.windows.iter().enumerate() {
-        for (i, &target) in pw.targets.iter().enumerate() {
-            let e = RecordEntry {
-                window: w,
-                position: pw.first_scored + i,
-                target,
-                logprob: -scored.token_nll[k],
-                top1: scored.token_argmax[k],
-            };
-            out.push_str(&serde_json::to_string(&e).expect("entry serialises"));
-            out.push('\n');
-            k += 1;
-        }
-    }
-    out
-}
-
-/// Read a reference record back as the scores of `plan`, checking that it
-/// describes exactly the plan's windows and targets. Errors name the line.
-pub fn read_record(
-    src: &str,
-    plan: &ScoringPlan,
-) -> std::result::Result<(RecordHeader, Scored), String> {
-    let mut lines = src.lines().enumerate();
-    let (_, first) = lines.next().ok_or("empty file")?;
-    let header: RecordHeader =
-        serde_json::from_str(first).map_err(|e| format!("1: header: {e}"))?;
-    if header.quantgate_reference_record != 1 {
-        return Err(format!(
-            "1: unsupported record version {}",
-            header.quantgate_reference_record
-        ));
-    }
-    if header.token_stream_sha256 != plan.token_stream_sha256 {
-        return Err(format!(
-            "1: the record scores token stream {}, the case {}: not the same tokens",
-            header.token_stream_sha256, plan.token_stream_sha256
-        ));
-    }
-    let mut scored = Scored {
-        windows: vec![WindowNll::default(); plan.windows.len()],
-        ..Scored::default()
-    };
-    let mut expected = plan.windows.iter().enumerate().flat_map(|(w, pw)| {
-        pw.targets
-            .iter()
-            .enumerate()
-            .map(move |(i, t)| (w, pw.first_scored + i, *t))
-    });
-    for (l, line) in lines {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let e: RecordEntry =
-            serde_json::from_str(line).map_err(|err| format!("{}: {err}", l + 1))?;
-        let want = expected
-            .next()
-            .ok_or_else(|| format!("{}: more entries than the case scores", l + 1))?;
-        if (e.window, e.position, e.target) != want {
-            return Err(format!(
-                "{}: entry (window {}, position {}, target {}) where the case scores (window {}, position {}, target {})",
-                l + 1, e.window, e.position, e.target, want.0, want.1, want.2
-            ));
-        }
-        if !e.logprob.is_finite() || e.logprob > 0.0 {
-            return Err(format!(
-                "{}: logprob {} is not a finite log-probability",
-                l + 1,
-                e.logprob
-            ));
-        }
-        let top1 = e.top1 == e.target;
-        scored.windows[e.window].add(-e.logprob, top1);
-        scored.token_nll.push(-e.logprob);
-        scored.token_top1.push(top1);
-        scored.token_argmax.push(e.top1);
-    }
-    if let Some(w) = expected.next() {
-        return Err(format!(
-            "ends early: no entry for window {}, position {}",
-            w.0, w.1
-        ));
-    }
-    Ok((header, scored))
 }

@@ -1,0 +1,241 @@
+//! The parsed case, as every stage after parse sees it: the keys every case
+//! shares (models, reference, gates, tolerances, prereg) and what its kind
+//! declared at parse time (its metrics with their types, its pinned input
+//! files, its windows). The kind's own table stays with the kind.
+
+use crate::core::error::{Error, Result};
+use crate::core::fsutil::sha256_bytes;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// A parsed case.
+#[derive(Debug, Clone)]
+pub struct Case {
+    /// Test name stem: path under the suites root, `/`-separated, no `.toml`.
+    pub name: String,
+    /// The file.
+    pub path: PathBuf,
+    /// sha256 of the file's bytes.
+    pub content_sha256: String,
+    /// `kind = "…"`.
+    pub kind: &'static str,
+    /// Free text.
+    pub description: String,
+    /// Model aliases to run on, with their position in the file.
+    pub models: Vec<(String, Location)>,
+    /// Reference model alias, with its position.
+    pub reference: Option<(String, Location)>,
+    /// Gates.
+    pub gates: Vec<Gate>,
+    /// Golden comparison tolerances by metric (`default` for the rest).
+    pub tolerances: BTreeMap<String, Tolerance>,
+    /// A preregistered decision rule (`prereg = "…"`, relative to the case file).
+    pub prereg: Option<(PathBuf, Location)>,
+    /// The metrics the case produces, as its kind declared them.
+    pub metrics: Vec<Metric>,
+    /// Files the case pins by sha256, checked before every run and before a
+    /// cached result is used.
+    pub pins: Vec<Pin>,
+    /// The windows a window-scoring kind declares (their count, if it fixes
+    /// one, and where the windowing is written); None for other kinds.
+    pub windows: Option<(Option<usize>, Location)>,
+}
+
+impl Case {
+    /// The tolerance for `metric`.
+    pub fn tolerance(&self, metric: &str) -> Tolerance {
+        self.tolerances
+            .get(metric)
+            .or_else(|| self.tolerances.get("default"))
+            .copied()
+            .unwrap_or(Tolerance::DEFAULT)
+    }
+
+    /// The names of the metrics this case produces.
+    pub fn metric_names(&self) -> Vec<String> {
+        self.metrics.iter().map(|m| m.name.clone()).collect()
+    }
+
+    /// The declared type of `metric` (None: not a metric of this case).
+    pub fn metric_type(&self, metric: &str) -> Option<MetricType> {
+        self.metrics.iter().find(|m| m.name == metric).map(|m| m.ty)
+    }
+}
+
+/// How a metric compares with its golden.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricType {
+    /// A count (positions, windows, flips, a first position): compared exactly.
+    Count,
+    /// A float: compared within the case's tolerance.
+    Float,
+}
+
+/// A metric a kind produces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Metric {
+    /// Flat name (`kld_mean`, `flip_bin2_n`).
+    pub name: String,
+    /// How it compares.
+    pub ty: MetricType,
+}
+
+impl Metric {
+    /// A count.
+    pub fn count(name: impl Into<String>) -> Self {
+        Metric {
+            name: name.into(),
+            ty: MetricType::Count,
+        }
+    }
+
+    /// A float.
+    pub fn float(name: impl Into<String>) -> Self {
+        Metric {
+            name: name.into(),
+            ty: MetricType::Float,
+        }
+    }
+}
+
+/// Declare metrics from names: those in `counts` are counts, the rest floats.
+pub fn metrics_of(names: &[&str], counts: &[&str]) -> Vec<Metric> {
+    names
+        .iter()
+        .map(|n| {
+            if counts.contains(n) {
+                Metric::count(*n)
+            } else {
+                Metric::float(*n)
+            }
+        })
+        .collect()
+}
+
+/// A file pinned by sha256 in a case (`[text]`, `[tokens]`,
+/// `[reference_record]`, `[reference_kld]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pin {
+    /// The table that names it.
+    pub table: &'static str,
+    /// The file.
+    pub path: PathBuf,
+    /// Its pinned sha256.
+    pub sha256: String,
+    /// Where the pin is written.
+    pub at: Location,
+}
+
+impl Pin {
+    /// The file's bytes, checked against the pin; a mismatch names the pin's place.
+    pub fn read_bytes(&self) -> Result<Vec<u8>> {
+        let (at, table, path) = (&self.at, self.table, &self.path);
+        let bytes = std::fs::read(path)
+            .map_err(|e| Error::input(format!("{at}: {table}.path: {}: {e}", path.display())))?;
+        let sha = sha256_bytes(&bytes);
+        if sha != self.sha256 {
+            return Err(Error::input(format!(
+                "{at}: {table}.sha256: {} does not match its pin\n  expected {}\n  actual   {sha} ({} bytes)",
+                path.display(),
+                self.sha256,
+                bytes.len()
+            )));
+        }
+        Ok(bytes)
+    }
+
+    /// The file as UTF-8 text, checked against the pin.
+    pub fn read_text(&self) -> Result<String> {
+        String::from_utf8(self.read_bytes()?)
+            .map_err(|e| Error::input(format!("{}: not UTF-8: {e}", self.path.display())))
+    }
+}
+
+/// Why `sha` is not a sha256 pin (64 lower-case hex digits), if it is not.
+pub fn bad_sha(key: &str, sha: &str) -> Option<String> {
+    (!crate::core::fsutil::is_hex(sha, 64))
+        .then(|| format!("{key}: `{sha}` is not 64 lower-case hex digits"))
+}
+
+/// A path relative to the case file.
+pub fn beside(case_file: &Path, rel: &str) -> PathBuf {
+    case_file.parent().unwrap_or(Path::new(".")).join(rel)
+}
+
+/// A float matches its golden when `|a − b| ≤ atol + rtol·|b|`.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tolerance {
+    /// Absolute part.
+    #[serde(default = "default_atol")]
+    pub atol: f64,
+    /// Relative part.
+    #[serde(default = "default_rtol")]
+    pub rtol: f64,
+}
+
+fn default_atol() -> f64 {
+    Tolerance::DEFAULT.atol
+}
+
+fn default_rtol() -> f64 {
+    Tolerance::DEFAULT.rtol
+}
+
+impl Tolerance {
+    /// Defaults: logits are bitwise reproducible for one build, so only
+    /// summation noise is tolerated.
+    pub const DEFAULT: Tolerance = Tolerance {
+        atol: 1e-9,
+        rtol: 1e-6,
+    };
+}
+
+/// `path:line:col` of a value, for messages after parsing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Location(pub String);
+
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A gate: the metric must be ≤ max and ≥ min.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gate {
+    /// Metric name.
+    pub metric: String,
+    /// Upper bound.
+    pub max: Option<f64>,
+    /// Lower bound.
+    pub min: Option<f64>,
+    /// Gate a bound of the metric's interval instead of its value
+    /// (`ci95_hi`, `ci95_lo`, `boot95_hi`, `boot95_lo`).
+    pub on: Option<String>,
+}
+
+/// Interval bounds a gate can select with `on`.
+pub const GATE_ON: &[&str] = &[
+    "ci95_lo",
+    "ci95_hi",
+    "boot95_lo",
+    "boot95_hi",
+    "wilson95_lo",
+    "wilson95_hi",
+];
+
+impl Gate {
+    /// The metric whose value is gated: `metric`, or with `on = "ci95_hi"`
+    /// the interval bound `<metric less _mean>_ci95_hi`.
+    pub fn gated_metric(&self) -> String {
+        match &self.on {
+            None => self.metric.clone(),
+            Some(on) => format!(
+                "{}_{on}",
+                self.metric.strip_suffix("_mean").unwrap_or(&self.metric)
+            ),
+        }
+    }
+}

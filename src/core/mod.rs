@@ -1,0 +1,17 @@
+//! Shared types every stage may use: the parsed [`Case`] head, [`Outcome`],
+//! engine [`Settings`], errors and diagnostics, file helpers. Contract: no
+//! module here imports a stage; every stage may import this one.
+
+pub mod case;
+pub mod error;
+pub mod fsutil;
+pub mod outcome;
+pub mod parse;
+pub mod settings;
+
+pub use case::{Case, Gate, Location, Metric, MetricType, Pin, Tolerance};
+pub use error::{Error, ErrorKind, Result};
+pub use outcome::{
+    Artifact, Column, Decision, GateResult, Outcome, StageTimings, Status, Table, Verdict,
+};
+pub use settings::{Decoding, EngineBuild, Sampler, Settings};

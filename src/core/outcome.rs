@@ -1,0 +1,308 @@
+//! What one trial produced: the [`Outcome`] of a case on a model, with its
+//! gate verdicts, the decision of a preregistered rule, and the rows a kind
+//! rendered for the report. Shared by every stage after execute.
+
+use crate::core::settings::{EngineBuild, Settings};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// pass, fail (a gate was violated) or error (the case could not run).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// All gates held.
+    Pass,
+    /// A gate was violated.
+    Fail,
+    /// The case could not be run.
+    Error,
+}
+
+impl Status {
+    /// The word, as goldens and `--json` write it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Pass => "pass",
+            Status::Fail => "fail",
+            Status::Error => "error",
+        }
+    }
+}
+
+/// Time per stage, for `--timings`.
+#[derive(Debug, Clone, Copy, Default, Serialize, serde::Deserialize)]
+pub struct StageTimings {
+    /// Fetch/derive and sha256 check.
+    pub prepare: Duration,
+    /// Model load (or wait for another thread's load).
+    pub load: Duration,
+    /// Tokenization.
+    pub tokenize: Duration,
+    /// llama_decode.
+    pub decode: Duration,
+    /// Row reduction and metrics.
+    pub measure: Duration,
+    /// Everything.
+    pub total: Duration,
+}
+
+/// One gate's verdict.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct GateResult {
+    /// Metric name, with the selected bound (`delta_nll_mean.ci95_hi`) when
+    /// the gate has `on`.
+    pub metric: String,
+    /// `max` or `min`.
+    pub bound: String,
+    /// The threshold.
+    pub threshold: f64,
+    /// The measured value (None when missing).
+    pub observed: Option<f64>,
+    /// Whether it held.
+    pub passed: bool,
+    /// The metric's 95% interval and the number of windows behind it, when
+    /// the case measures one (`X_ci95_lo`/`_hi`, or `X` less `_mean`).
+    pub interval: Option<(f64, f64, usize)>,
+}
+
+impl GateResult {
+    /// One line for a failure message.
+    pub fn describe(&self) -> String {
+        let op = if self.bound == "max" { "≤" } else { "≥" };
+        match self.observed {
+            None => format!(
+                "{}: missing, gate needs {} {op} {}",
+                self.metric, self.metric, self.threshold
+            ),
+            Some(v) => {
+                let ci = self
+                    .interval
+                    .map(|(lo, hi, n)| format!(" (95% CI {lo:.6} … {hi:.6} over {n} windows)"))
+                    .unwrap_or_default();
+                format!(
+                    "{} = {v}{ci} violates {} {op} {} ({} {})",
+                    self.metric, self.metric, self.threshold, self.bound, self.threshold
+                )
+            }
+        }
+    }
+}
+
+/// win, loss or tie.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    /// The win condition held.
+    Win,
+    /// The loss condition held.
+    Loss,
+    /// Neither.
+    Tie,
+}
+
+impl Verdict {
+    /// +1, −1, 0.
+    pub fn as_metric(self) -> f64 {
+        match self {
+            Verdict::Win => 1.0,
+            Verdict::Loss => -1.0,
+            Verdict::Tie => 0.0,
+        }
+    }
+
+    /// The word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Win => "win",
+            Verdict::Loss => "loss",
+            Verdict::Tie => "tie",
+        }
+    }
+}
+
+/// The recorded decision of a preregistered comparison.
+#[derive(Debug, Clone, Serialize)]
+pub struct Decision {
+    /// The prereg file, as in the ledger.
+    pub prereg: String,
+    /// Its sha256.
+    pub prereg_sha256: String,
+    /// When it was sealed (UTC).
+    pub sealed_at: String,
+    /// win / loss / tie.
+    pub outcome: Verdict,
+    /// The measured value inside [low, high] of the prediction.
+    pub prediction_hit: bool,
+    /// The deciding metric and its measured value.
+    pub metric: String,
+    /// Measured value.
+    pub value: f64,
+    /// The bounds the rule read, by name.
+    pub bounds: BTreeMap<String, f64>,
+    /// Predicted value, low, high.
+    pub prediction: [f64; 3],
+    /// The rule, as written.
+    pub rule: String,
+}
+
+impl Decision {
+    /// `win; prediction hit` — the decision as the golden and the report show it.
+    pub fn line(&self) -> String {
+        format!(
+            "{}; prediction {}",
+            self.outcome.as_str(),
+            if self.prediction_hit { "hit" } else { "missed" }
+        )
+    }
+}
+
+/// One column of a [`Table`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Column {
+    /// UTF-8 text.
+    Str(Vec<String>),
+    /// 32-bit integers.
+    I32(Vec<i32>),
+    /// Doubles.
+    F64(Vec<f64>),
+    /// Booleans.
+    Bool(Vec<bool>),
+}
+
+impl Column {
+    /// Number of values.
+    pub fn len(&self) -> usize {
+        match self {
+            Column::Str(v) => v.len(),
+            Column::I32(v) => v.len(),
+            Column::F64(v) => v.len(),
+            Column::Bool(v) => v.len(),
+        }
+    }
+
+    /// No values.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Per-position (or per-unit) rows a kind renders for the Parquet output:
+/// named columns of equal length. The report adds `case`, `model` and
+/// `model_sha256` in front.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Table {
+    /// The Parquet message name (`kld_position`, `digit_position`).
+    pub name: &'static str,
+    /// Columns in order.
+    pub columns: Vec<(String, Column)>,
+}
+
+impl Table {
+    /// Rows, when every column has the same length.
+    pub fn rows(&self) -> Option<usize> {
+        let n = self.columns.first().map_or(0, |(_, c)| c.len());
+        self.columns.iter().all(|(_, c)| c.len() == n).then_some(n)
+    }
+}
+
+/// A rendered file a kind produces beside its rows (e.g. an SVG plot).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Artifact {
+    /// File extension (`svg`).
+    pub extension: &'static str,
+    /// Its content.
+    pub body: String,
+}
+
+/// The result of one trial; also one JSON object of `--json`.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct Outcome {
+    /// Case name.
+    pub case: String,
+    /// Model alias.
+    pub model: String,
+    /// Verdict.
+    pub status: Status,
+    /// Flat metric name → value.
+    pub metrics: BTreeMap<String, f64>,
+    /// Gate verdicts.
+    pub gates: Vec<GateResult>,
+    /// Why the case could not run.
+    pub error: Option<String>,
+    /// Whether `error` was the input's fault (exit 2).
+    #[serde(skip)]
+    pub input_error: bool,
+    /// Model file sha256.
+    pub model_sha256: Option<String>,
+    /// Case file sha256.
+    pub case_sha256: Option<String>,
+    /// Scored token stream sha256.
+    pub token_stream_sha256: Option<String>,
+    /// Engine settings.
+    pub settings: Option<Settings>,
+    /// Engine build.
+    pub build: EngineBuild,
+    /// Time per stage.
+    pub timings: StageTimings,
+    /// The decision of a preregistered comparison (never read back from the
+    /// result cache: preregistered cases always run).
+    #[serde(skip_deserializing)]
+    pub prereg: Option<Decision>,
+    /// Discrete text outcomes (recitation output, stop reason, least
+    /// certain positions), compared exactly with the golden.
+    #[serde(default)]
+    pub texts: BTreeMap<String, String>,
+    /// Per-position rows the kind rendered, for the Parquet output.
+    #[serde(skip)]
+    pub rows: Option<Arc<Table>>,
+    /// Files the kind rendered beside the rows (plots).
+    #[serde(skip)]
+    pub artifacts: Vec<Artifact>,
+}
+
+impl Outcome {
+    /// A new outcome of `case` on `model`, an error until a run says otherwise.
+    pub fn new(case: &str, model: &str, build: EngineBuild) -> Self {
+        Outcome {
+            case: case.to_string(),
+            model: model.to_string(),
+            status: Status::Error,
+            metrics: BTreeMap::new(),
+            gates: Vec::new(),
+            error: None,
+            input_error: false,
+            model_sha256: None,
+            case_sha256: None,
+            token_stream_sha256: None,
+            settings: None,
+            build,
+            timings: StageTimings::default(),
+            prereg: None,
+            texts: BTreeMap::new(),
+            rows: None,
+            artifacts: Vec::new(),
+        }
+    }
+
+    /// The failure message for a test, or None on pass.
+    pub fn failure_message(&self) -> Option<String> {
+        match self.status {
+            Status::Pass => None,
+            Status::Error => Some(self.error.clone().unwrap_or_default()),
+            Status::Fail => {
+                let mut m = format!("{}::{}: gate violated\n", self.case, self.model);
+                for g in self.gates.iter().filter(|g| !g.passed) {
+                    m.push_str(&format!("  {}\n", g.describe()));
+                }
+                Some(m)
+            }
+        }
+    }
+}
+
+/// `suite/case::model` → (`suite/case`, `model`); a name without `::` is all case.
+pub fn split_test_name(name: &str) -> (&str, &str) {
+    name.split_once("::").unwrap_or((name, ""))
+}

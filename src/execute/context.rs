@@ -1,0 +1,98 @@
+//! The narrow run context a kind runs on: the registry (to make a model
+//! available and verified), the loaded-model pool, the llama.cpp threads and
+//! the reference store. Used by every kind, by the trial driver and the CLI.
+//!
+//! Contract: loading a model always goes through the registry's sha256 and
+//! GGUF preflight; [`RunContext::verify_inputs`] re-checks every pinned file
+//! of a case (whatever its kind) and its model files without running
+//! anything — what a cached result relies on.
+
+use crate::core::error::Result;
+use crate::core::Case;
+use crate::engine::{Engine, LoadedModel, ModelPool};
+use crate::execute::reference::ReferenceStore;
+use crate::models::{ensure, Registry, Verified};
+use std::path::Path;
+use std::sync::Arc;
+
+/// Everything a kind needs to run: models, threads, the reference store.
+pub struct RunContext {
+    registry: Registry,
+    pool: ModelPool,
+    /// llama.cpp threads per trial.
+    pub threads: u32,
+    /// Reference rows and scores, shared by every candidate.
+    pub references: ReferenceStore,
+}
+
+impl RunContext {
+    /// A context over `engine`, reference caches under `<cache>/reference`.
+    pub fn new(registry: Registry, engine: Arc<dyn Engine>, threads: u32) -> Self {
+        RunContext {
+            registry,
+            pool: ModelPool::new(engine),
+            threads: threads.max(1),
+            references: ReferenceStore::new(crate::models::cache_dir().join("reference")),
+        }
+    }
+
+    /// The registry.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Arc<dyn Engine> {
+        self.pool.engine()
+    }
+
+    /// The engine build's one-line label (cache keys, golden headers).
+    pub fn build_label(&self) -> String {
+        self.pool.engine().build().label()
+    }
+
+    /// Make a model available and verified (fetch/derive as needed).
+    pub fn prepare(&self, alias: &str) -> Result<Verified> {
+        let engine = self.pool.engine().clone();
+        let threads = self.threads;
+        let quantize =
+            move |src: &Path, dst: &Path, quant: &str| engine.quantize(src, dst, quant, threads);
+        ensure(&self.registry, alias, &self.build_label(), &quantize)
+    }
+
+    /// A verified, loaded model (once per process per file).
+    pub fn load(&self, alias: &str) -> Result<(Verified, Arc<dyn LoadedModel>)> {
+        let v = self.prepare(alias)?;
+        let m = self.pool.get(&v.file)?;
+        Ok((v, m))
+    }
+
+    /// The sha256 a model is pinned to in the registry, or (unpinned) that
+    /// of its verified file.
+    pub fn pinned_sha256(&self, alias: &str) -> Result<String> {
+        match &self.registry.entry(alias)?.sha256 {
+            Some(s) => Ok(s.clone()),
+            None => Ok(self.prepare(alias)?.file.sha256),
+        }
+    }
+
+    /// Check every input of `case` on `model` still matches its pin (the
+    /// case's pinned files, the model and reference files) without running
+    /// anything.
+    pub fn verify_inputs(&self, case: &Case, model: &str) -> Result<()> {
+        for pin in &case.pins {
+            pin.read_bytes()?;
+        }
+        self.prepare(model)?;
+        if let Some((r, _)) = &case.reference {
+            self.prepare(r)?;
+        }
+        Ok(())
+    }
+}
+
+/// Threads per trial so that test threads × llama threads ≤ cores.
+pub fn threads_per_trial(concurrent: usize) -> u32 {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / concurrent.max(1)).max(1) as u32
+}

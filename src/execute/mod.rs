@@ -1,0 +1,12 @@
+//! Execute stage: the run context kinds run on, windows cut from a token
+//! stream and scored row by row, and the one reference store with its
+//! on-disk formats (reference records, `.qgref` rows, llama-perplexity
+//! `.kld` import).
+
+pub mod context;
+pub mod qgref;
+pub mod record;
+pub mod reference;
+pub mod windows;
+
+pub use context::{threads_per_trial, RunContext};

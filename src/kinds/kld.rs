@@ -1,0 +1,359 @@
+//! `kind = "kld"`: the same windows as a perplexity case, every position
+//! compared over the whole vocabulary with a reference distribution — a
+//! reference model's rows (through the `.qgref` reference store) or an
+//! imported llama-perplexity `--kl-divergence-base` file. llama-perplexity's
+//! KLD/Δp block, same-top with a Wilson interval, flips binned by the
+//! reference's confidence, the copy subset, per-position Parquet rows.
+//!
+//! Contract: one vocabulary and tokenizer on both sides, the reference holds
+//! exactly the positions the case scores, or the case is an error.
+
+use crate::core::case::{Location, Metric, MetricType, Pin};
+use crate::core::error::{Error, Result};
+use crate::core::parse::{case_table, parse_toml, Diagnostics};
+use crate::core::{Case, Column, Outcome, Table};
+use crate::engine::LoadedModel;
+use crate::execute::reference::{rows_header, same_tokenizer, RefRows, Vocab};
+use crate::execute::windows::{score_plan_with, scored_from_rows, ScoringPlan, Windowing};
+use crate::execute::RunContext;
+use crate::kinds::perplexity::window_metrics;
+use crate::kinds::scored_text::{BootstrapFile, PinnedFile, ScoredText, TextFile, WindowFile};
+use crate::kinds::Kind;
+use crate::measure::kld::{self as math, PosKld};
+use crate::measure::perplexity_metrics;
+use serde::Deserialize;
+use std::sync::Arc;
+use std::time::Instant;
+use toml::Spanned;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KldTable {
+    bins: Option<Spanned<Vec<f64>>>,
+    tail: Option<Spanned<f64>>,
+    max_kept: Option<Spanned<usize>>,
+}
+
+case_table! {
+    struct KldFile {
+        text: Option<TextFile>,
+        tokens: Option<PinnedFile>,
+        window: Spanned<WindowFile>,
+        bootstrap: Option<BootstrapFile>,
+        kld: Option<Spanned<KldTable>>,
+        reference_kld: Option<PinnedFile>,
+        reference_record: Option<PinnedFile>,
+    }
+}
+
+/// A kld case.
+#[derive(Debug, Clone)]
+pub struct Kld {
+    /// What is scored, and how.
+    pub text: ScoredText,
+    /// The reference model (None with an imported `.kld`).
+    pub reference: Option<(String, Location)>,
+    /// Reference top-1 probability bin edges, increasing, in (0, 1).
+    pub bins: Vec<f64>,
+    /// Tail mass a stored reference row may leave out.
+    pub tail: f64,
+    /// Cap on stored entries per reference row.
+    pub max_kept: usize,
+    /// A llama-perplexity `--kl-divergence-base` file as the reference.
+    pub import: Option<Pin>,
+}
+
+/// Parse the kind's tables.
+pub fn parse(case: &Case, src: &str, diag: &mut Diagnostics) -> Result<Arc<dyn Kind>> {
+    let f: KldFile = parse_toml(diag.path(), src)?;
+    let text = ScoredText::parse(
+        case,
+        f.text.as_ref(),
+        f.tokens.as_ref(),
+        &f.window,
+        f.bootstrap.as_ref(),
+        diag,
+    )?;
+    let mut k = Kld {
+        text,
+        reference: case.reference.clone(),
+        bins: math::DEFAULT_BINS.to_vec(),
+        tail: math::DEFAULT_TAIL,
+        max_kept: math::DEFAULT_MAX_KEPT,
+        import: None,
+    };
+    if let Some(t) = &f.kld {
+        let t = t.get_ref();
+        if let Some(b) = &t.bins {
+            let v = b.get_ref();
+            let ok = !v.is_empty()
+                && v.iter().all(|x| *x > 0.0 && *x < 1.0)
+                && v.windows(2).all(|w| w[0] < w[1]);
+            if !ok {
+                diag.push_at(
+                    b.span().start,
+                    format!("kld.bins: {v:?} must be increasing numbers strictly between 0 and 1"),
+                );
+            }
+            k.bins = v.clone();
+        }
+        if let Some(t) = &t.tail {
+            if !(0.0..=1e-3).contains(t.get_ref()) {
+                diag.push_at(
+                    t.span().start,
+                    format!("kld.tail: {} must be in [0, 0.001]", t.get_ref()),
+                );
+            }
+            k.tail = *t.get_ref();
+        }
+        if let Some(m) = &t.max_kept {
+            if *m.get_ref() == 0 {
+                diag.push_at(m.span().start, "kld.max_kept: must be ≥ 1");
+            }
+            k.max_kept = *m.get_ref();
+        }
+    }
+    if let Some(r) = &f.reference_kld {
+        if case.reference.is_some() {
+            diag.push_at(
+                r.at(),
+                "reference_kld: give a reference model or a reference_kld file, not both",
+            );
+        }
+        if !matches!(k.text.windowing, Windowing::LlamaPerplexity { skip: 0, .. }) {
+            diag.push(
+                &k.text.window_at,
+                "reference_kld: a llama-perplexity base file holds its default windows: \
+                 use window.mode = \"llama-perplexity\" without skip",
+            );
+        }
+        k.import = Some(r.pin("reference_kld", case, diag));
+    } else if case.reference.is_none() {
+        let at = case.models.first().map_or_else(|| diag.at(0), |m| m.1.clone());
+        diag.push(
+            &at,
+            "kind = \"kld\" needs `reference` (a model) or [reference_kld] (a llama-perplexity base file)",
+        );
+    }
+    if let Some(r) = &f.reference_record {
+        diag.push_at(
+            r.at(),
+            "reference_record: holds only the true token's log-prob; a kld case needs `reference` or [reference_kld]",
+        );
+    }
+    Ok(Arc::new(k))
+}
+
+/// Counts among the kld block's metrics: compared exactly.
+fn is_count(name: &str) -> bool {
+    let base = name.strip_prefix("copy_").unwrap_or(name);
+    matches!(base, "positions" | "approx_positions")
+        || base
+            .strip_prefix("flip_bin")
+            .and_then(|r| r.split_once('_'))
+            .is_some_and(|(b, s)| b.bytes().all(|c| c.is_ascii_digit()) && (s == "n" || s == "flips"))
+}
+
+impl Kind for Kld {
+    fn metrics(&self) -> Vec<Metric> {
+        let mut m = window_metrics(self.reference.is_some());
+        m.extend(math::metric_names(self.bins.len()).into_iter().map(|name| Metric {
+            ty: if is_count(&name) {
+                MetricType::Count
+            } else {
+                MetricType::Float
+            },
+            name,
+        }));
+        m
+    }
+
+    fn pins(&self) -> Vec<Pin> {
+        std::iter::once(self.text.pin.clone())
+            .chain(self.import.clone())
+            .collect()
+    }
+
+    fn windows(&self) -> Option<(Option<usize>, Location)> {
+        Some(self.text.declared_windows())
+    }
+
+    fn reference_record(&self, cx: &RunContext, alias: &str) -> Option<Result<String>> {
+        let p = crate::kinds::perplexity::Perplexity {
+            text: self.text.clone(),
+            reference: None,
+            record: None,
+        };
+        Some(p.export_reference(cx, alias))
+    }
+
+    fn run(&self, cx: &RunContext, case: &Case, alias: &str, out: &mut Outcome) -> Result<()> {
+        let tx = &self.text;
+        let src = tx.pin.read_text()?;
+        let t = Instant::now();
+        let (verified, model) = cx.load(alias)?;
+        out.timings.prepare = t.elapsed();
+        out.model_sha256 = Some(verified.file.sha256.clone());
+        tx.check_context(&*model)?;
+        out.settings = Some(tx.settings(cx.threads));
+        let t = Instant::now();
+        let plan = tx.plan_for(&src, &*model)?;
+        out.timings.tokenize = t.elapsed();
+        out.token_stream_sha256 = Some(plan.token_stream_sha256.clone());
+        let t_ref = Instant::now();
+        let refs = self.reference_rows(cx, case, &src, &*model, &plan)?;
+        out.timings.decode += t_ref.elapsed();
+        let total: usize = plan.windows.iter().map(|w| w.targets.len()).sum();
+        if refs.rows.len() != total {
+            return Err(Error::harness(format!(
+                "{}: the reference holds {} positions, the case scores {total}",
+                case.path.display(),
+                refs.rows.len()
+            )));
+        }
+        let copy: Vec<bool> = plan
+            .windows
+            .iter()
+            .flat_map(|w| math::copy_flags(&w.window.tokens, w.first_scored, &w.targets))
+            .collect();
+        let mut pos = Vec::with_capacity(total);
+        let scored = score_plan_with(&*model, &plan, tx.n_batch, cx.threads, true, &mut |r| {
+            let rp = &refs.rows[r.index];
+            pos.push(math::compare(rp, r.row, r.stats, r.exps, r.target, copy[r.index]));
+            Ok(())
+        })
+        .map_err(|e| e.context(case.path.display()))?;
+        out.timings.decode += scored.decode;
+        out.timings.measure += scored.measure;
+        let t = Instant::now();
+        if pos.len() != total {
+            return Err(Error::harness(format!(
+                "{}: compared {} positions of {total}",
+                case.path.display(),
+                pos.len()
+            )));
+        }
+        out.metrics = perplexity_metrics(&scored.windows);
+        if !refs.imported() {
+            let rscored = scored_from_rows(&plan, &refs.rows);
+            tx.add_paired(out, &scored, &rscored);
+        }
+        out.metrics.extend(math::kld_metrics(&pos, &self.bins));
+        out.rows = Some(Arc::new(rows_table(&plan, &pos, &scored.token_nll)));
+        out.timings.measure += t.elapsed();
+        Ok(())
+    }
+}
+
+impl Kld {
+    /// The reference rows: an imported `.kld`, or the reference model's rows
+    /// through the `.qgref` store (built once, checked on every read).
+    fn reference_rows(
+        &self,
+        cx: &RunContext,
+        case: &Case,
+        src: &str,
+        model: &dyn LoadedModel,
+        plan: &ScoringPlan,
+    ) -> Result<Arc<RefRows>> {
+        let ci = model.info();
+        let tx = &self.text;
+        if let Some(pin) = &self.import {
+            let bytes = pin.read_bytes()?;
+            let rows = crate::execute::qgref::import_llama_kld(
+                &bytes,
+                plan,
+                tx.windowing.context(),
+                ci.n_vocab,
+            )
+            .map_err(|e| Error::input(format!("{}: {e}", pin.path.display())))?;
+            return Ok(Arc::new(RefRows {
+                rows,
+                n_vocab: ci.n_vocab,
+                tokenizer_fingerprint: ci.tokenizer_fingerprint.clone(),
+            }));
+        }
+        let Some((ref_alias, ref_at)) = &self.reference else {
+            return Err(Error::input(format!(
+                "{}: a kld case needs a reference",
+                case.path.display()
+            )));
+        };
+        let ref_sha = cx
+            .pinned_sha256(ref_alias)
+            .map_err(|e| e.context(ref_at))?;
+        let header = rows_header(
+            ref_sha,
+            &plan.token_stream_sha256,
+            format!("{:?}", tx.windowing),
+            &tx.settings(cx.threads),
+            cx.build_label(),
+            self.tail,
+            self.max_kept,
+            plan.windows.iter().map(|w| w.targets.len()).sum(),
+            ci.n_vocab,
+        );
+        let refs = cx.references.rows(&header, &case.path, ref_alias, &|| {
+            let (_, rmodel) = cx
+                .load(ref_alias)
+                .map_err(|e| e.context(format!("{ref_at}: reference")))?;
+            let ri = rmodel.info();
+            same_tokenizer(ref_at, "reference", Vocab::of(ri), Vocab::of(ci))?;
+            tx.check_context(&*rmodel)?;
+            let rplan = tx.identical_plan(ref_at, src, &*rmodel, model, plan)?;
+            let mut rows = Vec::with_capacity(header.positions);
+            score_plan_with(&*rmodel, &rplan, tx.n_batch, cx.threads, false, &mut |r| {
+                rows.push(math::compress_row(r.row, r.stats, r.target, self.tail, self.max_kept));
+                Ok(())
+            })?;
+            Ok((ri.n_vocab, ri.tokenizer_fingerprint.clone(), rows))
+        })?;
+        // A cached reference is checked against the candidate too.
+        let stored = Vocab {
+            alias: ref_alias,
+            n_vocab: refs.n_vocab,
+            fingerprint: &refs.tokenizer_fingerprint,
+        };
+        same_tokenizer(ref_at, "reference", stored, Vocab::of(ci))?;
+        Ok(refs)
+    }
+}
+
+/// One row per scored position (DESIGN.md, Outputs).
+fn rows_table(plan: &ScoringPlan, p: &[PosKld], token_nll: &[f64]) -> Table {
+    let (mut window, mut position, mut target) = (Vec::new(), Vec::new(), Vec::new());
+    for (w, pw) in plan.windows.iter().enumerate() {
+        for (k, &t) in pw.targets.iter().enumerate() {
+            window.push(w as i32);
+            position.push((pw.first_scored + k) as i32);
+            target.push(t);
+        }
+    }
+    let f = |g: &dyn Fn(&PosKld) -> f64| Column::F64(p.iter().map(g).collect());
+    let b = |g: &dyn Fn(&PosKld) -> bool| Column::Bool(p.iter().map(g).collect());
+    let i = |g: &dyn Fn(&PosKld) -> i32| Column::I32(p.iter().map(g).collect());
+    let columns = vec![
+        ("window", Column::I32(window)),
+        ("position", Column::I32(position)),
+        ("token_id", Column::I32(target)),
+        ("nll", Column::F64(token_nll.to_vec())),
+        ("kl_vs_ref", f(&|x| x.kl)),
+        ("kl_rev", f(&|x| x.kl_rev)),
+        ("ref_p1", f(&|x| x.p1)),
+        ("ref_top1_token", i(&|x| x.ref_top as i32)),
+        ("top1_token", i(&|x| x.cand_top as i32)),
+        ("flip", b(&|x| x.flip())),
+        ("p_ref", f(&|x| x.p_ref)),
+        ("p_cand", f(&|x| x.p_cand)),
+        ("dp", f(&|x| x.dp())),
+        ("copy", b(&|x| x.copy)),
+        ("approximate", b(&|x| x.approximate)),
+    ];
+    Table {
+        name: "kld_position",
+        columns: columns
+            .into_iter()
+            .map(|(n, c)| (n.to_string(), c))
+            .collect(),
+    }
+}

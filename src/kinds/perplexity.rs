@@ -1,0 +1,200 @@
+//! `kind = "perplexity"`: a pinned text or token-id file scored over
+//! llama-perplexity's windows (PPL, NLL, top-1), and with a reference model
+//! or a reference record, the paired ΔNLL on identical tokens.
+//!
+//! Contract: numbers equal llama-perplexity's on the same windows; the
+//! reference (model or record) shares the candidate's tokenizer and scores
+//! the same token stream, or the case is an error before any comparison.
+
+use crate::core::case::{metrics_of, Location, Metric, Pin};
+use crate::core::error::{Error, Result};
+use crate::core::parse::{case_table, parse_toml, Diagnostics};
+use crate::core::{Case, Outcome};
+use crate::execute::record::read_record;
+use crate::execute::reference::{same_tokenizer, Vocab};
+use crate::execute::windows::score_plan;
+use crate::execute::RunContext;
+use crate::kinds::scored_text::{BootstrapFile, PinnedFile, ScoredText, TextFile, WindowFile};
+use crate::kinds::Kind;
+use crate::measure::perplexity_metrics;
+use std::sync::Arc;
+use std::time::Instant;
+use toml::Spanned;
+
+/// Metrics of every perplexity (and kld) case.
+pub const PPL_METRICS: &[&str] = &[
+    "nll_mean",
+    "ppl",
+    "ppl_se",
+    "tokens_scored",
+    "top1_matches",
+    "windows",
+];
+
+/// Metrics a case adds when it compares with a reference's scores.
+pub const PAIRED_METRICS: &[&str] = &[
+    "delta_nll_mean",
+    "delta_nll_ci95_lo",
+    "delta_nll_ci95_hi",
+    "delta_nll_boot95_lo",
+    "delta_nll_boot95_hi",
+    "windows_better",
+    "ppl_ref",
+    "nll_mean_ref",
+    "top1_matches_ref",
+    "ln_ppl_ratio",
+    "ln_ppl_ratio_se",
+    "ppl_ratio",
+    "ppl_ratio_se",
+    "nll_token_corr",
+];
+
+/// The counts among [`PPL_METRICS`] and [`PAIRED_METRICS`].
+pub const COUNTS: &[&str] = &[
+    "tokens_scored",
+    "top1_matches",
+    "windows",
+    "windows_better",
+    "top1_matches_ref",
+];
+
+/// The metrics of a window-scoring case, paired or not.
+pub fn window_metrics(paired: bool) -> Vec<Metric> {
+    let mut m = metrics_of(PPL_METRICS, COUNTS);
+    if paired {
+        m.extend(metrics_of(PAIRED_METRICS, COUNTS));
+    }
+    m
+}
+
+case_table! {
+    struct PerplexityFile {
+        text: Option<TextFile>,
+        tokens: Option<PinnedFile>,
+        window: Spanned<WindowFile>,
+        bootstrap: Option<BootstrapFile>,
+        reference_record: Option<PinnedFile>,
+    }
+}
+
+/// A perplexity case.
+#[derive(Debug, Clone)]
+pub struct Perplexity {
+    /// What is scored, and how.
+    pub text: ScoredText,
+    /// The reference model, if any.
+    pub reference: Option<(String, Location)>,
+    /// A reference record (JSONL) standing in for the reference model.
+    pub record: Option<Pin>,
+}
+
+/// Parse the kind's tables.
+pub fn parse(case: &Case, src: &str, diag: &mut Diagnostics) -> Result<Arc<dyn Kind>> {
+    let f: PerplexityFile = parse_toml(diag.path(), src)?;
+    let text = ScoredText::parse(
+        case,
+        f.text.as_ref(),
+        f.tokens.as_ref(),
+        &f.window,
+        f.bootstrap.as_ref(),
+        diag,
+    )?;
+    let record = f.reference_record.as_ref().map(|r| {
+        if case.reference.is_some() {
+            diag.push(
+                &case.reference.as_ref().map_or_else(|| diag.at(0), |r| r.1.clone()),
+                "reference: give a reference model or a reference_record, not both",
+            );
+        }
+        r.pin("reference_record", case, diag)
+    });
+    Ok(Arc::new(Perplexity {
+        text,
+        reference: case.reference.clone(),
+        record,
+    }))
+}
+
+impl Kind for Perplexity {
+    fn metrics(&self) -> Vec<Metric> {
+        window_metrics(self.reference.is_some() || self.record.is_some())
+    }
+
+    fn why_not(&self, metric: &str) -> Option<&'static str> {
+        PAIRED_METRICS
+            .contains(&metric)
+            .then_some(" without a `reference` or `reference_record`")
+    }
+
+    fn pins(&self) -> Vec<Pin> {
+        std::iter::once(self.text.pin.clone())
+            .chain(self.record.clone())
+            .collect()
+    }
+
+    fn windows(&self) -> Option<(Option<usize>, Location)> {
+        Some(self.text.declared_windows())
+    }
+
+    fn run(&self, cx: &RunContext, case: &Case, alias: &str, out: &mut Outcome) -> Result<()> {
+        let tx = &self.text;
+        let src = tx.pin.read_text()?;
+        let t = Instant::now();
+        let (verified, model) = cx.load(alias)?;
+        out.timings.prepare = t.elapsed();
+        out.model_sha256 = Some(verified.file.sha256.clone());
+        tx.check_context(&*model)?;
+        out.settings = Some(tx.settings(cx.threads));
+        let t = Instant::now();
+        let plan = tx.plan_for(&src, &*model)?;
+        out.timings.tokenize = t.elapsed();
+        out.token_stream_sha256 = Some(plan.token_stream_sha256.clone());
+        let scored = score_plan(&*model, &plan, tx.n_batch, cx.threads)
+            .map_err(|e| e.context(case.path.display()))?;
+        out.timings.decode = scored.decode;
+        out.timings.measure = scored.measure;
+        let t = Instant::now();
+        out.metrics = perplexity_metrics(&scored.windows);
+        // Loading and scoring the reference (once per process) count as decode time.
+        let t_ref = Instant::now();
+        let reference = if let Some(r) = &self.reference {
+            Some(tx.reference_scores(cx, r, &src, &*model, &plan)?)
+        } else if let Some(rec) = &self.record {
+            let text = rec.read_text()?;
+            let (header, rscored) = read_record(&text, &plan)
+                .map_err(|e| Error::input(format!("{}:{e}", rec.path.display())))?;
+            let recorded = Vocab {
+                alias: &header.model,
+                n_vocab: header.n_vocab,
+                fingerprint: &header.tokenizer_fingerprint,
+            };
+            same_tokenizer(&rec.at, "reference_record", recorded, Vocab::of(model.info()))?;
+            Some(Arc::new(rscored))
+        } else {
+            None
+        };
+        let ref_time = t_ref.elapsed();
+        out.timings.decode += ref_time;
+        if let Some(rscored) = reference {
+            tx.add_paired(out, &scored, &rscored);
+        }
+        out.timings.measure += t.elapsed().saturating_sub(ref_time);
+        Ok(())
+    }
+}
+
+impl Perplexity {
+    /// Score the case's windows on `alias` and return them as a reference
+    /// record (JSONL) that later runs can compare against without the model.
+    pub fn export_reference(&self, cx: &RunContext, alias: &str) -> Result<String> {
+        let tx = &self.text;
+        let src = tx.pin.read_text()?;
+        let (verified, model) = cx.load(alias)?;
+        let plan = tx.plan_for(&src, &*model)?;
+        let scored = score_plan(&*model, &plan, tx.n_batch, cx.threads)?;
+        let build = cx.build_label();
+        let header =
+            tx.record_header(alias, &verified.file.sha256, &build, &*model, &plan, &scored);
+        Ok(crate::execute::record::record_jsonl(&header, &plan, &scored))
+    }
+}

@@ -1,0 +1,538 @@
+//! What `perplexity` and `kld` cases share: a pinned text or token-id file,
+//! cut into windows the way llama-perplexity cuts it, scored on a model,
+//! and the paired comparison with a reference model's scores on identical
+//! tokens. Not a kind: a helper of those two.
+//!
+//! Contract: the `[text]`/`[tokens]`, `[window]` and `[bootstrap]` tables
+//! are checked here with every error positioned; the reference scores come
+//! from the one reference store after the one tokenizer and context checks.
+
+use crate::core::case::{bad_sha, beside, Location, Pin};
+use crate::core::error::{Error, Result};
+use crate::core::parse::Diagnostics;
+use crate::core::{Case, Outcome, Settings};
+use crate::engine::{BosPolicy, LoadedModel};
+use crate::execute::record::RecordHeader;
+use crate::execute::reference::{fits_context, same_tokenizer, ScoresKey, Vocab};
+use crate::execute::windows::{
+    parse_token_ids, plan_windows, score_plan, Scored, ScoringPlan, Windowing,
+};
+use crate::execute::RunContext;
+use crate::measure::paired_metrics;
+use serde::Deserialize;
+use std::sync::Arc;
+use toml::Spanned;
+
+/// `[text]`: a text, tokenized by the model.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TextFile {
+    path: Spanned<String>,
+    sha256: Spanned<String>,
+    #[serde(default)]
+    bos: Option<BosPolicy>,
+}
+
+/// `[tokens]` (and the other pinned-file tables): a path and its sha256.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PinnedFile {
+    path: Spanned<String>,
+    sha256: Spanned<String>,
+}
+
+impl PinnedFile {
+    /// The pin, checked for form (64 hex digits) into `diag`.
+    pub fn pin(&self, table: &'static str, case: &Case, diag: &mut Diagnostics) -> Pin {
+        if let Some(msg) = bad_sha(&format!("{table}.sha256"), self.sha256.get_ref()) {
+            diag.push_at(self.sha256.span().start, msg);
+        }
+        Pin {
+            table,
+            path: beside(&case.path, self.path.get_ref()),
+            sha256: self.sha256.get_ref().clone(),
+            at: diag.at(self.sha256.span().start),
+        }
+    }
+
+    /// Where its sha256 is written.
+    pub fn at(&self) -> usize {
+        self.sha256.span().start
+    }
+}
+
+/// `[window]`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WindowFile {
+    mode: Spanned<String>,
+    n_ctx: Option<Spanned<u32>>,
+    chunks: Option<Spanned<usize>>,
+    skip: Option<Spanned<usize>>,
+    stride: Option<Spanned<u32>>,
+    length: Option<Spanned<u32>>,
+    starts: Option<Spanned<Vec<usize>>>,
+    n_batch: Option<Spanned<u32>>,
+}
+
+/// `[bootstrap]`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BootstrapFile {
+    seed: Option<u64>,
+    resamples: Option<Spanned<usize>>,
+    block: Option<usize>,
+}
+
+/// Moving-block bootstrap settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Bootstrap {
+    /// Seed of the documented generator (SplitMix64).
+    pub seed: u64,
+    /// Number of resamples.
+    pub resamples: usize,
+    /// Block length in windows (0: ⌈n^(1/3)⌉).
+    pub block: usize,
+}
+
+impl Default for Bootstrap {
+    fn default() -> Self {
+        Bootstrap {
+            seed: 20_251_130,
+            resamples: 2000,
+            block: 0,
+        }
+    }
+}
+
+/// What is scored.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// A text, tokenized by the model with this BOS policy.
+    Text(BosPolicy),
+    /// Token ids, whitespace-separated decimal integers; never retokenized,
+    /// no synthetic BOS.
+    TokenIds,
+}
+
+/// A pinned text or token stream, its windows and batch.
+#[derive(Debug, Clone)]
+pub struct ScoredText {
+    /// Text or token ids.
+    pub source: Source,
+    /// The file and its pin.
+    pub pin: Pin,
+    /// Windowing.
+    pub windowing: Windowing,
+    /// Where the windowing is written (`window.mode`).
+    pub window_at: Location,
+    /// Batch size (`n_batch = n_ubatch`).
+    pub n_batch: u32,
+    /// Bootstrap settings of the paired comparison.
+    pub bootstrap: Bootstrap,
+}
+
+const MODES: &[&str] = &["llama-perplexity", "strided", "resets"];
+
+impl ScoredText {
+    /// Parse the `[text]`/`[tokens]`, `[window]` and `[bootstrap]` tables.
+    pub fn parse(
+        case: &Case,
+        text: Option<&TextFile>,
+        tokens: Option<&PinnedFile>,
+        window: &Spanned<WindowFile>,
+        bootstrap: Option<&BootstrapFile>,
+        diag: &mut Diagnostics,
+    ) -> Result<ScoredText> {
+        let (source, pin) = match (text, tokens) {
+            (Some(t), None) => {
+                let file = PinnedFile {
+                    path: t.path.clone(),
+                    sha256: t.sha256.clone(),
+                };
+                (
+                    Source::Text(t.bos.unwrap_or(BosPolicy::Model)),
+                    file.pin("text", case, diag),
+                )
+            }
+            (None, Some(t)) => (Source::TokenIds, t.pin("tokens", case, diag)),
+            _ => return Err(Error::input(format!(
+                "{}: give exactly one of [text] (a text to tokenize) or [tokens] (a token-id file)",
+                diag.path().display()
+            ))),
+        };
+        let w = window.get_ref();
+        let mode = w.mode.get_ref().as_str();
+        let mode_at = diag.at(w.mode.span().start);
+        // Which keys each mode takes.
+        let allowed: &[&str] = match mode {
+            "llama-perplexity" => &["n_ctx", "chunks", "skip", "n_batch"],
+            "strided" => &["n_ctx", "stride", "chunks", "n_batch"],
+            "resets" => &["length", "starts", "n_batch"],
+            _ => {
+                diag.push(
+                    &mode_at,
+                    format!("window.mode: `{mode}` is not one of {}", MODES.join(", ")),
+                );
+                &[]
+            }
+        };
+        let present: [(&str, Option<usize>); 7] = [
+            ("n_ctx", w.n_ctx.as_ref().map(|v| v.span().start)),
+            ("skip", w.skip.as_ref().map(|v| v.span().start)),
+            ("chunks", w.chunks.as_ref().map(|v| v.span().start)),
+            ("stride", w.stride.as_ref().map(|v| v.span().start)),
+            ("length", w.length.as_ref().map(|v| v.span().start)),
+            ("starts", w.starts.as_ref().map(|v| v.span().start)),
+            ("n_batch", w.n_batch.as_ref().map(|v| v.span().start)),
+        ];
+        if MODES.contains(&mode) {
+            for (key, pos) in present {
+                if let Some(pos) = pos.filter(|_| !allowed.contains(&key)) {
+                    diag.push_at(
+                        pos,
+                        format!(
+                            "window.{key}: not used by mode = \"{mode}\" (it takes {})",
+                            allowed.join(", ")
+                        ),
+                    );
+                }
+            }
+            if mode == "resets" && matches!(source, Source::Text(_)) {
+                diag.push(
+                    &mode_at,
+                    "window.mode: `resets` scores a pinned token-id file: use [tokens], not [text]",
+                );
+            }
+        }
+        // Errors about values come after the errors about keys.
+        let mut later: Vec<(Location, String)> = Vec::new();
+        let need =
+            |v: &Option<Spanned<u32>>, key: &str, later: &mut Vec<(Location, String)>| match v {
+                Some(v) => *v.get_ref(),
+                None => {
+                    later.push((
+                        mode_at.clone(),
+                        format!("window: mode = \"{mode}\" needs `{key}`"),
+                    ));
+                    0
+                }
+            };
+        let chunks = w.chunks.as_ref().map(|c| *c.get_ref());
+        if let Some(c) = w.chunks.as_ref().filter(|c| *c.get_ref() == 0) {
+            later.push((
+                diag.at(c.span().start),
+                "window.chunks: must be ≥ 1 (zero windows)".into(),
+            ));
+        }
+        let windowing = match mode {
+            "strided" => {
+                let n_ctx = need(&w.n_ctx, "n_ctx", &mut later);
+                let stride = need(&w.stride, "stride", &mut later);
+                if let Some(s) = &w.stride {
+                    // The first scored row is context − stride − 1, and llama-perplexity
+                    // refuses a stride beyond the context it was given.
+                    if stride == 0 || stride > n_ctx {
+                        later.push((
+                            diag.at(s.span().start),
+                            format!(
+                                "window.stride: {stride} must be between 1 and n_ctx ({n_ctx})"
+                            ),
+                        ));
+                    }
+                }
+                Windowing::Strided {
+                    n_ctx,
+                    stride,
+                    chunks,
+                }
+            }
+            "resets" => {
+                let length = need(&w.length, "length", &mut later);
+                let starts = match &w.starts {
+                    Some(s) if s.get_ref().is_empty() => {
+                        later.push((
+                            diag.at(s.span().start),
+                            "window.starts: list at least one start (zero windows)".into(),
+                        ));
+                        Vec::new()
+                    }
+                    Some(s) => s.get_ref().clone(),
+                    None => {
+                        later.push((
+                            mode_at.clone(),
+                            "window: mode = \"resets\" needs `starts`".into(),
+                        ));
+                        Vec::new()
+                    }
+                };
+                if length < 2 && w.length.is_some() {
+                    later.push((
+                        mode_at.clone(),
+                        format!("window.length: {length} must be ≥ 2"),
+                    ));
+                }
+                Windowing::Resets { length, starts }
+            }
+            _ => Windowing::LlamaPerplexity {
+                n_ctx: need(&w.n_ctx, "n_ctx", &mut later),
+                chunks,
+                skip: w.skip.as_ref().map_or(0, |s| *s.get_ref()),
+            },
+        };
+        if let Windowing::LlamaPerplexity { n_ctx, .. } | Windowing::Strided { n_ctx, .. } =
+            &windowing
+        {
+            if let Some(v) = &w.n_ctx {
+                if *n_ctx < 8 || !n_ctx.is_multiple_of(2) {
+                    later.push((
+                        diag.at(v.span().start),
+                        format!("window.n_ctx: {n_ctx} must be an even number ≥ 8"),
+                    ));
+                }
+            }
+        }
+        let context = windowing.context();
+        // llama-perplexity: n_batch = min(-b, -c), before the strided enlargement.
+        let batch_cap = match &windowing {
+            Windowing::Strided { n_ctx, .. } => *n_ctx,
+            _ => context,
+        };
+        let n_batch = w
+            .n_batch
+            .as_ref()
+            .map_or(512.min(batch_cap.max(1)), |b| *b.get_ref());
+        if let Some(b) = &w.n_batch {
+            if n_batch == 0 || n_batch > context {
+                later.push((
+                    diag.at(b.span().start),
+                    format!(
+                        "window.n_batch: {n_batch} must be between 1 and the context ({context})"
+                    ),
+                ));
+            }
+        }
+        for (loc, msg) in later {
+            diag.push(&loc, msg);
+        }
+        let mut boot = Bootstrap::default();
+        if let Some(b) = bootstrap {
+            if let Some(s) = b.seed {
+                boot.seed = s;
+            }
+            if let Some(r) = &b.resamples {
+                if *r.get_ref() < 100 {
+                    diag.push_at(
+                        r.span().start,
+                        format!("bootstrap.resamples: {} is too few (≥ 100)", r.get_ref()),
+                    );
+                }
+                boot.resamples = *r.get_ref();
+            }
+            if let Some(k) = b.block {
+                boot.block = k;
+            }
+        }
+        Ok(ScoredText {
+            source,
+            pin,
+            windowing,
+            window_at: mode_at,
+            n_batch,
+            bootstrap: boot,
+        })
+    }
+
+    /// The windows the case declares, for a preregistered rule.
+    pub fn declared_windows(&self) -> (Option<usize>, Location) {
+        let n = match &self.windowing {
+            Windowing::LlamaPerplexity { chunks, .. } | Windowing::Strided { chunks, .. } => {
+                *chunks
+            }
+            Windowing::Resets { starts, .. } => Some(starts.len()),
+        };
+        (n, self.window_at.clone())
+    }
+
+    /// Engine settings of every pass.
+    pub fn settings(&self, threads: u32) -> Settings {
+        let mut s = Settings::new(self.windowing.context(), threads);
+        s.n_batch = self.n_batch;
+        s
+    }
+
+    /// The training context must hold the windows.
+    pub fn check_context(&self, model: &dyn LoadedModel) -> Result<()> {
+        fits_context(
+            &format!("{}: window", self.window_at),
+            self.windowing.context() as usize,
+            model.info(),
+        )
+    }
+
+    /// Token ids of `src` (the pinned file's text) for `model`, cut into windows.
+    pub fn plan_for(&self, src: &str, model: &dyn LoadedModel) -> Result<ScoringPlan> {
+        let info = model.info();
+        let path = &self.pin.path;
+        let (ids, bos) = match &self.source {
+            Source::Text(bos) => {
+                let ids: Vec<_> = model.tokenize(src, *bos)?.iter().map(|t| t.id).collect();
+                let add = match bos {
+                    BosPolicy::Model => info.add_bos,
+                    BosPolicy::Always => true,
+                    BosPolicy::Never => false,
+                };
+                (ids, add.then_some(info.bos))
+            }
+            Source::TokenIds => {
+                let ids = parse_token_ids(src)
+                    .map_err(|e| Error::input(format!("{}:{e}", path.display())))?;
+                if let Some((i, id)) = ids
+                    .iter()
+                    .enumerate()
+                    .find(|(_, id)| **id as usize >= info.n_vocab)
+                {
+                    let (line, col) = token_position(src, i);
+                    return Err(Error::input(format!(
+                        "{}:{line}:{col}: token id {id} is not below the vocabulary size {} of model `{}`",
+                        path.display(),
+                        info.n_vocab,
+                        info.file.alias
+                    )));
+                }
+                (ids, None)
+            }
+        };
+        plan_windows(&ids, &self.windowing, bos).map_err(|e| {
+            Error::input(format!(
+                "{}: {} ({}): {e}",
+                self.window_at,
+                path.display(),
+                self.windowing.mode()
+            ))
+        })
+    }
+
+    /// The header of a reference record of `scored` (`plan` on `model`).
+    pub fn record_header(
+        &self,
+        alias: &str,
+        sha256: &str,
+        build: &str,
+        model: &dyn LoadedModel,
+        plan: &ScoringPlan,
+        scored: &Scored,
+    ) -> RecordHeader {
+        let info = model.info();
+        RecordHeader {
+            quantgate_reference_record: 1,
+            model: alias.to_string(),
+            model_sha256: sha256.to_string(),
+            build: build.to_string(),
+            n_vocab: info.n_vocab,
+            tokenizer_fingerprint: info.tokenizer_fingerprint.clone(),
+            mode: self.windowing.mode().to_string(),
+            windows: plan.windows.len(),
+            targets: scored.token_nll.len(),
+            token_stream_sha256: plan.token_stream_sha256.clone(),
+        }
+    }
+
+    /// A reference model's scores of the candidate's plan, through the
+    /// reference store: the reference is loaded, checked (tokenizer, context,
+    /// identical token stream) and scored only when no cache holds them.
+    pub fn reference_scores(
+        &self,
+        cx: &RunContext,
+        (ref_alias, ref_at): &(String, Location),
+        src: &str,
+        model: &dyn LoadedModel,
+        plan: &ScoringPlan,
+    ) -> Result<Arc<Scored>> {
+        let (rv, rmodel) = cx
+            .load(ref_alias)
+            .map_err(|e| e.context(format!("{ref_at}: reference")))?;
+        same_tokenizer(
+            ref_at,
+            "reference",
+            Vocab::of(rmodel.info()),
+            Vocab::of(model.info()),
+        )?;
+        self.check_context(&*rmodel)?;
+        let rplan = self.identical_plan(ref_at, src, &*rmodel, model, plan)?;
+        let build = cx.build_label();
+        let settings = self.settings(cx.threads);
+        let key = ScoresKey {
+            alias: ref_alias,
+            model_sha256: &rv.file.sha256,
+            plan: &rplan,
+            settings: &settings,
+            build: &build,
+            windowing: format!("{:?}", self.windowing),
+        };
+        cx.references.scores(&key, &|| {
+            let scored = score_plan(&*rmodel, &rplan, self.n_batch, cx.threads)?;
+            let header = self.record_header(
+                ref_alias,
+                &rv.file.sha256,
+                &build,
+                &*rmodel,
+                &rplan,
+                &scored,
+            );
+            Ok((header, scored))
+        })
+    }
+
+    /// The reference's plan, which must score the candidate's tokens.
+    pub fn identical_plan(
+        &self,
+        ref_at: &Location,
+        src: &str,
+        reference: &dyn LoadedModel,
+        candidate: &dyn LoadedModel,
+        plan: &ScoringPlan,
+    ) -> Result<ScoringPlan> {
+        let rplan = self.plan_for(src, reference)?;
+        if rplan.token_stream_sha256 != plan.token_stream_sha256 {
+            return Err(Error::input(format!(
+                "{ref_at}: reference: `{}` and `{}` do not score identical tokens \
+                 (token stream {} vs {})",
+                reference.info().file.alias,
+                candidate.info().file.alias,
+                rplan.token_stream_sha256,
+                plan.token_stream_sha256
+            )));
+        }
+        Ok(rplan)
+    }
+
+    /// The paired metrics of a candidate against its reference's scores.
+    pub fn add_paired(&self, out: &mut Outcome, scored: &Scored, rscored: &Scored) {
+        let b = self.bootstrap;
+        out.metrics.extend(paired_metrics(
+            &scored.windows,
+            &rscored.windows,
+            &scored.token_nll,
+            &rscored.token_nll,
+            (b.block, b.resamples, b.seed),
+        ));
+    }
+}
+
+/// Line and column (1-based) of the `index`-th whitespace-separated word.
+fn token_position(src: &str, index: usize) -> (usize, usize) {
+    let mut k = 0;
+    for (l, line) in src.lines().enumerate() {
+        let mut col = 0;
+        for word in line.split_whitespace() {
+            col = line[col..].find(word).map_or(col, |i| col + i);
+            if k == index {
+                return (l + 1, col + 1);
+            }
+            col += word.len();
+            k += 1;
+        }
+    }
+    (0, 0)
+}

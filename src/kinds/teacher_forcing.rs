@@ -1,0 +1,879 @@
+//! `kind = "teacher_forcing"`: the expected digits fed in after a prompt
+//! (seed 000), every digit scored — log-prob, rank, margin, the first flip
+//! vs the truth; with a reference model its KL and flips; the least certain
+//! reference positions; the sampling forecast checked against seeded
+//! sampled recitations; per-digit Parquet rows and an SVG plot.
+//!
+//! Contract: a digit without a token of its own is reported (E0), never
+//! scored against a neighbour's row; a reference with another vocabulary or
+//! token stream is an error before any scoring.
+
+use crate::core::case::{metrics_of, Location, Metric};
+use crate::core::error::{Error, Result};
+use crate::core::parse::{case_table, parse_toml, Diagnostics};
+use crate::core::{Artifact, Case, Column, Outcome, Sampler, Settings, Table};
+use crate::engine::{LoadedModel, Token, TokenId, Window};
+use crate::execute::reference::{rows_header, same_tokenizer, RefRows, Vocab};
+use crate::execute::RunContext;
+use crate::kinds::digit_plot::digits_svg;
+use crate::kinds::digit_text::{
+    ids_sha256, piece_text, prompt_text, settings_for, tokenize, unit_tokens, Common, ExpectFile, Expected,
+    Follow, Prompt, Template,
+};
+use crate::kinds::Kind;
+use crate::measure::forecast;
+use crate::measure::kld::{compare, compress_row, RefPosition, DEFAULT_MAX_KEPT, DEFAULT_TAIL};
+use crate::measure::{quantile, row_stats, row_stats_exps};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+use toml::Spanned;
+
+/// Metrics of every teacher-forcing case.
+pub const METRICS: &[&str] = &[
+    "units",
+    "units_measured",
+    "own_token_units",
+    "all_own_tokens",
+    "prompt_tokens_match",
+    "first_flip",
+    "flips",
+    "first_flip_margin",
+    "logprob_mean",
+    "p_true_mean",
+    "margin_median",
+];
+
+/// Metrics a teacher-forcing case adds with a reference model.
+pub const REF_METRICS: &[&str] = &[
+    "kl_mean",
+    "kl_max",
+    "kl_median",
+    "top1_matches_ref",
+    "top1_matches_ref_rate",
+    "ref_first_flip",
+    "ref_flips",
+];
+
+/// One sampler to forecast, and to check with seeded samples.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplerSpec {
+    /// Name (metric prefix).
+    pub name: String,
+    /// The chain.
+    pub sampler: Sampler,
+    /// Sampled recitations to compare with the forecast (0: forecast only).
+    pub samples: usize,
+    /// Seed of the first sample; sample i uses `seed + i`.
+    pub seed: u32,
+}
+
+/// A `kind = "teacher_forcing"` case.
+#[derive(Debug, Clone)]
+pub struct TeacherForcing {
+    /// Raw or chat.
+    pub template: Template,
+    /// The continuation fed in after the prompt.
+    pub expected: Expected,
+    /// The prompt.
+    pub prompt: Prompt,
+    /// Reference model for `kl_vs_ref`.
+    pub reference: Option<(String, Location)>,
+    /// Rows per pass (padding), as the recite cases it is compared with.
+    pub min_rows: u32,
+    /// How many least-certain reference positions to list.
+    pub least_certain: usize,
+    /// Samplers to forecast.
+    pub samplers: Vec<SamplerSpec>,
+}
+
+fn sampler_metrics(name: &str, sampled: bool) -> Vec<Metric> {
+    let mut m = vec![Metric::float(format!("{name}_forecast_reach"))];
+    if sampled {
+        m.push(Metric::float(format!("{name}_sampled_reach_mean")));
+        m.push(Metric::float(format!("{name}_sampled_reach_se")));
+        m.push(Metric::count(format!("{name}_samples")));
+    }
+    m
+}
+
+/// The counts among [`METRICS`] and [`REF_METRICS`].
+const COUNTS: &[&str] = &[
+    "units",
+    "units_measured",
+    "own_token_units",
+    "all_own_tokens",
+    "prompt_tokens_match",
+    "first_flip",
+    "flips",
+    "top1_matches_ref",
+    "ref_first_flip",
+    "ref_flips",
+];
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SamplerFile {
+    name: Spanned<String>,
+    temperature: Spanned<f32>,
+    #[serde(default)]
+    top_k: u32,
+    top_p: Option<Spanned<f32>>,
+    min_p: Option<Spanned<f32>>,
+    #[serde(default)]
+    samples: usize,
+    #[serde(default)]
+    seed: u32,
+}
+
+case_table! {
+    struct TeacherForcingFile {
+        template: Option<Spanned<String>>,
+        format: Option<Spanned<String>>,
+        expect: Spanned<ExpectFile>,
+        prompt: Option<Spanned<String>>,
+        min_rows: Option<Spanned<u32>>,
+        least_certain: Option<usize>,
+        #[serde(default)]
+        sampler: Vec<SamplerFile>,
+    }
+}
+
+/// Parse the kind's table.
+pub fn parse(case: &Case, src: &str, diag: &mut Diagnostics) -> Result<Arc<dyn Kind>> {
+    let f: TeacherForcingFile = parse_toml(diag.path(), src)?;
+    let common = Common::parse(
+        f.template.as_ref(),
+        f.format.as_ref(),
+        &f.expect,
+        f.min_rows.as_ref(),
+        diag,
+    );
+    let prompt = match &f.prompt {
+        Some(p) => common.prompt("prompt", p.get_ref()),
+        None => {
+            diag.push_at(0, "give `prompt`");
+            common.prompt("prompt", "")
+        }
+    };
+    if f.prompt.is_some() && prompt.text.is_empty() {
+        diag.push_at(0, "prompt: must not be empty");
+    }
+    let mut samplers = Vec::new();
+    for s in &f.sampler {
+        let n = s.name.get_ref();
+        if n.is_empty() || !n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            diag.push_at(
+                s.name.span().start,
+                format!("sampler.name: `{n}` must be letters, digits or `_` (it prefixes metrics)"),
+            );
+        }
+        if samplers.iter().any(|x: &SamplerSpec| x.name == *n) {
+            diag.push_at(s.name.span().start, format!("sampler.name: `{n}` appears twice"));
+        }
+        let t = *s.temperature.get_ref();
+        if !(t > 0.0 && t <= 10.0) {
+            diag.push_at(
+                s.temperature.span().start,
+                format!("sampler.temperature: {t} must be in (0, 10] (greedy is a recite case)"),
+            );
+        }
+        let mut unit = |v: &Option<Spanned<f32>>, key: &str, dflt: f32| {
+            v.as_ref().map_or(dflt, |x| {
+                if !(0.0..=1.0).contains(x.get_ref()) {
+                    diag.push_at(
+                        x.span().start,
+                        format!("sampler.{key}: {} must be in [0, 1]", x.get_ref()),
+                    );
+                }
+                *x.get_ref()
+            })
+        };
+        let top_p = unit(&s.top_p, "top_p", 1.0);
+        let min_p = unit(&s.min_p, "min_p", 0.0);
+        samplers.push(SamplerSpec {
+            name: n.clone(),
+            sampler: Sampler {
+                temperature: t,
+                top_k: s.top_k,
+                top_p,
+                min_p,
+            },
+            samples: s.samples,
+            seed: s.seed,
+        });
+    }
+    Ok(Arc::new(TeacherForcing {
+        template: common.template,
+        expected: common.expected,
+        prompt,
+        reference: case.reference.clone(),
+        min_rows: common.min_rows,
+        least_certain: f.least_certain.unwrap_or(10),
+        samplers,
+    }))
+}
+
+impl Kind for TeacherForcing {
+    fn metrics(&self) -> Vec<Metric> {
+        let mut m = metrics_of(METRICS, COUNTS);
+        if self.reference.is_some() {
+            m.extend(metrics_of(REF_METRICS, COUNTS));
+        }
+        for s in &self.samplers {
+            m.extend(sampler_metrics(&s.name, s.samples > 0));
+        }
+        m
+    }
+
+    fn run(&self, cx: &RunContext, case: &Case, alias: &str, out: &mut Outcome) -> Result<()> {
+        run_teacher_forcing(cx, case, self, alias, out)
+    }
+}
+
+/// One digit (unit) position of a teacher-forced case.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DigitRow {
+    /// 0-based unit index after the lead.
+    pub unit: u32,
+    /// Byte offset of the unit in the scored text.
+    pub char_offset: u32,
+    /// The token that starts the unit (−1: none, the unit is not measured).
+    pub token_index: i32,
+    /// Its id (−1: none).
+    pub token_id: TokenId,
+    /// Its piece.
+    pub piece: String,
+    /// The token is exactly the unit (E0).
+    pub own_token: bool,
+    /// log p(true token).
+    pub logprob: f64,
+    /// Tokens with a strictly higher logit.
+    pub rank: i64,
+    /// log p(true) − max over other tokens of log p; odds = e^margin.
+    pub margin: f64,
+    /// The model's top choice.
+    pub top1_token: TokenId,
+    /// Its piece.
+    pub top1_piece: String,
+    /// KL(ref ‖ model) over the whole vocabulary (NaN without a reference).
+    pub kl_vs_ref: f64,
+    /// The model's top choice is the reference's.
+    pub top1_matches_ref: bool,
+    /// The reference's margin at this position (NaN without a reference).
+    pub ref_margin: f64,
+    /// Percentile of `ref_margin` among all measured positions (0: the
+    /// reference's least certain digit).
+    pub ref_odds_percentile: f64,
+    /// Chance each sampler draws the true token here.
+    pub p_pick: Vec<f64>,
+}
+
+/// The per-digit rows of one teacher-forced case × model.
+#[derive(Debug, Clone)]
+pub struct DigitRows {
+    /// One per unit.
+    pub rows: Vec<DigitRow>,
+    /// Sampler names, in `p_pick` order.
+    pub samplers: Vec<String>,
+    /// Whether a reference filled the `*_ref` columns.
+    pub reference: bool,
+}
+
+impl DigitRows {
+    /// The per-digit Parquet rows (seed 000's columns); the reference's and
+    /// the samplers' columns only when the case has them.
+    pub fn table(&self) -> Table {
+        let r = &self.rows;
+        let i = |g: &dyn Fn(&DigitRow) -> i32| Column::I32(r.iter().map(g).collect());
+        let f = |g: &dyn Fn(&DigitRow) -> f64| Column::F64(r.iter().map(g).collect());
+        let s = |g: &dyn Fn(&DigitRow) -> &str| Column::Str(r.iter().map(|x| g(x).to_string()).collect());
+        let b = |g: &dyn Fn(&DigitRow) -> bool| Column::Bool(r.iter().map(g).collect());
+        let mut columns = vec![
+            ("position".to_string(), i(&|x| x.unit as i32)),
+            ("char_offset".into(), i(&|x| x.char_offset as i32)),
+            ("token_index".into(), i(&|x| x.token_index)),
+            ("token_id".into(), i(&|x| x.token_id)),
+            ("piece".into(), s(&|x| x.piece.as_str())),
+            ("own_token".into(), b(&|x| x.own_token)),
+            ("logprob".into(), f(&|x| x.logprob)),
+            ("rank".into(), i(&|x| x.rank as i32)),
+            ("margin".into(), f(&|x| x.margin)),
+            ("odds".into(), f(&|x| x.margin.exp())),
+            ("top1_token".into(), i(&|x| x.top1_token)),
+            ("top1_piece".into(), s(&|x| x.top1_piece.as_str())),
+        ];
+        if self.reference {
+            columns.push(("kl_vs_ref".into(), f(&|x| x.kl_vs_ref)));
+            columns.push(("top1_matches_ref".into(), b(&|x| x.top1_matches_ref)));
+            columns.push(("ref_margin".into(), f(&|x| x.ref_margin)));
+            columns.push(("ref_odds_percentile".into(), f(&|x| x.ref_odds_percentile)));
+        }
+        for (k, name) in self.samplers.iter().enumerate() {
+            columns.push((format!("p_pick_{name}"), f(&|x| x.p_pick[k])));
+        }
+        Table {
+            name: "digit_position",
+            columns,
+        }
+    }
+}
+
+/// Rank of the true token (tokens with a strictly higher logit) and its
+/// margin (its logit minus the best other's, f64), in one pass.
+fn rank_and_margin(row: &[f32], target: usize) -> (i64, f64) {
+    let t = row[target];
+    let (mut rank, mut best_other) = (0i64, f32::NEG_INFINITY);
+    for (j, &v) in row.iter().enumerate() {
+        if j != target {
+            rank += i64::from(v > t);
+            best_other = best_other.max(v);
+        }
+    }
+    (rank, f64::from(t) - f64::from(best_other))
+}
+
+/// The reference's margin at a stored position (exact: its top entries
+/// are stored with their f32 logits, and the tail's largest logit too).
+fn ref_margin(r: &RefPosition, target: u32) -> f64 {
+    let best_other = r
+        .entries
+        .iter()
+        .find(|(j, _)| *j != target)
+        .map(|&(_, l)| l)
+        .or_else(|| r.tail.as_ref().map(|t| t.hi))
+        .unwrap_or(f32::NEG_INFINITY);
+    r.lp_true - r.lp(best_other)
+}
+
+/// Run a `teacher_forcing` case.
+fn run_teacher_forcing(
+    cx: &RunContext,
+    case: &Case,
+    t: &TeacherForcing,
+    alias: &str,
+    out: &mut Outcome,
+) -> Result<()> {
+    let t0 = Instant::now();
+    let (verified, model) = cx.load(alias)?;
+    out.timings.prepare = t0.elapsed();
+    out.model_sha256 = Some(verified.file.sha256.clone());
+    let t0 = Instant::now();
+    let loc = locate(cx, &*model, t, case)?;
+    let ids: Vec<TokenId> = loc.tokens.iter().map(|t| t.id).collect();
+    let stream = ids_sha256(&ids);
+    out.token_stream_sha256 = Some(stream.clone());
+    out.timings.tokenize = t0.elapsed();
+    let settings = settings_for(cx, &*model, case, ids.len(), t.min_rows)?;
+    out.settings = Some(settings.clone());
+    // Rows to keep: the row before each located unit's token.
+    let mut unit_of_row: BTreeMap<usize, usize> = BTreeMap::new();
+    for (k, (_, tok)) in loc.units.iter().enumerate() {
+        if let Some(i) = tok {
+            unit_of_row.insert(i - 1, k);
+        }
+    }
+    let first_row = unit_of_row.keys().next().copied().unwrap_or(ids.len() - 1);
+    let window = Window {
+        tokens: ids.clone(),
+        logits_from: first_row,
+    };
+    let reference = match &t.reference {
+        Some(r) => Some(tf_reference(
+            cx,
+            case,
+            t,
+            &*model,
+            r,
+            &settings,
+            &window,
+            &unit_of_row,
+            &stream,
+        )?),
+        None => None,
+    };
+    let samplers: Vec<&SamplerSpec> = t.samplers.iter().collect();
+    let mut rows: Vec<Option<DigitRow>> = vec![None; loc.units.len()];
+    let mut exps = Vec::new();
+    let mut refs_used = 0usize;
+    let t0 = Instant::now();
+    model
+        .score(
+            &settings,
+            std::slice::from_ref(&window),
+            &mut |_, pos, row| {
+                let Some(&k) = unit_of_row.get(&pos) else {
+                    return Ok(());
+                };
+                let target = ids[pos + 1] as usize;
+                let st = row_stats_exps(row, &mut exps);
+                let top = st.argmax;
+                let (rank, margin) = rank_and_margin(row, target);
+                let (kl, matches, rmargin) = match &reference {
+                    Some(refs) => {
+                        let r = &refs.rows[refs_used];
+                        refs_used += 1;
+                        let c = compare(r, row, &st, &exps, target, false);
+                        (c.kl, c.ref_top == top as u32, ref_margin(r, target as u32))
+                    }
+                    None => (f64::NAN, false, f64::NAN),
+                };
+                let tok = &loc.tokens[pos + 1];
+                rows[k] = Some(DigitRow {
+                    unit: k as u32,
+                    char_offset: loc.units[k].0 as u32,
+                    token_index: (pos + 1) as i32,
+                    token_id: tok.id,
+                    piece: String::from_utf8_lossy(&tok.piece).into_owned(),
+                    own_token: String::from_utf8_lossy(&tok.piece).trim() == t.expected.units[k],
+                    logprob: st.logprob(row, target),
+                    rank,
+                    margin,
+                    top1_token: top as TokenId,
+                    top1_piece: piece_text(&*model, top as TokenId),
+                    kl_vs_ref: kl,
+                    top1_matches_ref: matches,
+                    ref_margin: rmargin,
+                    ref_odds_percentile: f64::NAN,
+                    p_pick: samplers
+                        .iter()
+                        .map(|s| forecast::p_pick(row, &s.sampler, target))
+                        .collect(),
+                });
+                Ok(())
+            },
+        )
+        .map_err(|e| e.context(case.path.display()))?;
+    out.timings.decode += t0.elapsed();
+    let t0 = Instant::now();
+    let measured = rows.iter().flatten().count();
+    if measured == 0 {
+        return Err(Error::input(format!(
+            "{}: no unit of the expected text starts a token of `{alias}`: nothing to score \
+             (the tokenizer merges the units with their neighbours)",
+            case.path.display()
+        )));
+    }
+    if measured != unit_of_row.len() {
+        return Err(Error::harness(format!(
+            "{}: scored {measured} of {} located units",
+            case.path.display(),
+            unit_of_row.len()
+        )));
+    }
+    // A unit without a token of its own keeps a row, with nothing scored.
+    let mut rows: Vec<DigitRow> = rows
+        .into_iter()
+        .enumerate()
+        .map(|(k, r)| {
+            r.unwrap_or_else(|| DigitRow {
+                unit: k as u32,
+                char_offset: loc.units[k].0 as u32,
+                token_index: -1,
+                token_id: -1,
+                piece: String::new(),
+                own_token: false,
+                logprob: f64::NAN,
+                rank: -1,
+                margin: f64::NAN,
+                top1_token: -1,
+                top1_piece: String::new(),
+                kl_vs_ref: f64::NAN,
+                top1_matches_ref: false,
+                ref_margin: f64::NAN,
+                ref_odds_percentile: f64::NAN,
+                p_pick: vec![f64::NAN; samplers.len()],
+            })
+        })
+        .collect();
+    tf_metrics(t, &loc, &mut rows, reference.is_some(), out);
+    if !samplers.is_empty() {
+        sampling(case, t, &*model, &loc, &rows, &settings, out)?;
+    }
+    let rows = DigitRows {
+        rows,
+        samplers: samplers.iter().map(|s| s.name.clone()).collect(),
+        reference: reference.is_some(),
+    };
+    // The per-digit plot beside the rows.
+    let first_flip = out.metrics.get("first_flip").map(|f| *f as usize);
+    let title = format!("{}::{alias}", case.name);
+    out.artifacts.push(Artifact {
+        extension: "svg",
+        body: digits_svg(&title, &rows, first_flip),
+    });
+    out.rows = Some(Arc::new(rows.table()));
+    out.timings.measure += t0.elapsed();
+    Ok(())
+}
+
+/// The reference's rows at the units' positions, through the reference store.
+#[allow(clippy::too_many_arguments)]
+fn tf_reference(
+    cx: &RunContext,
+    case: &Case,
+    t: &TeacherForcing,
+    model: &dyn LoadedModel,
+    (ref_alias, ref_at): &(String, Location),
+    settings: &Settings,
+    window: &Window,
+    unit_of_row: &BTreeMap<usize, usize>,
+    stream: &str,
+) -> Result<Arc<RefRows>> {
+    let ci = model.info();
+    let ref_sha = cx.pinned_sha256(ref_alias).map_err(|e| e.context(ref_at))?;
+    let rows_wanted: Vec<usize> = unit_of_row.keys().copied().collect();
+    let header = rows_header(
+        ref_sha,
+        stream,
+        format!("teacher-forcing rows {rows_wanted:?}"),
+        settings,
+        cx.build_label(),
+        DEFAULT_TAIL,
+        DEFAULT_MAX_KEPT,
+        rows_wanted.len(),
+        ci.n_vocab,
+    );
+    let refs = cx.references.rows(&header, &case.path, ref_alias, &|| {
+        let (_, rmodel) = cx
+            .load(ref_alias)
+            .map_err(|e| e.context(format!("{ref_at}: reference")))?;
+        let ri = rmodel.info();
+        same_tokenizer(ref_at, "reference", Vocab::of(ri), Vocab::of(ci))?;
+        let rloc = locate(cx, &*rmodel, t, case)?;
+        let rids: Vec<TokenId> = rloc.tokens.iter().map(|t| t.id).collect();
+        if rids != window.tokens {
+            return Err(Error::input(format!(
+                "{ref_at}: reference: `{ref_alias}` and `{}` do not score identical tokens \
+                 ({} vs {} tokens)",
+                ci.file.alias,
+                rids.len(),
+                window.tokens.len()
+            )));
+        }
+        let mut rows = Vec::with_capacity(unit_of_row.len());
+        rmodel.score(
+            settings,
+            std::slice::from_ref(window),
+            &mut |_, pos, row| {
+                if unit_of_row.contains_key(&pos) {
+                    let st = row_stats(row);
+                    rows.push(compress_row(
+                        row,
+                        &st,
+                        window.tokens[pos + 1] as usize,
+                        DEFAULT_TAIL,
+                        DEFAULT_MAX_KEPT,
+                    ));
+                }
+                Ok(())
+            },
+        )?;
+        Ok((ri.n_vocab, ri.tokenizer_fingerprint.clone(), rows))
+    })?;
+    let stored = Vocab {
+        alias: ref_alias,
+        n_vocab: refs.n_vocab,
+        fingerprint: &refs.tokenizer_fingerprint,
+    };
+    same_tokenizer(ref_at, "reference", stored, Vocab::of(ci))?;
+    if refs.rows.len() != unit_of_row.len() {
+        return Err(Error::harness(format!(
+            "{}: the reference holds {} positions, the case scores {}",
+            case.path.display(),
+            refs.rows.len(),
+            unit_of_row.len()
+        )));
+    }
+    Ok(refs)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    quantile(&v, 0.5)
+}
+
+fn tf_metrics(
+    t: &TeacherForcing,
+    loc: &Located,
+    rows: &mut [DigitRow],
+    with_ref: bool,
+    out: &mut Outcome,
+) {
+    let measured: Vec<&DigitRow> = rows.iter().filter(|r| r.token_index >= 0).collect();
+    let n = rows.len();
+    let own = rows.iter().filter(|r| r.own_token).count();
+    let prefix = loc.tokens.len() >= loc.prompt_ids.len()
+        && loc
+            .tokens
+            .iter()
+            .zip(&loc.prompt_ids)
+            .all(|(a, &b)| a.id == b);
+    // A unit without a token of its own stops the first-flip walk: its
+    // recitation cannot be compared token for token.
+    let first_flip = rows
+        .iter()
+        .position(|r| !r.own_token || r.rank > 0)
+        .unwrap_or(n);
+    let m = &mut out.metrics;
+    m.insert("units".into(), n as f64);
+    m.insert("units_measured".into(), measured.len() as f64);
+    m.insert("own_token_units".into(), own as f64);
+    m.insert("all_own_tokens".into(), f64::from(u8::from(own == n)));
+    m.insert("prompt_tokens_match".into(), f64::from(u8::from(prefix)));
+    m.insert("first_flip".into(), first_flip as f64);
+    m.insert(
+        "flips".into(),
+        measured.iter().filter(|r| r.rank > 0).count() as f64,
+    );
+    if let Some(r) = rows.get(first_flip) {
+        if r.token_index >= 0 {
+            m.insert("first_flip_margin".into(), r.margin);
+        }
+    }
+    let nm = measured.len() as f64;
+    m.insert(
+        "logprob_mean".into(),
+        measured.iter().map(|r| r.logprob).sum::<f64>() / nm,
+    );
+    m.insert(
+        "p_true_mean".into(),
+        measured.iter().map(|r| r.logprob.exp()).sum::<f64>() / nm,
+    );
+    m.insert(
+        "margin_median".into(),
+        median(measured.iter().map(|r| r.margin).collect()),
+    );
+    let mut tx = BTreeMap::new();
+    let not_own: Vec<String> = rows
+        .iter()
+        .filter(|r| !r.own_token)
+        .take(10)
+        .map(|r| {
+            if r.token_index < 0 {
+                format!("{} (no token starts there)", r.unit)
+            } else {
+                format!("{} ({:?})", r.unit, r.piece)
+            }
+        })
+        .collect();
+    tx.insert(
+        "e0_own_tokens".into(),
+        if not_own.is_empty() {
+            format!("every unit is its own token ({n} units)")
+        } else {
+            format!(
+                "{} of {n} units are not their own token; first: {}",
+                n - own,
+                not_own.join(", ")
+            )
+        },
+    );
+    if with_ref {
+        let kls: Vec<f64> = measured.iter().map(|r| r.kl_vs_ref).collect();
+        m.insert("kl_mean".into(), kls.iter().sum::<f64>() / nm);
+        m.insert(
+            "kl_max".into(),
+            kls.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        );
+        m.insert("kl_median".into(), median(kls));
+        let matches = measured.iter().filter(|r| r.top1_matches_ref).count();
+        m.insert("top1_matches_ref".into(), matches as f64);
+        m.insert("top1_matches_ref_rate".into(), matches as f64 / nm);
+        let ref_first = rows
+            .iter()
+            .position(|r| !r.own_token || r.ref_margin <= 0.0 || r.ref_margin.is_nan())
+            .unwrap_or(n);
+        m.insert("ref_first_flip".into(), ref_first as f64);
+        m.insert(
+            "ref_flips".into(),
+            measured.iter().filter(|r| r.ref_margin <= 0.0).count() as f64,
+        );
+        // Percentile of each position's reference odds (0 = least certain).
+        let mut order: Vec<usize> = (0..rows.len())
+            .filter(|&k| rows[k].token_index >= 0)
+            .collect();
+        order.sort_by(|&a, &b| {
+            rows[a]
+                .ref_margin
+                .total_cmp(&rows[b].ref_margin)
+                .then(a.cmp(&b))
+        });
+        let denom = (order.len().max(2) - 1) as f64;
+        for (rank, &k) in order.iter().enumerate() {
+            rows[k].ref_odds_percentile = 100.0 * rank as f64 / denom;
+        }
+        let least: Vec<String> = order
+            .iter()
+            .take(t.least_certain)
+            .map(|&k| {
+                let r = &rows[k];
+                format!(
+                    "{k}: ref odds {}, model odds {}, kl {:.3e}",
+                    odds(r.ref_margin),
+                    odds(r.margin),
+                    r.kl_vs_ref
+                )
+            })
+            .collect();
+        tx.insert("least_certain_ref".into(), least.join("; "));
+    }
+    out.texts.extend(tx);
+}
+
+/// Odds e^margin as the seed writes them (`0.2x`, `5600x`).
+fn odds(margin: f64) -> String {
+    let o = margin.exp();
+    if o >= 100.0 {
+        format!("{o:.0}x")
+    } else if o >= 1.0 {
+        format!("{o:.2}x")
+    } else {
+        format!("{o:.3}x")
+    }
+}
+
+/// The forecast from the teacher-forced chances, and seeded sampled
+/// recitations through llama.cpp's sampler chain beside it.
+#[allow(clippy::too_many_arguments)]
+fn sampling(
+    case: &Case,
+    t: &TeacherForcing,
+    model: &dyn LoadedModel,
+    loc: &Located,
+    rows: &[DigitRow],
+    settings: &Settings,
+    out: &mut Outcome,
+) -> Result<()> {
+    let all_own = rows.iter().all(|r| r.own_token);
+    let mut lines = Vec::new();
+    for (i, s) in t.samplers.iter().enumerate() {
+        if !all_own {
+            lines.push(format!(
+                "{}: no forecast: not every unit is its own token (see e0_own_tokens)",
+                s.name
+            ));
+            continue;
+        }
+        let q: Vec<f64> = rows.iter().map(|r| r.p_pick[i]).collect();
+        let forecast = forecast::expected_reach(&q);
+        out.metrics
+            .insert(format!("{}_forecast_reach", s.name), forecast);
+        if s.samples == 0 {
+            lines.push(format!("{}: forecast reach {forecast:.2}", s.name));
+            continue;
+        }
+        let max_new = t.expected.token_budget();
+        // Sampling passes are never padded (the engine decodes them one
+        // token at a time); the context only needs the prompt and the budget.
+        let plain = Settings {
+            n_ctx: (loc.prompt_ids.len() + max_new + 8).div_ceil(256) as u32 * 256,
+            ..settings.clone()
+        };
+        let mut reached = Vec::with_capacity(s.samples);
+        let t0 = Instant::now();
+        for k in 0..s.samples {
+            let mut follow = Follow::new(&t.expected, t.template);
+            model
+                .sample(
+                    &plain,
+                    &loc.prompt_ids,
+                    max_new,
+                    &s.sampler,
+                    s.seed.wrapping_add(k as u32),
+                    &mut |gen| {
+                        let Some(&last) = gen.last() else {
+                            return false;
+                        };
+                        let r = follow.push(&piece_text(model, last));
+                        r.complete || r.departs_at.is_some()
+                    },
+                )
+                .map_err(|e| e.context(case.path.display()))?;
+            reached.push(follow.reach().correct as f64);
+        }
+        out.timings.decode += t0.elapsed();
+        let n = reached.len() as f64;
+        let mean = reached.iter().sum::<f64>() / n;
+        let var = reached.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
+        let se = (var / n).sqrt();
+        out.metrics
+            .insert(format!("{}_sampled_reach_mean", s.name), mean);
+        out.metrics
+            .insert(format!("{}_sampled_reach_se", s.name), se);
+        out.metrics.insert(format!("{}_samples", s.name), n);
+        // The survival curve at a few depths: forecast beside observed.
+        let surv = forecast::survival(&q);
+        let at: Vec<String> = [1usize, 5, 20]
+            .iter()
+            .filter(|&&k| k < surv.len())
+            .map(|&k| {
+                let seen = reached.iter().filter(|&&r| r >= k as f64).count();
+                format!("P(≥{k}) {:.3} vs {seen}/{}", surv[k], reached.len())
+            })
+            .collect();
+        lines.push(format!(
+            "{}: forecast reach {forecast:.2}, sampled {mean:.2} ± {se:.2} (n = {}, seeds {}..{}); {}",
+            s.name,
+            s.samples,
+            s.seed,
+            s.seed.wrapping_add(s.samples as u32 - 1),
+            at.join(", ")
+        ));
+    }
+    out.texts.insert("sampling".into(), lines.join("; "));
+    Ok(())
+}
+
+
+/// The scored text of a teacher-forced case and where each unit's token is.
+struct Located {
+    tokens: Vec<Token>,
+    prompt_ids: Vec<TokenId>,
+    /// Per unit: (byte offset in the text, token index or None).
+    units: Vec<(usize, Option<usize>)>,
+}
+
+fn locate(
+    cx: &RunContext,
+    model: &dyn LoadedModel,
+    t: &TeacherForcing,
+    case: &Case,
+) -> Result<Located> {
+    let prompt = prompt_text(cx, model, t.template, &t.prompt)?;
+    let text = format!("{prompt}{}{}", t.expected.lead, t.expected.body());
+    let tokens = tokenize(model, t.template, &text)?;
+    let prompt_ids: Vec<TokenId> = tokenize(model, t.template, &prompt)?
+        .iter()
+        .map(|t| t.id)
+        .collect();
+    let starts: Vec<usize> = t
+        .expected
+        .spans()
+        .iter()
+        .map(|&(a, _)| prompt.len() + a)
+        .collect();
+    let found = unit_tokens(text.as_bytes(), &starts, &tokens);
+    let units = starts
+        .into_iter()
+        .zip(found)
+        .map(|(a, i)| (a, i.filter(|&i| i > 0)))
+        .collect();
+    if tokens.iter().all(|t| t.offset.is_none()) {
+        return Err(Error::harness(format!(
+            "{}: the pieces of `{}` do not spell the text; units cannot be located",
+            case.path.display(),
+            model.info().file.alias
+        )));
+    }
+    Ok(Located {
+        tokens,
+        prompt_ids,
+        units,
+    })
+}
+

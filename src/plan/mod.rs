@@ -1,0 +1,96 @@
+//! Discover, parse and plan: the case × model matrix of a run, answered
+//! before any model loads (`--list`, filters and `--exact` need nothing
+//! more). Used by the `cargo test` harness and by the CLI alike.
+//!
+//! Contract: a broken case becomes one planned test of its own that fails
+//! alone; a model alias missing from the registry fails only its own tests;
+//! the matrix is sorted by model, then name.
+
+pub mod discover;
+pub mod parse;
+
+use crate::core::error::{Error, Result};
+use crate::kinds::Parsed;
+use crate::models::Registry;
+use discover::discover;
+use parse::parse_case;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// One planned test: a case on a model, or a case that failed to parse.
+#[derive(Debug, Clone)]
+pub struct Planned {
+    /// `suite/case::model` (or `suite/case` for a broken case).
+    pub name: String,
+    /// The case, or why it could not be used.
+    pub case: std::result::Result<Parsed, Error>,
+    /// Model alias (empty for a broken case).
+    pub model: String,
+}
+
+/// Discover and parse; build the case × model matrix, sorted by model then name.
+pub fn plan(
+    suites: &Path,
+    patterns: &[String],
+    models: &[String],
+) -> Result<(Registry, Vec<Planned>)> {
+    let registry = Registry::load(&suites.join("models.toml"))?;
+    for m in models {
+        registry.entry(m)?;
+    }
+    let mut out = Vec::new();
+    for found in discover(suites, patterns)? {
+        // Messages show the case as `suites/<rel>`, wherever the root is.
+        let shown = PathBuf::from("suites").join(&found.rel);
+        match parse_case(&found.path, &shown, found.name()) {
+            Err(e) => out.push(Planned {
+                name: found.name().to_string(),
+                case: Err(e),
+                model: String::new(),
+            }),
+            Ok(parsed) => {
+                // A kind's variants (several wordings of a prompt): one test each.
+                let variants = parsed.kind.variants();
+                if variants.is_empty() {
+                    plan_models(&registry, models, &parsed, &mut out);
+                }
+                for (suffix, kind) in variants {
+                    let mut case = (*parsed.case).clone();
+                    case.name = format!("{}/{suffix}", parsed.case.name);
+                    let one = Parsed {
+                        case: Arc::new(case),
+                        kind,
+                    };
+                    plan_models(&registry, models, &one, &mut out);
+                }
+            }
+        }
+    }
+    out.sort_by(|a, b| (&a.model, &a.name).cmp(&(&b.model, &b.name)));
+    Ok((registry, out))
+}
+
+/// One planned test per model of `parsed` (those in `models` when given).
+fn plan_models(registry: &Registry, models: &[String], parsed: &Parsed, out: &mut Vec<Planned>) {
+    let case = &parsed.case;
+    for (alias, at) in &case.models {
+        if !models.is_empty() && !models.contains(alias) {
+            continue;
+        }
+        let checked = registry
+            .entry(alias)
+            .map_err(|e| e.context(format!("{at}: models")))
+            .and_then(|_| match &case.reference {
+                Some((r, rat)) => registry
+                    .entry(r)
+                    .map(|_| ())
+                    .map_err(|e| e.context(format!("{rat}: reference"))),
+                None => Ok(()),
+            });
+        out.push(Planned {
+            name: format!("{}::{alias}", case.name),
+            case: checked.map(|()| parsed.clone()),
+            model: alias.clone(),
+        });
+    }
+}

@@ -1,0 +1,356 @@
+//! Parse stage: one case file → a [`Parsed`] case: the keys every case
+//! shares, parsed here once, and the kind's own table, parsed by its kind.
+//!
+//! Contract: unknown keys, wrong types, missing keys and non-finite numbers
+//! are errors naming `path:line:col: key`; every validation error of a file
+//! is reported together; a gate or tolerance on a metric the case does not
+//! produce is a parse-time error; nothing here touches a model.
+
+use crate::core::case::{Gate, Metric, Tolerance, GATE_ON};
+use crate::core::error::{Error, Result};
+use crate::core::fsutil::sha256_bytes;
+use crate::core::parse::{nearest, parse_toml, Diagnostics};
+use crate::core::Case;
+use crate::judge::prereg::PREREG_METRICS;
+use crate::kinds::{Parsed, KINDS};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::Path;
+use toml::Spanned;
+
+/// The keys every case shares (the kind's own keys are its parser's).
+#[derive(Deserialize)]
+struct Head {
+    #[serde(default)]
+    description: String,
+    models: Spanned<Vec<Spanned<String>>>,
+    reference: Option<Spanned<String>>,
+    prereg: Option<Spanned<String>>,
+    #[serde(default)]
+    gate: Vec<GateFile>,
+    #[serde(default)]
+    tolerance: BTreeMap<String, Spanned<Tolerance>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GateFile {
+    metric: Spanned<String>,
+    max: Option<f64>,
+    min: Option<f64>,
+    on: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+struct KindOnly {
+    kind: Option<Spanned<String>>,
+}
+
+/// Parse the case at `file`; `name` is its test-name stem, `path` how
+/// messages show the file (`suites/<rel>`).
+pub fn parse_case(file: &Path, path: &Path, name: &str) -> Result<Parsed> {
+    let bytes =
+        std::fs::read(file).map_err(|e| Error::input(format!("{}: {e}", path.display())))?;
+    let src = std::str::from_utf8(&bytes)
+        .map_err(|e| Error::input(format!("{}: not UTF-8: {e}", path.display())))?;
+    let mut diag = Diagnostics::new(path, src);
+    let names = crate::kinds::names().join(", ");
+    // `kind` picks the schema; read it leniently first.
+    let kind = toml::from_str::<KindOnly>(src).ok().and_then(|k| k.kind);
+    let Some(kind) = kind else {
+        // Let the full parser report syntax errors first.
+        parse_toml::<toml::Table>(path, src)?;
+        return Err(Error::input(format!(
+            "{}: missing key `kind` (one of {names})",
+            path.display()
+        )));
+    };
+    let Some(&(kind_name, parse_kind)) = KINDS.iter().find(|(n, _)| n == kind.get_ref()) else {
+        return Err(Error::input(format!(
+            "{}: kind: `{}` is not one of {names}",
+            diag.at(kind.span().start),
+            kind.get_ref()
+        )));
+    };
+    let head: Head = parse_toml(path, src)?;
+    if head.models.get_ref().is_empty() {
+        diag.push_at(
+            head.models.span().start,
+            "models: list at least one model alias",
+        );
+    }
+    let located =
+        |v: &Spanned<String>, d: &Diagnostics| (v.get_ref().clone(), d.at(v.span().start));
+    let mut case = Case {
+        name: name.to_string(),
+        path: file.to_path_buf(),
+        content_sha256: sha256_bytes(&bytes),
+        kind: kind_name,
+        description: head.description.clone(),
+        models: head
+            .models
+            .get_ref()
+            .iter()
+            .map(|m| located(m, &diag))
+            .collect(),
+        reference: head.reference.as_ref().map(|r| located(r, &diag)),
+        gates: Vec::new(),
+        tolerances: BTreeMap::new(),
+        prereg: head.prereg.as_ref().map(|p| {
+            (
+                crate::core::case::beside(file, p.get_ref()),
+                diag.at(p.span().start),
+            )
+        }),
+        metrics: Vec::new(),
+        pins: Vec::new(),
+        windows: None,
+    };
+    let kind = parse_kind(&case, src, &mut diag)?;
+    case.metrics = kind.metrics();
+    case.pins = kind.pins();
+    case.windows = kind.windows();
+    if let Some(p) = &head.prereg {
+        if case.reference.is_none() {
+            diag.push_at(
+                p.span().start,
+                "prereg: a preregistered comparison needs `reference` (its baseline model)",
+            );
+        }
+        case.metrics
+            .extend(PREREG_METRICS.iter().map(|m| Metric::count(*m)));
+    }
+    let metrics: Vec<String> = case.metric_names();
+    let metrics: Vec<&str> = metrics.iter().map(String::as_str).collect();
+    let why_not = |m: &str| kind.why_not(m);
+    case.gates = gates(&head.gate, &metrics, kind_name, &why_not, &mut diag);
+    case.tolerances = tolerances(&head.tolerance, &metrics, &mut diag);
+    diag.finish(Parsed {
+        case: std::sync::Arc::new(case),
+        kind,
+    })
+}
+
+/// The gates of a case whose kind produces `metrics`.
+fn gates(
+    files: &[GateFile],
+    metrics: &[&str],
+    kind: &str,
+    why_not: &dyn Fn(&str) -> Option<&'static str>,
+    diag: &mut Diagnostics,
+) -> Vec<Gate> {
+    let mut gates = Vec::new();
+    for (i, g) in files.iter().enumerate() {
+        let m = g.metric.get_ref();
+        if !metrics.contains(&m.as_str()) {
+            let hint = nearest(m, metrics.iter().copied())
+                .map(|n| format!(" (did you mean `{n}`?)"))
+                .unwrap_or_default();
+            let why = why_not(m).unwrap_or_default();
+            diag.push_at(
+                g.metric.span().start,
+                format!(
+                    "gate[{i}].metric: `{m}` is not a metric of a {kind} case{why}{hint}; metrics: {}",
+                    metrics.join(", ")
+                ),
+            );
+        }
+        if g.max.is_none() && g.min.is_none() {
+            diag.push_at(
+                g.metric.span().start,
+                format!("gate[{i}]: give `max`, `min` or both"),
+            );
+        }
+        let gate = Gate {
+            metric: m.clone(),
+            max: g.max,
+            min: g.min,
+            on: g.on.as_ref().map(|o| o.get_ref().clone()),
+        };
+        if let Some(on) = &g.on {
+            let gated = gate.gated_metric();
+            if !GATE_ON.contains(&on.get_ref().as_str()) {
+                diag.push_at(
+                    on.span().start,
+                    format!(
+                        "gate[{i}].on: `{}` is not one of {}",
+                        on.get_ref(),
+                        GATE_ON.join(", ")
+                    ),
+                );
+            } else if metrics.contains(&m.as_str()) && !metrics.contains(&gated.as_str()) {
+                diag.push_at(
+                    on.span().start,
+                    format!(
+                        "gate[{i}].on: `{m}` has no `{}` bound (`{gated}` is not a metric of this case)",
+                        on.get_ref()
+                    ),
+                );
+            }
+        }
+        gates.push(gate);
+    }
+    gates
+}
+
+/// Tolerances by metric (`default` for the rest).
+fn tolerances(
+    files: &BTreeMap<String, Spanned<Tolerance>>,
+    metrics: &[&str],
+    diag: &mut Diagnostics,
+) -> BTreeMap<String, Tolerance> {
+    let mut out = BTreeMap::new();
+    for (k, t) in files {
+        let v = t.get_ref();
+        if k != "default" && !metrics.contains(&k.as_str()) {
+            diag.push_at(
+                t.span().start,
+                format!(
+                    "tolerance.{k}: `{k}` is not a metric of this case; metrics: default, {}",
+                    metrics.join(", ")
+                ),
+            );
+        }
+        if v.atol < 0.0 || v.rtol < 0.0 {
+            diag.push_at(
+                t.span().start,
+                format!("tolerance.{k}: atol and rtol must be ≥ 0"),
+            );
+        }
+        out.insert(k.clone(), *v);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn write(name: &str, body: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("qg-case-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join(name);
+        std::fs::write(&p, body).unwrap();
+        p
+    }
+
+    const GOOD: &str = r#"kind = "perplexity"
+models = ["a"]
+[text]
+path = "t.txt"
+sha256 = "d790b833ef8cf03a90db7bf1271b7520b83c45ce07ba3c1a9699df81e239eca0"
+[window]
+mode = "llama-perplexity"
+n_ctx = 64
+chunks = 2
+[[gate]]
+metric = "ppl"
+max = 10.0
+"#;
+
+    #[test]
+    fn a_good_case_parses() {
+        let p = write("good.toml", GOOD);
+        let parsed = parse_case(&p, &p, "x/good").unwrap();
+        let c = &parsed.case;
+        assert_eq!(c.models[0].0, "a");
+        assert_eq!(
+            c.gates,
+            vec![Gate {
+                metric: "ppl".into(),
+                max: Some(10.0),
+                min: None,
+                on: None
+            }]
+        );
+        assert_eq!(c.kind, "perplexity");
+        assert_eq!(c.windows.as_ref().map(|w| w.0), Some(Some(2)));
+        assert_eq!(c.pins.len(), 1);
+        assert_eq!(c.pins[0].table, "text");
+        // The kind holds the windowing; n_batch defaults to min(512, n_ctx).
+        let shown = format!("{:?}", parsed.kind);
+        assert!(
+            shown.contains("LlamaPerplexity { n_ctx: 64, chunks: Some(2), skip: 0 }")
+                && shown.contains("n_batch: 64"),
+            "{shown}"
+        );
+        let metrics = c.metric_names();
+        assert!(
+            metrics.contains(&"ppl".to_string())
+                && !metrics.contains(&"delta_nll_mean".to_string())
+        );
+        assert_eq!(
+            c.metric_type("windows"),
+            Some(crate::core::MetricType::Count)
+        );
+        assert_eq!(c.metric_type("ppl"), Some(crate::core::MetricType::Float));
+    }
+
+    #[test]
+    fn gate_on_unknown_metric_is_a_parse_error() {
+        let p = write(
+            "badgate.toml",
+            &GOOD.replace("metric = \"ppl\"", "metric = \"pll\""),
+        );
+        let e = parse_case(&p, &p, "x").unwrap_err().message;
+        assert!(e.contains(":11:10: gate[0].metric: `pll` is not a metric of a perplexity case (did you mean `ppl`?)"), "{e}");
+    }
+
+    #[test]
+    fn gate_on_selects_existing_bounds_only() {
+        let paired = GOOD.replace("models = [\"a\"]", "models = [\"a\"]\nreference = \"b\"");
+        let ok = paired.replace(
+            "metric = \"ppl\"",
+            "metric = \"delta_nll_mean\"\non = \"ci95_hi\"",
+        );
+        let p = write("on.toml", &ok);
+        let c = parse_case(&p, &p, "x").unwrap().case;
+        assert_eq!(c.gates[0].gated_metric(), "delta_nll_ci95_hi");
+        let bad = paired.replace(
+            "metric = \"ppl\"",
+            "metric = \"delta_nll_mean\"\non = \"ci99_hi\"",
+        );
+        let p = write("on-bad.toml", &bad);
+        let e = parse_case(&p, &p, "x").unwrap_err().message;
+        assert!(
+            e.contains(
+                "gate[0].on: `ci99_hi` is not one of ci95_lo, ci95_hi, boot95_lo, boot95_hi"
+            ),
+            "{e}"
+        );
+        let none = GOOD.replace("metric = \"ppl\"", "metric = \"ppl\"\non = \"ci95_hi\"");
+        let p = write("on-none.toml", &none);
+        let e = parse_case(&p, &p, "x").unwrap_err().message;
+        assert!(
+            e.contains("gate[0].on: `ppl` has no `ci95_hi` bound"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unknown_kind_and_missing_kind() {
+        let p = write("kind.toml", &GOOD.replace("perplexity\"", "perplex\""));
+        let e = parse_case(&p, &p, "x").unwrap_err().message;
+        assert!(
+            e.contains(":1:8: kind: `perplex` is not one of perplexity"),
+            "{e}"
+        );
+        let p = write("nokind.toml", &GOOD.replace("kind = \"perplexity\"\n", ""));
+        let e = parse_case(&p, &p, "x").unwrap_err().message;
+        assert!(e.contains("missing key `kind`"), "{e}");
+    }
+
+    #[test]
+    fn nan_threshold_and_bad_pin_are_reported_with_positions() {
+        let p = write("nan.toml", &GOOD.replace("max = 10.0", "max = nan"));
+        let e = parse_case(&p, &p, "x").unwrap_err().message;
+        assert!(
+            e.contains(":12:7: gate[0].max: `nan` is not a finite number"),
+            "{e}"
+        );
+        let p = write("pin.toml", &GOOD.replace("d790b833", "D790B833"));
+        let e = parse_case(&p, &p, "x").unwrap_err().message;
+        assert!(e.contains(":5:10: text.sha256:"), "{e}");
+    }
+}
