@@ -267,7 +267,7 @@ fn another_vocabulary_is_refused_before_scoring() {
     assert_eq!(o.status, Status::Error);
     let e = o.error.as_deref().unwrap();
     assert!(
-        e.contains("different vocabularies") && e.contains("tf.toml"),
+        e.contains("different tokenizers") && e.contains("tf.toml"),
         "{e}"
     );
     assert!(o.rows.is_none() && o.metrics.is_empty());

@@ -179,12 +179,7 @@ impl Kind for Kld {
     }
 
     fn reference_record(&self, cx: &RunContext, alias: &str) -> Option<Result<String>> {
-        let p = crate::kinds::perplexity::Perplexity {
-            text: self.text.clone(),
-            reference: None,
-            record: None,
-        };
-        Some(p.export_reference(cx, alias))
+        Some(self.text.reference_record(cx, alias))
     }
 
     fn run(&self, cx: &RunContext, case: &Case, alias: &str, out: &mut Outcome) -> Result<()> {

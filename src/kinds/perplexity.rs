@@ -136,6 +136,10 @@ impl Kind for Perplexity {
         Some(self.text.declared_windows())
     }
 
+    fn reference_record(&self, cx: &RunContext, alias: &str) -> Option<Result<String>> {
+        Some(self.text.reference_record(cx, alias))
+    }
+
     fn run(&self, cx: &RunContext, case: &Case, alias: &str, out: &mut Outcome) -> Result<()> {
         let tx = &self.text;
         let src = tx.pin.read_text()?;
@@ -180,21 +184,5 @@ impl Kind for Perplexity {
         }
         out.timings.measure += t.elapsed().saturating_sub(ref_time);
         Ok(())
-    }
-}
-
-impl Perplexity {
-    /// Score the case's windows on `alias` and return them as a reference
-    /// record (JSONL) that later runs can compare against without the model.
-    pub fn export_reference(&self, cx: &RunContext, alias: &str) -> Result<String> {
-        let tx = &self.text;
-        let src = tx.pin.read_text()?;
-        let (verified, model) = cx.load(alias)?;
-        let plan = tx.plan_for(&src, &*model)?;
-        let scored = score_plan(&*model, &plan, tx.n_batch, cx.threads)?;
-        let build = cx.build_label();
-        let header =
-            tx.record_header(alias, &verified.file.sha256, &build, &*model, &plan, &scored);
-        Ok(crate::execute::record::record_jsonl(&header, &plan, &scored))
     }
 }

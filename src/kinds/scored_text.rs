@@ -156,10 +156,12 @@ impl ScoredText {
                 )
             }
             (None, Some(t)) => (Source::TokenIds, t.pin("tokens", case, diag)),
-            _ => return Err(Error::input(format!(
+            _ => {
+                return Err(Error::input(format!(
                 "{}: give exactly one of [text] (a text to tokenize) or [tokens] (a token-id file)",
                 diag.path().display()
-            ))),
+            )))
+            }
         };
         let w = window.get_ref();
         let mode = w.mode.get_ref().as_str();
@@ -505,6 +507,27 @@ impl ScoredText {
             )));
         }
         Ok(rplan)
+    }
+
+    /// Score the windows on `alias` and return them as a reference record
+    /// (JSONL) that later runs can compare against without the model.
+    pub fn reference_record(&self, cx: &RunContext, alias: &str) -> Result<String> {
+        let src = self.pin.read_text()?;
+        let (verified, model) = cx.load(alias)?;
+        let plan = self.plan_for(&src, &*model)?;
+        let scored = score_plan(&*model, &plan, self.n_batch, cx.threads)?;
+        let build = cx.build_label();
+        let header = self.record_header(
+            alias,
+            &verified.file.sha256,
+            &build,
+            &*model,
+            &plan,
+            &scored,
+        );
+        Ok(crate::execute::record::record_jsonl(
+            &header, &plan, &scored,
+        ))
     }
 
     /// The paired metrics of a candidate against its reference's scores.
