@@ -77,6 +77,8 @@ fn harness(root: &Path, confidence: &str, update: &str) -> Command {
         .env_remove("CI")
         .env_remove("NEXTEST")
         .env_remove("QUANTGATE_ISOLATION")
+        // This harness tests the result cache: on, whatever the caller's setting.
+        .env_remove("QUANTGATE_RESULT_CACHE")
         .args(["--test-threads", "2", "--color", "never"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())

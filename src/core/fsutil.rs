@@ -5,7 +5,9 @@ use crate::core::error::{Error, Result};
 use sha2::{Digest, Sha256};
 use std::fs::{self, File};
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use tempfile::NamedTempFile;
+use walkdir::WalkDir;
 
 /// Lower-case hex of a byte slice.
 pub fn hex(bytes: &[u8]) -> String {
@@ -43,24 +45,37 @@ pub fn sha256_file(path: &Path, mut progress: impl FnMut(u64)) -> Result<(String
     Ok((hex(&hasher.finalize()), total))
 }
 
-/// A temp path beside `dest`, unique per process and call.
-pub fn temp_path(dest: &Path) -> PathBuf {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+/// A new temp file beside `dest` (its directory created), named
+/// `.<name>.tmp-<pid>-<random>` so that [`clean_stale_temps`] can tell a
+/// dead process's leftovers; removed when dropped unless [`commit`]ted.
+pub fn temp_beside(dest: &Path) -> Result<NamedTempFile> {
+    let dir = match dest.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let name = dest
         .file_name()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
-    dest.with_file_name(format!(".{name}.tmp-{}-{n}", std::process::id()))
+    let prefix = format!(".{name}.tmp-{}-", std::process::id());
+    let mut b = tempfile::Builder::new();
+    b.prefix(&prefix);
+    // The mode `File::create` gives (0666 less the umask), not tempfile's 0600.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        b.permissions(fs::Permissions::from_mode(0o666));
+    }
+    b.tempfile_in(dir).map_err(|e| Error::io(dir, e))
 }
 
 /// Move a finished temp file into place: fsync it, rename, fsync the directory.
-pub fn commit_temp(tmp: &Path, dest: &Path) -> Result<()> {
-    File::open(tmp)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| Error::io(tmp, e))?;
-    fs::rename(tmp, dest).map_err(|e| Error::io(dest, e))?;
+pub fn commit(tmp: NamedTempFile, dest: &Path) -> Result<()> {
+    tmp.as_file()
+        .sync_all()
+        .map_err(|e| Error::io(tmp.path(), e))?;
+    tmp.persist(dest).map_err(|e| Error::io(dest, e.error))?;
     if let Some(dir) = dest.parent() {
         let dir = if dir.as_os_str().is_empty() {
             Path::new(".")
@@ -75,54 +90,47 @@ pub fn commit_temp(tmp: &Path, dest: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Remove temp files ([`temp_path`] names) under `dir` whose writing
+/// Remove temp files ([`temp_beside`] names) under `dir` whose writing
 /// process is gone: what an interrupted run left behind. A live process's
 /// temp files (another test worker's) are kept. Returns how many went.
 pub fn clean_stale_temps(dir: &Path) -> usize {
     let mut removed = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = fs::read_dir(&d) else { continue };
-        for e in rd.flatten() {
-            let path = e.path();
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                stack.push(path);
-                continue;
-            }
-            let name = e.file_name().to_string_lossy().into_owned();
-            if !(name.starts_with('.') && name.contains(".tmp-")) {
-                continue;
-            }
-            let pid: Option<u32> = name
-                .rsplit(".tmp-")
-                .next()
-                .and_then(|s| s.split('-').next())
-                .and_then(|s| s.parse().ok());
-            let alive = pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
-            if !alive && fs::remove_file(&path).is_ok() {
-                removed += 1;
-            }
+    for e in WalkDir::new(dir).into_iter().filter_map(|e| e.ok()) {
+        if e.file_type().is_dir() {
+            continue;
+        }
+        let name = e.file_name().to_string_lossy();
+        if !(name.starts_with('.') && name.contains(".tmp-")) {
+            continue;
+        }
+        let pid: Option<u32> = name
+            .rsplit(".tmp-")
+            .next()
+            .and_then(|s| s.split('-').next())
+            .and_then(|s| s.parse().ok());
+        let alive = pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
+        if !alive && fs::remove_file(e.path()).is_ok() {
+            removed += 1;
         }
     }
     removed
 }
 
+/// `path` relative to `root`, `/`-separated (a test name, a golden's case).
+pub fn rel_slash(root: &Path, path: &Path) -> String {
+    path.strip_prefix(root)
+        .unwrap_or(path)
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
 /// Write `bytes` to `dest` atomically.
 pub fn write_atomic(dest: &Path, bytes: &[u8]) -> Result<()> {
-    if let Some(dir) = dest.parent() {
-        if !dir.as_os_str().is_empty() {
-            fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        }
-    }
-    let tmp = temp_path(dest);
-    let result = File::create(&tmp)
-        .and_then(|mut f| f.write_all(bytes))
-        .map_err(|e| Error::io(&tmp, e))
-        .and_then(|()| commit_temp(&tmp, dest));
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
+    let mut tmp = temp_beside(dest)?;
+    tmp.write_all(bytes).map_err(|e| Error::io(tmp.path(), e))?;
+    commit(tmp, dest)
 }
 
 /// 1-based line and column of a byte offset.

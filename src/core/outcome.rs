@@ -122,6 +122,10 @@ impl Verdict {
     }
 }
 
+/// Metrics a case with a prereg adds: the decision (+1 win, 0 tie, −1 loss)
+/// and whether the measured value fell inside the predicted interval (1/0).
+pub const PREREG_METRICS: &[&str] = &["prereg_outcome", "prereg_prediction_hit"];
+
 /// The recorded decision of a preregistered comparison.
 #[derive(Debug, Clone, Serialize)]
 pub struct Decision {

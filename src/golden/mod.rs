@@ -300,39 +300,26 @@ pub fn orphans(
     known_cases: &[String],
 ) -> Vec<PathBuf> {
     let mut out = Vec::new();
-    let mut stack = vec![goldens.dir.clone()];
-    while let Some(dir) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&dir) else {
+    for e in walkdir::WalkDir::new(&goldens.dir)
+        .into_iter()
+        .filter_map(|e| e.ok())
+    {
+        let Some(model) = e.file_name().to_str().and_then(|n| n.strip_suffix(".snap")) else {
             continue;
         };
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-                continue;
-            }
-            let Some(name) = p.file_name().and_then(|n| n.to_str()) else {
-                continue;
-            };
-            let Some(model) = name.strip_suffix(".snap") else {
-                continue;
-            };
-            let case = p
-                .parent()
-                .and_then(|d| d.strip_prefix(&goldens.dir).ok())
-                .map(|d| {
-                    d.components()
-                        .map(|c| c.as_os_str().to_string_lossy().into_owned())
-                        .collect::<Vec<_>>()
-                        .join("/")
-                })
-                .unwrap_or_default();
-            let pair = (case.clone(), model.to_string());
-            // A case that failed to parse keeps its goldens: we cannot tell.
-            let parsed_case_known = expected.iter().any(|(c, _)| *c == case);
-            if !expected.contains(&pair) && (parsed_case_known || !known_cases.contains(&case)) {
-                out.push(p);
-            }
+        if e.file_type().is_dir() {
+            continue;
+        }
+        let case = e
+            .path()
+            .parent()
+            .map(|d| crate::core::fsutil::rel_slash(&goldens.dir, d))
+            .unwrap_or_default();
+        let pair = (case.clone(), model.to_string());
+        // A case that failed to parse keeps its goldens: we cannot tell.
+        let parsed_case_known = expected.iter().any(|(c, _)| *c == case);
+        if !expected.contains(&pair) && (parsed_case_known || !known_cases.contains(&case)) {
+            out.push(e.path().to_path_buf());
         }
     }
     out.sort();

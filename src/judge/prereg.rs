@@ -14,7 +14,7 @@
 use crate::core::case::{Case, Location};
 use crate::core::error::{Error, Result};
 use crate::core::fsutil::{line_col, sha256_bytes, write_atomic};
-use crate::core::outcome::{Decision, Verdict};
+use crate::core::outcome::{Decision, Verdict, PREREG_METRICS};
 use crate::core::parse::parse_toml;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -24,10 +24,6 @@ use toml::Spanned;
 
 /// The ledger's file name, next to the prereg files.
 pub const LEDGER: &str = "LEDGER";
-
-/// Metrics a case with a prereg adds: the decision (+1 win, 0 tie, −1 loss)
-/// and whether the measured value fell inside the predicted interval (1/0).
-pub const PREREG_METRICS: &[&str] = &["prereg_outcome", "prereg_prediction_hit"];
 
 /// Interval bounds a rule may test, besides the metric's `value`.
 const BOUNDS: &[&str] = &["value", "ci95_lo", "ci95_hi", "boot95_lo", "boot95_hi"];
@@ -847,51 +843,21 @@ pub fn check_size(p: &Prereg, candidate_bytes: u64, baseline_bytes: u64) -> Resu
     Ok(())
 }
 
-/// Days since 1970-01-01 → (year, month, day) (Howard Hinnant's civil_from_days).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
-}
+/// The ledger's time format (UTC).
+const UTC: &str = "%Y-%m-%dT%H:%M:%SZ";
 
 /// Unix seconds → `YYYY-MM-DDTHH:MM:SSZ`.
 pub fn format_utc(unix: u64) -> String {
-    let days = (unix / 86_400) as i64;
-    let secs = unix % 86_400;
-    let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        secs / 3600,
-        secs / 60 % 60,
-        secs % 60
-    )
+    i64::try_from(unix)
+        .ok()
+        .and_then(|s| chrono::DateTime::from_timestamp(s, 0))
+        .map_or_else(|| "(out of range)".into(), |t| t.format(UTC).to_string())
 }
 
+/// A valid `YYYY-MM-DDTHH:MM:SSZ` time, or None.
 fn parse_utc(s: &str) -> Option<()> {
-    let b = s.as_bytes();
-    let digits =
-        |r: std::ops::Range<usize>| b.get(r).is_some_and(|x| x.iter().all(u8::is_ascii_digit));
-    (b.len() == 20
-        && digits(0..4)
-        && b[4] == b'-'
-        && digits(5..7)
-        && b[7] == b'-'
-        && digits(8..10)
-        && b[10] == b'T'
-        && digits(11..13)
-        && b[13] == b':'
-        && digits(14..16)
-        && b[16] == b':'
-        && digits(17..19)
-        && b[19] == b'Z')
-        .then_some(())
+    // chrono accepts unpadded fields; the ledger writes them padded.
+    (s.len() == 20 && chrono::NaiveDateTime::parse_from_str(s, UTC).is_ok()).then_some(())
 }
 
 /// Seconds since the Unix epoch, now.
@@ -914,6 +880,7 @@ mod tests {
         assert_eq!(format_utc(1_798_761_599), "2026-12-31T23:59:59Z");
         assert!(parse_utc(&format_utc(1_764_505_384)).is_some());
         assert!(parse_utc("2026-11-30 13:03:13Z").is_none());
+        assert!(parse_utc("2026-13-30T13:03:13Z").is_none());
     }
 
     #[test]

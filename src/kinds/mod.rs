@@ -15,7 +15,7 @@ use crate::core::{Case, Outcome};
 use crate::execute::RunContext;
 use std::sync::Arc;
 
-pub mod digit_plot;
+pub mod digit_rows;
 pub mod digit_text;
 pub mod digits;
 pub mod scored_text;

@@ -11,11 +11,11 @@
 use crate::core::case::{metrics_of, Location, Metric};
 use crate::core::error::{Error, Result};
 use crate::core::parse::{case_table, parse_toml, Diagnostics};
-use crate::core::{Artifact, Case, Column, Outcome, Sampler, Settings, Table};
+use crate::core::{Artifact, Case, Outcome, Sampler, Settings};
 use crate::engine::{LoadedModel, Token, TokenId, Window};
 use crate::execute::reference::{rows_header, same_tokenizer, RefRows, Vocab};
 use crate::execute::RunContext;
-use crate::kinds::digit_plot::digits_svg;
+use crate::kinds::digit_rows::{DigitRow, DigitRows};
 use crate::kinds::digit_text::{
     ids_sha256, piece_text, prompt_text, settings_for, tokenize, unit_tokens, Common, ExpectFile, Expected,
     Follow, Prompt, Template,
@@ -232,94 +232,6 @@ impl Kind for TeacherForcing {
     }
 }
 
-/// One digit (unit) position of a teacher-forced case.
-#[derive(Debug, Clone, PartialEq)]
-pub struct DigitRow {
-    /// 0-based unit index after the lead.
-    pub unit: u32,
-    /// Byte offset of the unit in the scored text.
-    pub char_offset: u32,
-    /// The token that starts the unit (−1: none, the unit is not measured).
-    pub token_index: i32,
-    /// Its id (−1: none).
-    pub token_id: TokenId,
-    /// Its piece.
-    pub piece: String,
-    /// The token is exactly the unit (E0).
-    pub own_token: bool,
-    /// log p(true token).
-    pub logprob: f64,
-    /// Tokens with a strictly higher logit.
-    pub rank: i64,
-    /// log p(true) − max over other tokens of log p; odds = e^margin.
-    pub margin: f64,
-    /// The model's top choice.
-    pub top1_token: TokenId,
-    /// Its piece.
-    pub top1_piece: String,
-    /// KL(ref ‖ model) over the whole vocabulary (NaN without a reference).
-    pub kl_vs_ref: f64,
-    /// The model's top choice is the reference's.
-    pub top1_matches_ref: bool,
-    /// The reference's margin at this position (NaN without a reference).
-    pub ref_margin: f64,
-    /// Percentile of `ref_margin` among all measured positions (0: the
-    /// reference's least certain digit).
-    pub ref_odds_percentile: f64,
-    /// Chance each sampler draws the true token here.
-    pub p_pick: Vec<f64>,
-}
-
-/// The per-digit rows of one teacher-forced case × model.
-#[derive(Debug, Clone)]
-pub struct DigitRows {
-    /// One per unit.
-    pub rows: Vec<DigitRow>,
-    /// Sampler names, in `p_pick` order.
-    pub samplers: Vec<String>,
-    /// Whether a reference filled the `*_ref` columns.
-    pub reference: bool,
-}
-
-impl DigitRows {
-    /// The per-digit Parquet rows (seed 000's columns); the reference's and
-    /// the samplers' columns only when the case has them.
-    pub fn table(&self) -> Table {
-        let r = &self.rows;
-        let i = |g: &dyn Fn(&DigitRow) -> i32| Column::I32(r.iter().map(g).collect());
-        let f = |g: &dyn Fn(&DigitRow) -> f64| Column::F64(r.iter().map(g).collect());
-        let s = |g: &dyn Fn(&DigitRow) -> &str| Column::Str(r.iter().map(|x| g(x).to_string()).collect());
-        let b = |g: &dyn Fn(&DigitRow) -> bool| Column::Bool(r.iter().map(g).collect());
-        let mut columns = vec![
-            ("position".to_string(), i(&|x| x.unit as i32)),
-            ("char_offset".into(), i(&|x| x.char_offset as i32)),
-            ("token_index".into(), i(&|x| x.token_index)),
-            ("token_id".into(), i(&|x| x.token_id)),
-            ("piece".into(), s(&|x| x.piece.as_str())),
-            ("own_token".into(), b(&|x| x.own_token)),
-            ("logprob".into(), f(&|x| x.logprob)),
-            ("rank".into(), i(&|x| x.rank as i32)),
-            ("margin".into(), f(&|x| x.margin)),
-            ("odds".into(), f(&|x| x.margin.exp())),
-            ("top1_token".into(), i(&|x| x.top1_token)),
-            ("top1_piece".into(), s(&|x| x.top1_piece.as_str())),
-        ];
-        if self.reference {
-            columns.push(("kl_vs_ref".into(), f(&|x| x.kl_vs_ref)));
-            columns.push(("top1_matches_ref".into(), b(&|x| x.top1_matches_ref)));
-            columns.push(("ref_margin".into(), f(&|x| x.ref_margin)));
-            columns.push(("ref_odds_percentile".into(), f(&|x| x.ref_odds_percentile)));
-        }
-        for (k, name) in self.samplers.iter().enumerate() {
-            columns.push((format!("p_pick_{name}"), f(&|x| x.p_pick[k])));
-        }
-        Table {
-            name: "digit_position",
-            columns,
-        }
-    }
-}
-
 /// Rank of the true token (tokens with a strictly higher logit) and its
 /// margin (its logit minus the best other's, f64), in one pass.
 fn rank_and_margin(row: &[f32], target: usize) -> (i64, f64) {
@@ -501,7 +413,7 @@ fn run_teacher_forcing(
     let title = format!("{}::{alias}", case.name);
     out.artifacts.push(Artifact {
         extension: "svg",
-        body: digits_svg(&title, &rows, first_flip),
+        body: rows.svg(&title, first_flip),
     });
     out.rows = Some(Arc::new(rows.table()));
     out.timings.measure += t0.elapsed();

@@ -435,22 +435,15 @@ pub fn wilson95(k: usize, n: usize) -> (f64, f64) {
     (lo, hi)
 }
 
-/// llama-perplexity's `mean_and_uncertainty`: mean and √(var/(n−1)) (0 for n ≤ 10).
+/// llama-perplexity's `mean_and_uncertainty` of the values (NaN when there
+/// are none).
 fn mean_se(xs: impl Iterator<Item = f64> + Clone) -> (f64, f64) {
     let n = xs.clone().count();
     if n == 0 {
         return (f64::NAN, f64::NAN);
     }
     let (s, s2) = xs.fold((0.0, 0.0), |(a, b), x| (a + x, b + x * x));
-    let nf = n as f64;
-    let f = s / nf;
-    let df = s2 / nf - f * f;
-    let se = if df > 0.0 && n > 10 {
-        (df / (nf - 1.0)).sqrt()
-    } else {
-        0.0
-    };
-    (f, se)
+    crate::measure::mean_and_uncertainty(s, s2, n)
 }
 
 /// Percentile names and fractions of llama-perplexity's block.

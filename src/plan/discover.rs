@@ -5,8 +5,10 @@
 //! selection that matches nothing is an error naming the root and pattern.
 
 use crate::core::error::{Error, Result};
+use crate::core::fsutil::rel_slash;
 use globset::{Glob, GlobSet, GlobSetBuilder};
 use std::path::{Path, PathBuf};
+use walkdir::WalkDir;
 
 /// A discovered case file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,34 +26,34 @@ impl Found {
     }
 }
 
-fn walk(root: &Path, dir: &Path, out: &mut Vec<Found>) -> Result<()> {
-    let rd = std::fs::read_dir(dir).map_err(|e| Error::input(format!("{}: {e}", dir.display())))?;
-    for entry in rd {
-        let entry = entry.map_err(|e| Error::input(format!("{}: {e}", dir.display())))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with('.') {
-            continue;
-        }
-        let path = entry.path();
-        let rel = path
-            .strip_prefix(root)
-            .unwrap_or(&path)
-            .components()
-            .map(|c| c.as_os_str().to_string_lossy().into_owned())
-            .collect::<Vec<_>>()
-            .join("/");
-        let ft = entry
-            .file_type()
-            .map_err(|e| Error::input(format!("{}: {e}", path.display())))?;
-        if ft.is_dir() {
-            if rel != "data" {
-                walk(root, &path, out)?;
-            }
-        } else if name.ends_with(".toml") && rel != "models.toml" {
-            out.push(Found { rel, path });
+fn walk(root: &Path) -> Result<Vec<Found>> {
+    let mut out = Vec::new();
+    // Dot-files and dot-directories are skipped, and so is the root's `data/`.
+    let entries = WalkDir::new(root)
+        .min_depth(1)
+        .into_iter()
+        .filter_entry(|e| {
+            let name = e.file_name().to_string_lossy();
+            !name.starts_with('.') && !(e.depth() == 1 && e.file_type().is_dir() && name == "data")
+        });
+    for entry in entries {
+        let entry = entry.map_err(|e| {
+            let at = e.path().unwrap_or(root).display().to_string();
+            Error::input(format!(
+                "{at}: {}",
+                e.io_error().map_or(e.to_string(), |io| io.to_string())
+            ))
+        })?;
+        let rel = rel_slash(root, entry.path());
+        let name = entry.file_name().to_string_lossy();
+        if !entry.file_type().is_dir() && name.ends_with(".toml") && rel != "models.toml" {
+            out.push(Found {
+                rel,
+                path: entry.path().to_path_buf(),
+            });
         }
     }
-    Ok(())
+    Ok(out)
 }
 
 /// All case files under `root`, sorted.
@@ -62,8 +64,7 @@ pub fn all_cases(root: &Path) -> Result<Vec<Found>> {
             root.display()
         )));
     }
-    let mut out = Vec::new();
-    walk(root, root, &mut out)?;
+    let mut out = walk(root)?;
     out.sort_by(|a, b| a.rel.cmp(&b.rel));
     Ok(out)
 }

@@ -9,9 +9,9 @@
 use crate::core::case::{Gate, Metric, Tolerance, GATE_ON};
 use crate::core::error::{Error, Result};
 use crate::core::fsutil::sha256_bytes;
+use crate::core::outcome::PREREG_METRICS;
 use crate::core::parse::{nearest, parse_toml, Diagnostics};
 use crate::core::Case;
-use crate::judge::prereg::PREREG_METRICS;
 use crate::kinds::{Parsed, KINDS};
 use serde::Deserialize;
 use std::collections::BTreeMap;

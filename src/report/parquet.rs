@@ -7,7 +7,7 @@
 //! any step leaves no file under the final name and removes the temp file.
 
 use crate::core::error::{Error, Result};
-use crate::core::fsutil::{commit_temp, temp_path};
+use crate::core::fsutil::{commit, temp_beside};
 use crate::core::{Column, Table};
 use parquet::basic::Compression;
 use parquet::data_type::{BoolType, ByteArray, ByteArrayType, DoubleType, Int32Type};
@@ -81,24 +81,16 @@ pub fn write_table(
 
 /// Write `cols` under `schema` to `dest`: temp file, read back, rename.
 fn write_atomic(dest: &Path, schema: &str, cols: Vec<Col>, n: usize) -> Result<()> {
-    if let Some(dir) = dest.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let tmp = temp_beside(dest)?;
+    write_file(tmp.path(), schema, cols)?;
+    let rows_back = read_row_count(tmp.path())?;
+    if rows_back != n as i64 {
+        return Err(Error::harness(format!(
+            "{}: read back {rows_back} rows, wrote {n}",
+            tmp.path().display()
+        )));
     }
-    let tmp = temp_path(dest);
-    let result = write_file(&tmp, schema, cols).and_then(|()| {
-        let rows_back = read_row_count(&tmp)?;
-        if rows_back != n as i64 {
-            return Err(Error::harness(format!(
-                "{}: read back {rows_back} rows, wrote {n}",
-                tmp.display()
-            )));
-        }
-        commit_temp(&tmp, dest)
-    });
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    commit(tmp, dest)
 }
 
 fn pq(path: &Path, e: parquet::errors::ParquetError) -> Error {

@@ -1,13 +1,105 @@
-//! Per-digit plots of a teacher-forcing case × model, as the seed's figures
-//! draw them: the odds of the true digit (log scale, the reference's beside
-//! the model's, 1× marking a flip) and the noise (KL against the
-//! reference) per digit. Plain SVG, written atomically beside the Parquet.
+//! The per-digit rows of a teacher-forcing case × model and their two
+//! renderings: the Parquet table (seed 000's columns) and the per-digit plot
+//! as the seed's figures draw it — the odds of the true digit (log scale,
+//! the reference's beside the model's, 1× marking a flip) and the noise (KL
+//! against the reference) per digit, as plain SVG.
 //!
-//! Contract: a pure rendering of [`DigitRows`]; digits without a row of
-//! their own (NaN) break the lines instead of being drawn as zero.
+//! Contract: pure renderings; digits without a row of their own (NaN) break
+//! the plot's lines instead of being drawn as zero.
 
-use crate::kinds::teacher_forcing::DigitRows;
+use crate::core::{Column, Table};
+use crate::engine::TokenId;
 use std::fmt::Write;
+
+/// One digit (unit) position of a teacher-forced case.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DigitRow {
+    /// 0-based unit index after the lead.
+    pub unit: u32,
+    /// Byte offset of the unit in the scored text.
+    pub char_offset: u32,
+    /// The token that starts the unit (−1: none, the unit is not measured).
+    pub token_index: i32,
+    /// Its id (−1: none).
+    pub token_id: TokenId,
+    /// Its piece.
+    pub piece: String,
+    /// The token is exactly the unit (E0).
+    pub own_token: bool,
+    /// log p(true token).
+    pub logprob: f64,
+    /// Tokens with a strictly higher logit.
+    pub rank: i64,
+    /// log p(true) − max over other tokens of log p; odds = e^margin.
+    pub margin: f64,
+    /// The model's top choice.
+    pub top1_token: TokenId,
+    /// Its piece.
+    pub top1_piece: String,
+    /// KL(ref ‖ model) over the whole vocabulary (NaN without a reference).
+    pub kl_vs_ref: f64,
+    /// The model's top choice is the reference's.
+    pub top1_matches_ref: bool,
+    /// The reference's margin at this position (NaN without a reference).
+    pub ref_margin: f64,
+    /// Percentile of `ref_margin` among all measured positions (0: the
+    /// reference's least certain digit).
+    pub ref_odds_percentile: f64,
+    /// Chance each sampler draws the true token here.
+    pub p_pick: Vec<f64>,
+}
+
+/// The per-digit rows of one teacher-forced case × model.
+#[derive(Debug, Clone)]
+pub struct DigitRows {
+    /// One per unit.
+    pub rows: Vec<DigitRow>,
+    /// Sampler names, in `p_pick` order.
+    pub samplers: Vec<String>,
+    /// Whether a reference filled the `*_ref` columns.
+    pub reference: bool,
+}
+
+impl DigitRows {
+    /// The per-digit Parquet rows (seed 000's columns); the reference's and
+    /// the samplers' columns only when the case has them.
+    pub fn table(&self) -> Table {
+        let r = &self.rows;
+        let i = |g: &dyn Fn(&DigitRow) -> i32| Column::I32(r.iter().map(g).collect());
+        let f = |g: &dyn Fn(&DigitRow) -> f64| Column::F64(r.iter().map(g).collect());
+        let s = |g: &dyn Fn(&DigitRow) -> &str| {
+            Column::Str(r.iter().map(|x| g(x).to_string()).collect())
+        };
+        let b = |g: &dyn Fn(&DigitRow) -> bool| Column::Bool(r.iter().map(g).collect());
+        let mut columns = vec![
+            ("position".to_string(), i(&|x| x.unit as i32)),
+            ("char_offset".into(), i(&|x| x.char_offset as i32)),
+            ("token_index".into(), i(&|x| x.token_index)),
+            ("token_id".into(), i(&|x| x.token_id)),
+            ("piece".into(), s(&|x| x.piece.as_str())),
+            ("own_token".into(), b(&|x| x.own_token)),
+            ("logprob".into(), f(&|x| x.logprob)),
+            ("rank".into(), i(&|x| x.rank as i32)),
+            ("margin".into(), f(&|x| x.margin)),
+            ("odds".into(), f(&|x| x.margin.exp())),
+            ("top1_token".into(), i(&|x| x.top1_token)),
+            ("top1_piece".into(), s(&|x| x.top1_piece.as_str())),
+        ];
+        if self.reference {
+            columns.push(("kl_vs_ref".into(), f(&|x| x.kl_vs_ref)));
+            columns.push(("top1_matches_ref".into(), b(&|x| x.top1_matches_ref)));
+            columns.push(("ref_margin".into(), f(&|x| x.ref_margin)));
+            columns.push(("ref_odds_percentile".into(), f(&|x| x.ref_odds_percentile)));
+        }
+        for (k, name) in self.samplers.iter().enumerate() {
+            columns.push((format!("p_pick_{name}"), f(&|x| x.p_pick[k])));
+        }
+        Table {
+            name: "digit_position",
+            columns,
+        }
+    }
+}
 
 const W: f64 = 960.0;
 const PANEL: f64 = 220.0;
@@ -40,8 +132,14 @@ fn lines(points: impl Iterator<Item = (f64, f64)>, style: &str) -> String {
     out
 }
 
-/// The SVG of one case × model; `first_flip` is marked.
-pub fn digits_svg(title: &str, rows: &DigitRows, first_flip: Option<usize>) -> String {
+impl DigitRows {
+    /// The SVG of one case × model; `first_flip` is marked.
+    pub fn svg(&self, title: &str, first_flip: Option<usize>) -> String {
+        digits_svg(title, self, first_flip)
+    }
+}
+
+fn digits_svg(title: &str, rows: &DigitRows, first_flip: Option<usize>) -> String {
     let n = rows.rows.len().max(2);
     let plot_w = W - LEFT - 16.0;
     let x = |k: usize| LEFT + plot_w * k as f64 / (n - 1) as f64;
@@ -163,7 +261,6 @@ fn esc(t: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kinds::teacher_forcing::DigitRow;
 
     fn row(k: u32, margin: f64, kl: f64) -> DigitRow {
         DigitRow {
