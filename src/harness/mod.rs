@@ -15,29 +15,31 @@
 //! fails that model's remaining tests), `off` runs everything in one
 //! process; under nextest (a process per test already) workers are not used.
 
+mod result_cache;
+mod trial;
+mod worker;
+
+pub use trial::run_trial;
+pub use worker::WORKER_ENV;
+
 use crate::core::outcome::split_test_name;
-use crate::core::{Outcome, Status};
 use crate::engine::Engine;
 use crate::execute::{threads_per_trial, RunContext};
-use crate::golden::{self, Goldens, UpdateMode};
+use crate::golden::{self, Goldens};
 use crate::plan::{plan, Planned};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Child, ChildStdin, ChildStdout, Command, ExitCode, Stdio};
+use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
-
-/// The environment variable that makes this executable a worker.
-pub const WORKER_ENV: &str = "QUANTGATE_WORKER";
-/// Prefix of a worker's result lines (anything else on stdout is ignored).
-const RESULT: &str = "QUANTGATE-RESULT ";
+use trial::trial_result;
+use worker::Worker;
 
 /// Run the suites under `suites` as tests, goldens under `goldens`, with the
 /// process's arguments and environment.
 pub fn run_suites(suites: &Path, goldens: &Path, engine: Arc<dyn Engine>) -> ExitCode {
     if let Some(alias) = std::env::var_os(WORKER_ENV) {
-        return worker(suites, goldens, engine, &alias.to_string_lossy());
+        return worker::worker(suites, goldens, engine, &alias.to_string_lossy());
     }
     let args = Arguments::from_args();
     // What an interrupted run left: temp files of processes that are gone.
@@ -70,172 +72,6 @@ fn isolation() -> Isolation {
         Ok("off") => Isolation::Off,
         Ok("model") => Isolation::Model,
         _ => Isolation::Test,
-    }
-}
-
-/// Worker mode: run the named trials of model `alias` as they arrive on
-/// stdin; answer each with a result line.
-fn worker(suites: &Path, goldens: &Path, engine: Arc<dyn Engine>, alias: &str) -> ExitCode {
-    let (registry, planned) = match plan(suites, &[], &[alias.to_string()]) {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("quantgate worker `{alias}`: {}", e.message);
-            return ExitCode::from(2);
-        }
-    };
-    let threads = std::env::var("QUANTGATE_WORKER_THREADS")
-        .ok()
-        .and_then(|t| t.parse().ok())
-        .unwrap_or_else(|| threads_per_trial(1));
-    let runner = RunContext::new(registry, engine, threads);
-    let goldens = Goldens::new(goldens.to_path_buf());
-    let mode = match golden::update_mode() {
-        Ok(m) => m,
-        Err(e) => {
-            eprintln!("quantgate worker `{alias}`: {}", e.message);
-            return ExitCode::from(2);
-        }
-    };
-    let stdin = std::io::stdin();
-    let mut out = std::io::stdout();
-    for line in stdin.lock().lines() {
-        let Ok(name) = line else { break };
-        let result = match planned.iter().find(|p| p.name == name) {
-            Some(p) => trial_result(&runner, p, &goldens, mode),
-            None => (
-                Err(format!("worker `{alias}`: no planned test `{name}`")),
-                true,
-            ),
-        };
-        let (result, errored) = result;
-        let reply = serde_json::json!({ "name": name, "error": result.err(), "errored": errored });
-        if writeln!(out, "{RESULT}{reply}")
-            .and_then(|()| out.flush())
-            .is_err()
-        {
-            break;
-        }
-    }
-    ExitCode::SUCCESS
-}
-
-/// One model's worker process, started on first use.
-struct Worker {
-    alias: String,
-    model_path: String,
-    proc: Option<(Child, ChildStdin, BufReader<ChildStdout>)>,
-    /// Why the worker is gone, once it died.
-    dead: Option<String>,
-}
-
-impl Worker {
-    /// The trial's result, and whether it errored (a dead worker does).
-    fn run(&mut self, name: &str, threads: u32) -> (Result<(), String>, bool) {
-        match self.run_inner(name, threads) {
-            Ok((r, errored)) => (r, errored),
-            Err(e) => (Err(e), true),
-        }
-    }
-
-    fn run_inner(
-        &mut self,
-        name: &str,
-        threads: u32,
-    ) -> Result<(Result<(), String>, bool), String> {
-        if let Some(why) = &self.dead {
-            return Err(format!("not run: {why}"));
-        }
-        if self.proc.is_none() {
-            let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-            let mut child = Command::new(exe)
-                .env(WORKER_ENV, &self.alias)
-                .env("QUANTGATE_WORKER_THREADS", threads.to_string())
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .map_err(|e| format!("starting the worker for `{}`: {e}", self.alias))?;
-            let stdin = child.stdin.take().expect("piped stdin");
-            let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
-            self.proc = Some((child, stdin, stdout));
-        }
-        let (child, stdin, stdout) = self.proc.as_mut().expect("started above");
-        let sent = writeln!(stdin, "{name}").and_then(|()| stdin.flush());
-        let mut line = String::new();
-        loop {
-            line.clear();
-            let n = if sent.is_ok() {
-                stdout.read_line(&mut line).unwrap_or(0)
-            } else {
-                0
-            };
-            if n == 0 {
-                // The worker is gone: say how, and fail the rest of its model.
-                let status = child.wait().map(|s| describe_exit(&s));
-                let why = format!(
-                    "the worker process for model `{}` ({}) {} while running `{name}`",
-                    self.alias,
-                    self.model_path,
-                    status.unwrap_or_else(|e| format!("could not be waited for ({e})"))
-                );
-                self.proc = None;
-                self.dead = Some(why.clone());
-                return Err(format!(
-                    "{why}; this model's remaining tests are not run, the other models' tests still run"
-                ));
-            }
-            if let Some(json) = line.trim_end().strip_prefix(RESULT) {
-                let v: serde_json::Value = serde_json::from_str(json)
-                    .map_err(|e| format!("unreadable worker result `{json}`: {e}"))?;
-                if v["name"] != name {
-                    return Err(format!(
-                        "worker answered for {} instead of `{name}`",
-                        v["name"]
-                    ));
-                }
-                let errored = v["errored"].as_bool() != Some(false);
-                return match v["error"].as_str() {
-                    None if v["error"].is_null() => Ok((Ok(()), errored)),
-                    None => Err(format!("unreadable worker result `{json}`")),
-                    Some(m) => Ok((Err(m.to_string()), errored)),
-                };
-            }
-        }
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        if let Some((mut child, stdin, _)) = self.proc.take() {
-            drop(stdin); // EOF: the worker finishes and exits
-            let _ = child.wait();
-        }
-    }
-}
-
-/// `exited with status 3` / `was killed by signal 6 (SIGABRT)`.
-fn describe_exit(s: &std::process::ExitStatus) -> String {
-    #[cfg(unix)]
-    {
-        use std::os::unix::process::ExitStatusExt;
-        if let Some(sig) = s.signal() {
-            let name = match sig {
-                6 => " (SIGABRT)",
-                9 => " (SIGKILL)",
-                11 => " (SIGSEGV)",
-                7 => " (SIGBUS)",
-                8 => " (SIGFPE)",
-                4 => " (SIGILL)",
-                15 => " (SIGTERM)",
-                2 => " (SIGINT)",
-                _ => "",
-            };
-            return format!("was killed by signal {sig}{name}");
-        }
-    }
-    match s.code() {
-        Some(c) => format!("exited with status {c}"),
-        None => "ended".into(),
     }
 }
 
@@ -314,12 +150,7 @@ pub fn run_with_args(
                         .location(&p.model, &label)
                         .map(|l| l.display().to_string())
                         .unwrap_or_else(|_| "?".into());
-                    Arc::new(Mutex::new(Worker {
-                        alias: p.model.clone(),
-                        model_path,
-                        proc: None,
-                        dead: None,
-                    }))
+                    Arc::new(Mutex::new(Worker::new(&p.model, model_path)))
                 })
                 .clone();
             let name = p.name.clone();
@@ -347,129 +178,6 @@ pub fn run_with_args(
     let code = libtest_mimic::run(args, trials).exit_code();
     counts.print();
     code
-}
-
-/// The result cache key of a trial: this executable, the case's bytes (its
-/// pins cover texts, token files and reference files), the model's and the
-/// reference's pinned sha256, the engine and the threads. None when the
-/// trial must always run: a preregistered case (its verification reads git),
-/// Parquet output requested, an unpinned model, or
-/// `QUANTGATE_RESULT_CACHE=off`.
-fn result_key(runner: &RunContext, p: &Planned) -> Option<String> {
-    static EXE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    let case = &p.case.as_ref().ok()?.case;
-    if case.prereg.is_some()
-        || std::env::var_os("QUANTGATE_OUT").is_some_and(|d| !d.is_empty())
-        || std::env::var("QUANTGATE_RESULT_CACHE").is_ok_and(|v| v == "off")
-    {
-        return None;
-    }
-    let exe = EXE
-        .get_or_init(|| {
-            let exe = std::env::current_exe().ok()?;
-            crate::core::fsutil::sha256_file(&exe, |_| {})
-                .ok()
-                .map(|(s, _)| s)
-        })
-        .clone()?;
-    let pinned = |alias: &str| runner.registry().entry(alias).ok()?.sha256.clone();
-    let model = pinned(&p.model)?;
-    let reference = match &case.reference {
-        Some((r, _)) => format!("{r}={}", pinned(r)?),
-        None => String::new(),
-    };
-    Some(crate::core::fsutil::sha256_bytes(
-        format!(
-            "{exe}|{}|{}|{}={model}|{reference}|{}|{}",
-            case.name,
-            case.content_sha256,
-            p.model,
-            runner.engine().identity(),
-            runner.threads
-        )
-        .as_bytes(),
-    ))
-}
-
-/// The trial's outcome: from the result cache when a complete run of the
-/// same inputs is recorded there (after checking the model files still
-/// match their pins), else run and, unless it errored, recorded.
-fn outcome_of(runner: &RunContext, p: &Planned, goldens: &Goldens) -> Outcome {
-    let Some(key) = result_key(runner, p) else {
-        return crate::judge::trial(runner, p, &goldens.dir);
-    };
-    let path = crate::models::cache_dir()
-        .join("results")
-        .join(format!("{key}.json"));
-    let cached = std::fs::read_to_string(&path)
-        .ok()
-        .and_then(|t| serde_json::from_str::<Outcome>(&t).ok())
-        .filter(|o| o.case == split_test_name(&p.name).0 && o.model == p.model);
-    if let Some(o) = cached {
-        // A changed input is never answered from the cache: it runs (and
-        // reports the mismatch).
-        let verified = p
-            .case
-            .as_ref()
-            .is_ok_and(|c| runner.verify_inputs(&c.case, &p.model).is_ok());
-        if verified {
-            eprintln!(
-                "quantgate: {}: result from the result cache ({})",
-                p.name,
-                path.display()
-            );
-            return o;
-        }
-    }
-    let o = crate::judge::trial(runner, p, &goldens.dir);
-    if o.status != Status::Error {
-        if let Ok(json) = serde_json::to_string(&o) {
-            // Best effort: a result that cannot be cached is still a result.
-            let _ = crate::core::fsutil::write_atomic(&path, json.as_bytes());
-        }
-    }
-    o
-}
-
-/// Run one trial: gates, errors and the golden, all reported together.
-pub fn run_trial(
-    runner: &RunContext,
-    p: &Planned,
-    goldens: &Goldens,
-    mode: UpdateMode,
-) -> Result<(), String> {
-    trial_result(runner, p, goldens, mode).0
-}
-
-/// [`run_trial`], and whether the case could not run at all (an error, as
-/// opposed to a violated gate or a changed golden).
-fn trial_result(
-    runner: &RunContext,
-    p: &Planned,
-    goldens: &Goldens,
-    mode: UpdateMode,
-) -> (Result<(), String>, bool) {
-    let outcome = outcome_of(runner, p, goldens);
-    let errored = outcome.status == Status::Error;
-    let mut messages: Vec<String> = outcome.failure_message().into_iter().collect();
-    // Per-position rows, when asked for (`QUANTGATE_OUT=DIR`).
-    if let Some(dir) = std::env::var_os("QUANTGATE_OUT").filter(|d| !d.is_empty()) {
-        if let Err(e) = crate::report::write_parquet(Path::new(&dir), &outcome) {
-            messages.push(e.message);
-        }
-    }
-    if let Ok(parsed) = &p.case {
-        let source = format!("suites/{}.toml", parsed.case.name);
-        if let Err(m) = golden::check(&outcome, &parsed.case, &source, goldens, mode) {
-            messages.push(m);
-        }
-    }
-    let result = if messages.is_empty() {
-        Ok(())
-    } else {
-        Err(messages.join("\n"))
-    };
-    (result, errored)
 }
 
 /// Failures and errors, counted apart for the summary line.
