@@ -70,6 +70,13 @@ impl FakeSpec {
         0.1 * ripple + if j == favoured { self.confidence } else { 0.0 }
     }
 
+    /// The whole logit row after token `last` at position `pos`: what the
+    /// fake engine hands to the measurement code, and what tests recompute
+    /// their independent expectations from.
+    pub fn logits(&self, last: TokenId, pos: usize) -> Vec<f32> {
+        (0..N_VOCAB).map(|j| self.logit(last, pos, j)).collect()
+    }
+
     fn row(&self, last: TokenId, pos: usize, out: &mut Vec<f32>) {
         out.clear();
         out.extend((0..N_VOCAB).map(|j| self.logit(last, pos, j)));

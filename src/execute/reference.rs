@@ -11,7 +11,7 @@
 //! is not available is an error naming both, never a partial result.
 
 use crate::core::error::{Error, Result};
-use crate::core::Settings;
+use crate::core::{Location, Settings};
 use crate::engine::ModelInfo;
 use crate::execute::qgref::CacheHeader;
 use crate::execute::record::{read_record, record_jsonl, RecordHeader};
@@ -137,8 +137,36 @@ impl ReferenceStore {
     /// `build` (which loads the reference model, scores it and returns its
     /// vocabulary size, tokenizer fingerprint and rows) and written there.
     /// Once per process per key; a corrupt cache is rebuilt, or reported
-    /// with the reason when the reference model is not available.
+    /// with the reason when the reference model is not available. The rows
+    /// are checked against the candidate's tokenizer (`ref_at` is where the
+    /// case names the reference) and the positions the header expects.
     pub fn rows(
+        &self,
+        header: &CacheHeader,
+        case_path: &Path,
+        (ref_alias, ref_at): (&str, &Location),
+        candidate: Vocab,
+        build: &dyn Fn() -> Result<(usize, String, Vec<RefPosition>)>,
+    ) -> Result<Arc<RefRows>> {
+        let refs = self.cached_rows(header, case_path, ref_alias, build)?;
+        let stored = Vocab {
+            alias: ref_alias,
+            n_vocab: refs.n_vocab,
+            fingerprint: &refs.tokenizer_fingerprint,
+        };
+        same_tokenizer(ref_at, "reference", stored, candidate)?;
+        if refs.rows.len() != header.positions {
+            return Err(Error::harness(format!(
+                "{}: the reference holds {} positions, the case scores {}",
+                case_path.display(),
+                refs.rows.len(),
+                header.positions
+            )));
+        }
+        Ok(refs)
+    }
+
+    fn cached_rows(
         &self,
         header: &CacheHeader,
         case_path: &Path,

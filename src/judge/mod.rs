@@ -145,7 +145,7 @@ fn decide_prereg(
 mod tests {
     use super::*;
     use crate::core::{Outcome, Status};
-    use crate::engine::fake::{FakeEngine, FakeSpec, N_VOCAB};
+    use crate::engine::fake::{FakeEngine, FakeSpec};
     use crate::execute::RunContext;
     use crate::plan::plan;
     use std::path::{Path, PathBuf};
@@ -196,9 +196,7 @@ mod tests {
                 } else {
                     toks[start + pos]
                 };
-                let row: Vec<f64> = (0..N_VOCAB)
-                    .map(|j| f64::from(spec.logit(input, pos, j)))
-                    .collect();
+                let row: Vec<f64> = spec.logits(input, pos).into_iter().map(f64::from).collect();
                 let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let lse = row.iter().map(|v| (v - m).exp()).sum::<f64>().ln() + m;
                 sum += lse - row[toks[start + pos + 1] as usize];
@@ -255,8 +253,10 @@ mod tests {
             let start = c * n_ctx;
             let mut v = Vec::new();
             for pos in n_ctx / 2..n_ctx - 1 {
-                let row: Vec<f64> = (0..N_VOCAB)
-                    .map(|j| f64::from(spec.logit(toks[start + pos], pos, j)))
+                let row: Vec<f64> = spec
+                    .logits(toks[start + pos], pos)
+                    .into_iter()
+                    .map(f64::from)
                     .collect();
                 let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let lse = row.iter().map(|v| (v - m).exp()).sum::<f64>().ln() + m;

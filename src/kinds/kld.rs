@@ -184,17 +184,7 @@ impl Kind for Kld {
 
     fn run(&self, cx: &RunContext, case: &Case, alias: &str, out: &mut Outcome) -> Result<()> {
         let tx = &self.text;
-        let src = tx.pin.read_text()?;
-        let t = Instant::now();
-        let (verified, model) = cx.load(alias)?;
-        out.timings.prepare = t.elapsed();
-        out.model_sha256 = Some(verified.file.sha256.clone());
-        tx.check_context(&*model)?;
-        out.settings = Some(tx.settings(cx.threads));
-        let t = Instant::now();
-        let plan = tx.plan_for(&src, &*model)?;
-        out.timings.tokenize = t.elapsed();
-        out.token_stream_sha256 = Some(plan.token_stream_sha256.clone());
+        let (src, model, plan) = tx.prepare(cx, alias, out)?;
         let t_ref = Instant::now();
         let refs = self.reference_rows(cx, case, &src, &*model, &plan)?;
         out.timings.decode += t_ref.elapsed();
@@ -288,7 +278,8 @@ impl Kld {
             plan.windows.iter().map(|w| w.targets.len()).sum(),
             ci.n_vocab,
         );
-        let refs = cx.references.rows(&header, &case.path, ref_alias, &|| {
+        let at = (ref_alias.as_str(), ref_at);
+        cx.references.rows(&header, &case.path, at, Vocab::of(ci), &|| {
             let (_, rmodel) = cx
                 .load(ref_alias)
                 .map_err(|e| e.context(format!("{ref_at}: reference")))?;
@@ -302,15 +293,7 @@ impl Kld {
                 Ok(())
             })?;
             Ok((ri.n_vocab, ri.tokenizer_fingerprint.clone(), rows))
-        })?;
-        // A cached reference is checked against the candidate too.
-        let stored = Vocab {
-            alias: ref_alias,
-            n_vocab: refs.n_vocab,
-            fingerprint: &refs.tokenizer_fingerprint,
-        };
-        same_tokenizer(ref_at, "reference", stored, Vocab::of(ci))?;
-        Ok(refs)
+        })
     }
 }
 

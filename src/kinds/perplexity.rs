@@ -142,17 +142,7 @@ impl Kind for Perplexity {
 
     fn run(&self, cx: &RunContext, case: &Case, alias: &str, out: &mut Outcome) -> Result<()> {
         let tx = &self.text;
-        let src = tx.pin.read_text()?;
-        let t = Instant::now();
-        let (verified, model) = cx.load(alias)?;
-        out.timings.prepare = t.elapsed();
-        out.model_sha256 = Some(verified.file.sha256.clone());
-        tx.check_context(&*model)?;
-        out.settings = Some(tx.settings(cx.threads));
-        let t = Instant::now();
-        let plan = tx.plan_for(&src, &*model)?;
-        out.timings.tokenize = t.elapsed();
-        out.token_stream_sha256 = Some(plan.token_stream_sha256.clone());
+        let (src, model, plan) = tx.prepare(cx, alias, out)?;
         let scored = score_plan(&*model, &plan, tx.n_batch, cx.threads)
             .map_err(|e| e.context(case.path.display()))?;
         out.timings.decode = scored.decode;

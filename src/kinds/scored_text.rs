@@ -21,6 +21,7 @@ use crate::execute::RunContext;
 use crate::measure::paired_metrics;
 use serde::Deserialize;
 use std::sync::Arc;
+use std::time::Instant;
 use toml::Spanned;
 
 /// `[text]`: a text, tokenized by the model.
@@ -370,6 +371,29 @@ impl ScoredText {
             self.windowing.context() as usize,
             model.info(),
         )
+    }
+
+    /// What every run of a window-scoring case starts with: the pinned text
+    /// (checked), the model (loaded, its context checked) and the candidate's
+    /// plan, recorded with their hashes, settings and times in `out`.
+    pub fn prepare(
+        &self,
+        cx: &RunContext,
+        alias: &str,
+        out: &mut Outcome,
+    ) -> Result<(String, Arc<dyn LoadedModel>, ScoringPlan)> {
+        let src = self.pin.read_text()?;
+        let t = Instant::now();
+        let (verified, model) = cx.load(alias)?;
+        out.timings.prepare = t.elapsed();
+        out.model_sha256 = Some(verified.file.sha256.clone());
+        self.check_context(&*model)?;
+        out.settings = Some(self.settings(cx.threads));
+        let t = Instant::now();
+        let plan = self.plan_for(&src, &*model)?;
+        out.timings.tokenize = t.elapsed();
+        out.token_stream_sha256 = Some(plan.token_stream_sha256.clone());
+        Ok((src, model, plan))
     }
 
     /// Token ids of `src` (the pinned file's text) for `model`, cut into windows.
