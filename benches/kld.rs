@@ -10,6 +10,8 @@
 //! (target ≤ 5%), both measured in this one run. Exits non-zero when the
 //! default setting misses a target (size ≤ 1/20, mean |error| ≤ 1e-6,
 //! measure ≤ 5% of decode).
+#[path = "../tests/common/mod.rs"]
+mod common;
 
 use quantgate::engine::llama::LlamaEngine;
 use quantgate::engine::BosPolicy;
@@ -17,7 +19,7 @@ use quantgate::execute::qgref::{encode, CacheHeader};
 use quantgate::execute::windows::Windowing;
 use quantgate::execute::windows::{plan_windows, score_plan_with, ScoringPlan};
 use quantgate::execute::RunContext;
-use quantgate::measure::kld::{compare, compress_row, exact_kl, kld_metrics, DEFAULT_BINS};
+use quantgate::measure::kld::{compare, compress_row, kld_metrics, DEFAULT_BINS};
 use quantgate::models::Registry;
 use std::path::Path;
 use std::process::ExitCode;
@@ -133,7 +135,7 @@ fn main() -> ExitCode {
                 );
                 measure += t.elapsed();
                 default_pos[c].push(p);
-                let ex = exact_kl(&ref_rows[r.index], r.row);
+                let ex = common::exact_kl(&ref_rows[r.index], r.row);
                 exact.push(ex);
                 llama_err[c].push((llama_kl(&ref_rows[r.index], r.row) - ex).abs());
                 for (s, rs) in refs.iter().enumerate() {

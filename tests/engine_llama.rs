@@ -1,6 +1,7 @@
 //! The real llama.cpp engine on the default fixture (SmolLM2-135M-Instruct
 //! Q4_1): tokenization, teacher forcing against an independent log-softmax,
 //! greedy generation, the chat template, and model sharing between threads.
+mod common;
 
 use quantgate::core::{Decoding, Settings};
 use quantgate::engine::llama::LlamaEngine;
@@ -28,7 +29,7 @@ fn fixture() -> Arc<dyn LoadedModel> {
 
 /// Independent reference: naive f64 log-softmax with libm's exp.
 fn naive_logprob(row: &[f32], j: usize) -> f64 {
-    quantgate::measure::kld::exact_log_softmax(row)[j]
+    common::exact_log_softmax(row)[j]
 }
 
 #[test]

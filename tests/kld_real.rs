@@ -2,15 +2,14 @@
 //! window (255 positions, 49,152-entry vocabulary). The stored reference
 //! row (exact top entries + one-byte tail) must give the exact f64 KL over
 //! the whole vocabulary, computed independently with libm `exp`.
+mod common;
 
 use quantgate::engine::llama::LlamaEngine;
 use quantgate::engine::BosPolicy;
 use quantgate::execute::windows::Windowing;
 use quantgate::execute::windows::{plan_windows, score_plan_with};
 use quantgate::execute::RunContext;
-use quantgate::measure::kld::{
-    compare, compress_row, exact_kl, exact_log_softmax, DEFAULT_MAX_KEPT, DEFAULT_TAIL,
-};
+use quantgate::measure::kld::{compare, compress_row, DEFAULT_MAX_KEPT, DEFAULT_TAIL};
 use quantgate::models::Registry;
 use std::path::Path;
 use std::sync::Arc;
@@ -61,11 +60,11 @@ fn stored_reference_rows_give_the_exact_kl_on_real_models() {
         let mut rev_errs = Vec::new();
         score_plan_with(&*cand, &plan, 512, 2, true, &mut |r| {
             let c = compare(&stored[r.index], r.row, r.stats, r.exps, r.target, false);
-            let exact = exact_kl(&ref_rows[r.index], r.row);
+            let exact = common::exact_kl(&ref_rows[r.index], r.row);
             errs.push((c.kl - exact).abs());
-            rev_errs.push((c.kl_rev - exact_kl(r.row, &ref_rows[r.index])).abs());
+            rev_errs.push((c.kl_rev - common::exact_kl(r.row, &ref_rows[r.index])).abs());
             // The true token's probabilities are exact, not stored approximations.
-            let lp_true = exact_log_softmax(&ref_rows[r.index])[r.target];
+            let lp_true = common::exact_log_softmax(&ref_rows[r.index])[r.target];
             assert!((c.p_ref.ln() - lp_true).abs() < 1e-9);
             Ok(())
         })

@@ -197,7 +197,7 @@ fn logprob_and_kl_vs_ref_match_an_independent_computation() {
     for (i, &k) in picks.iter().enumerate() {
         let d = &rows[k];
         let target = d.token_id as usize;
-        let lp = quantgate::measure::kld::exact_log_softmax(&cand[i]);
+        let lp = common::exact_log_softmax(&cand[i]);
         assert!(
             (d.logprob - lp[target]).abs() < 1e-9,
             "digit {k}: logprob {} vs {}",
@@ -207,7 +207,7 @@ fn logprob_and_kl_vs_ref_match_an_independent_computation() {
         // The stored reference keeps its top entries exactly and the last
         // 1e-6 of its mass at one byte per entry (src/kld.rs): errors stay
         // below 1e-6 nats (benches/kld.rs measures ~1e-7).
-        let kl = quantgate::measure::kld::exact_kl(&refr[i], &cand[i]);
+        let kl = common::exact_kl(&refr[i], &cand[i]);
         assert!(
             (d.kl_vs_ref - kl).abs() < 1e-6,
             "digit {k}: kl_vs_ref {} vs {kl}",

@@ -131,3 +131,19 @@ pub fn digit_rows(o: &quantgate::core::Outcome) -> Vec<DigitRow> {
         })
         .collect()
 }
+
+/// Exact KL(ref‖cand) over the full vocabulary, in f64 with libm `exp`: the
+/// independent computation the compact path is checked against.
+pub fn exact_kl(ref_row: &[f32], cand_row: &[f32]) -> f64 {
+    let (a, b) = (exact_log_softmax(ref_row), exact_log_softmax(cand_row));
+    a.iter().zip(&b).map(|(la, lb)| la.exp() * (la - lb)).sum()
+}
+
+/// Naive two-pass f64 log-softmax with libm `exp`: the independent
+/// reference for checks, not the hot path.
+pub fn exact_log_softmax(row: &[f32]) -> Vec<f64> {
+    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let s: f64 = row.iter().map(|&v| (f64::from(v) - m).exp()).sum();
+    let lse = m + s.ln();
+    row.iter().map(|&v| f64::from(v) - lse).collect()
+}

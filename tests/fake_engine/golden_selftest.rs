@@ -2,7 +2,18 @@
 //! scenario's failure message is snapshot-tested with insta
 //! (tests/snapshots/), and CI mode never touches a file under goldens/.
 
-mod common;
+use crate::common;
+
+/// `insta::assert_snapshot!` under the snapshot names and folder this file
+/// had as a test binary of its own (`tests/snapshots/golden_selftest__*`).
+macro_rules! assert_snapshot {
+    ($name:literal, $value:expr) => {{
+        let mut settings = insta::Settings::clone_current();
+        settings.set_prepend_module_to_snapshot(false);
+        settings.set_snapshot_path("../snapshots");
+        settings.bind(|| insta::assert_snapshot!(concat!("golden_selftest__", $name), $value));
+    }};
+}
 
 use quantgate::engine::fake::FakeEngine;
 use quantgate::execute::RunContext;
@@ -98,7 +109,7 @@ fn missing_golden_writes_pending_and_fails() {
     let fx = fixture("missing", 1e9);
     let msg = fx.run(UpdateMode::New).unwrap_err();
     assert!(fx.pending().exists() && !fx.golden().exists());
-    insta::assert_snapshot!("missing_golden", msg);
+    assert_snapshot!("missing_golden", msg);
 }
 
 #[test]
@@ -106,7 +117,7 @@ fn missing_golden_under_no_writes_nothing() {
     let fx = fixture("missing-no", 1e9);
     let msg = fx.run(UpdateMode::No).unwrap_err();
     assert!(!fx.pending().exists() && !fx.golden().exists());
-    insta::assert_snapshot!("missing_golden_no", msg.replace(", CI is set", ""));
+    assert_snapshot!("missing_golden_no", msg.replace(", CI is set", ""));
 }
 
 #[test]
@@ -114,7 +125,7 @@ fn pass_and_drift_within_tolerance_leave_the_golden_alone() {
     let fx = fixture("pass", 1e9);
     fx.run(UpdateMode::Always).unwrap();
     let recorded = std::fs::read_to_string(fx.golden()).unwrap();
-    insta::assert_snapshot!("recorded_golden", recorded);
+    assert_snapshot!("recorded_golden", recorded);
     fx.run(UpdateMode::New).unwrap();
     // A drift of 1e-8 relative is within the default tolerance (rtol 1e-6).
     fx.edit_golden(|g| replace_metric(g, "nll_mean", |v| v * (1.0 + 1e-8)));
@@ -141,11 +152,11 @@ fn changed_value_fails_with_a_diff_and_the_accept_command() {
         "the golden itself is never overwritten in `new` mode"
     );
     assert!(fx.pending().exists());
-    insta::assert_snapshot!("changed_value", msg);
+    assert_snapshot!("changed_value", msg);
     // Counts compare exactly.
     fx.run(UpdateMode::Always).unwrap();
     fx.edit_golden(|g| g.replace("  windows: 3.0", "  windows: 3.000000001"));
-    insta::assert_snapshot!("changed_count", fx.run(UpdateMode::No).unwrap_err());
+    assert_snapshot!("changed_count", fx.run(UpdateMode::No).unwrap_err());
 }
 
 #[test]
@@ -156,7 +167,7 @@ fn corrupt_golden_fails_naming_the_file_and_is_never_regenerated() {
     let before = std::fs::read(fx.golden()).unwrap();
     let msg = fx.run(UpdateMode::Always).unwrap_err();
     assert_eq!(std::fs::read(fx.golden()).unwrap(), before);
-    insta::assert_snapshot!("corrupt_golden", msg);
+    assert_snapshot!("corrupt_golden", msg);
 }
 
 #[test]
@@ -170,7 +181,7 @@ fn golden_of_other_inputs_is_its_own_failure() {
         format!("{}{}{}", &g[..at], "0".repeat(64), &g[at + 64..])
     });
     let msg = fx.run(UpdateMode::No).unwrap_err();
-    insta::assert_snapshot!("other_inputs", msg);
+    assert_snapshot!("other_inputs", msg);
 }
 
 #[test]
@@ -181,7 +192,7 @@ fn gate_violation_fails_even_when_updating() {
         fx.golden().exists(),
         "the golden records the failing verdict"
     );
-    insta::assert_snapshot!("gate_violation", msg);
+    assert_snapshot!("gate_violation", msg);
 }
 
 #[test]
@@ -204,13 +215,13 @@ fn orphan_goldens_are_listed_with_the_removal_command() {
             .into_iter()
             .collect::<Vec<_>>()
     );
-    insta::assert_snapshot!("orphans", golden::orphans_message(&fx.goldens, &found));
+    assert_snapshot!("orphans", golden::orphans_message(&fx.goldens, &found));
 }
 
 #[test]
 fn update_requested_under_ci_is_an_error() {
     let e = update_mode_from(Some("always"), None, true).unwrap_err();
-    insta::assert_snapshot!("update_under_ci", e.message);
+    assert_snapshot!("update_under_ci", e.message);
     assert!(update_mode_from(None, Some("new"), true).is_err());
     assert_eq!(update_mode_from(None, None, true).unwrap(), UpdateMode::No);
     assert_eq!(
@@ -241,4 +252,42 @@ fn ci_mode_never_modifies_goldens() {
     assert!(fx.run(ci).is_err());
     assert_eq!(common::tree(&fx.root.join("goldens")), corrupt);
     assert_ne!(before, corrupt);
+}
+
+/// The committed goldens are read by insta's own reader, and insta's own
+/// writer gives them back byte for byte: `cargo insta review`/`accept` work on
+/// them and leave them as quantgate wrote them. Each is also read back by
+/// quantgate's reader with the inputs insta saw.
+#[test]
+fn insta_reads_and_rewrites_every_golden_byte_for_byte() {
+    let goldens = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("goldens");
+    let out = std::env::temp_dir().join(format!("qg-insta-rewrite-{}", std::process::id()));
+    let mut n = 0;
+    for (path, bytes) in common::tree(&goldens) {
+        if path.extension().is_none_or(|e| e != "snap") {
+            continue;
+        }
+        let text = String::from_utf8(bytes).unwrap();
+        let snap = insta::Snapshot::from_file(&path)
+            .unwrap_or_else(|e| panic!("insta cannot read {}: {e}", path.display()));
+        let again = out.join(format!("{n}.snap"));
+        snap.save(&again).unwrap();
+        let rewritten = std::fs::read_to_string(&again).unwrap();
+        assert_eq!(
+            rewritten,
+            text,
+            "insta rewrites {} differently",
+            path.display()
+        );
+        let ours = golden::parse(&text).unwrap();
+        assert_eq!(
+            snap.contents().as_text().map(|t| t.to_string() + "\n"),
+            Some(ours.body.clone()),
+            "{}",
+            path.display()
+        );
+        n += 1;
+    }
+    assert!(n > 50, "only {n} goldens found under {}", goldens.display());
+    let _ = std::fs::remove_dir_all(&out);
 }

@@ -2,7 +2,7 @@
 //! case, bad preregs, window counts, rule boundaries, git ordering (in a
 //! temporary repository) and the report. Each failure must name the file.
 
-mod common;
+use crate::common;
 
 use quantgate::core::Outcome;
 use quantgate::core::Status;

@@ -5,7 +5,7 @@
 //! another vocabulary); golden texts; Parquet read back by the parquet
 //! crate's own row reader. Real models: tests/pi_real.rs.
 
-mod common;
+use crate::common;
 
 use quantgate::core::Outcome;
 use quantgate::core::Status;
@@ -88,13 +88,6 @@ fn tf_case(models: &str, extra: &str) -> String {
     )
 }
 
-/// The fake row after token `last` at position `pos`, in f64.
-fn row(spec: &FakeSpec, last: i32, pos: usize) -> Vec<f32> {
-    (0..quantgate::engine::fake::N_VOCAB)
-        .map(|j| spec.logit(last, pos, j))
-        .collect()
-}
-
 #[test]
 fn wordings_are_tests_and_first_error_equals_first_flip() {
     let root = root(
@@ -125,7 +118,7 @@ fn wordings_are_tests_and_first_error_equals_first_flip() {
         .chain(PROMPT.bytes().map(i32::from))
         .collect();
     let pos = prompt.len() - 1 + 4;
-    let r = row(&spec, i32::from(b'6'), pos);
+    let r = spec.logits(i32::from(b'6'), pos);
     let mut sorted = r.clone();
     sorted.sort_by(|a, b| b.total_cmp(a));
     assert_eq!(m["error_gap"], f64::from(sorted[0] - sorted[1]));
@@ -147,8 +140,8 @@ fn wordings_are_tests_and_first_error_equals_first_flip() {
     for (k, d) in rows.iter().enumerate() {
         let pos = prompt.len() - 1 + k;
         let target = text[pos + 1] as usize;
-        let c = row(&spec, text[pos], pos);
-        let lp = quantgate::measure::kld::exact_log_softmax(&c);
+        let c = spec.logits(text[pos], pos);
+        let lp = common::exact_log_softmax(&c);
         assert!((d.logprob - lp[target]).abs() < 1e-12, "unit {k}");
         let rank = c.iter().filter(|&&v| v > c[target]).count() as i64;
         assert_eq!(d.rank, rank, "unit {k}");
@@ -160,8 +153,8 @@ fn wordings_are_tests_and_first_error_equals_first_flip() {
             (d.margin - (lp[target] - best_other)).abs() < 1e-9,
             "unit {k}"
         );
-        let refrow = row(&rspec, text[pos], pos);
-        let kl = quantgate::measure::kld::exact_kl(&refrow, &c);
+        let refrow = rspec.logits(text[pos], pos);
+        let kl = common::exact_kl(&refrow, &c);
         assert!(
             (d.kl_vs_ref - kl).abs() < 1e-9,
             "unit {k}: {} vs {kl}",
@@ -317,7 +310,7 @@ fn the_forecast_matches_seeded_samples() {
         let q: Vec<f64> = (0..21)
             .map(|k| {
                 let pos = p0 - 1 + k;
-                let r = row(&spec, text[pos], pos);
+                let r = spec.logits(text[pos], pos);
                 quantgate::measure::forecast::p_pick(&r, &s, text[pos + 1] as usize)
             })
             .collect();

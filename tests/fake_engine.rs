@@ -1,0 +1,14 @@
+//! Every test that needs only the fake engine, in one test binary (each
+//! binary links llama.cpp): the golden workflow's own output, kld and
+//! teacher-forcing cases against independent computations, preregistered
+//! rules.
+
+mod common;
+#[path = "fake_engine/golden_selftest.rs"]
+mod golden_selftest;
+#[path = "fake_engine/kld.rs"]
+mod kld;
+#[path = "fake_engine/pi_cases.rs"]
+mod pi_cases;
+#[path = "fake_engine/prereg.rs"]
+mod prereg;
