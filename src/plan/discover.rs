@@ -34,7 +34,8 @@ fn walk(root: &Path) -> Result<Vec<Found>> {
         .into_iter()
         .filter_entry(|e| {
             let name = e.file_name().to_string_lossy();
-            !name.starts_with('.') && !(e.depth() == 1 && e.file_type().is_dir() && name == "data")
+            let data = e.depth() == 1 && e.file_type().is_dir() && name == "data";
+            !(name.starts_with('.') || data)
         });
     for entry in entries {
         let entry = entry.map_err(|e| {

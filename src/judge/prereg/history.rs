@@ -6,7 +6,6 @@ use super::Prereg;
 use crate::core::error::{Error, Result};
 use std::path::{Path, PathBuf};
 
-
 fn git_ok(root: &Path, args: &[&str]) -> bool {
     git(root, args).is_some()
 }
