@@ -117,7 +117,7 @@ fn interrupted_runs_leave_every_golden_whole() -> Result<(), Failed> {
         std::thread::sleep(Duration::from_millis(300));
         for (path, bytes) in common::tree(&goldens) {
             let name = path.file_name().unwrap().to_string_lossy().into_owned();
-            if name.contains(".tmp-") {
+            if name.contains(".quantgate-tmp-") {
                 continue; // a temp file of a killed writer: never a golden
             }
             let text = String::from_utf8(bytes.clone())
@@ -135,8 +135,15 @@ fn interrupted_runs_leave_every_golden_whole() -> Result<(), Failed> {
     }
     // A stale temp file of a process that is gone, as SIGKILL mid-write
     // leaves; the next run removes it (and any real one).
-    let stale = goldens.join("c0/.m1.snap.tmp-999999999-0");
+    let stale = goldens.join("c0/.m1.snap.quantgate-tmp-999999999-AbCdEf");
     std::fs::write(&stale, "half").unwrap();
+    // Its writer is long gone (and holds no lock).
+    std::fs::File::options()
+        .write(true)
+        .open(&stale)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - Duration::from_secs(3600))
+        .unwrap();
     let st = harness(&root, "4.0", "always").status().unwrap();
     if !st.success() {
         return Err(fail(format!(
@@ -146,7 +153,7 @@ fn interrupted_runs_leave_every_golden_whole() -> Result<(), Failed> {
     let after = common::tree(&goldens);
     if let Some((p, _)) = after
         .iter()
-        .find(|(p, _)| p.to_string_lossy().contains(".tmp-"))
+        .find(|(p, _)| p.to_string_lossy().contains(".quantgate-tmp-"))
     {
         return Err(fail(format!("stale temp file left: {}", p.display())));
     }
@@ -224,7 +231,7 @@ fn a_killed_run_resumes_from_the_result_cache() -> Result<(), Failed> {
     let count = || {
         common::tree(&results)
             .iter()
-            .filter(|(p, _)| p.extension().is_some_and(|e| e == "json"))
+            .filter(|(p, _)| p.extension().is_some_and(|e| e == "qgresult"))
             .count()
     };
     let mut child = harness(&root, "4.0", "always").spawn().unwrap();
@@ -281,6 +288,32 @@ fn a_killed_run_resumes_from_the_result_cache() -> Result<(), Failed> {
         return Err(fail(format!(
             "a changed text must not pass from the cache:\n{log}"
         )));
+    }
+    let _ = std::fs::remove_dir_all(&root);
+    Ok(())
+}
+
+/// libtest's `0 passed` for a filter that matches no test reads like a green
+/// gate: the harness's summary says nothing ran.
+fn a_filter_selecting_nothing_says_so() -> Result<(), Failed> {
+    let root = fixture("empty-filter");
+    let out = harness(&root, "4.0", "no")
+        .arg("no-such-case")
+        .stdout(Stdio::piped())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !stdout.contains("quantgate: nothing ran: the filter `no-such-case` selects none of the") {
+        return Err(fail(format!("no `nothing ran` line:\n{stdout}")));
+    }
+    // A filter that selects tests says nothing of the kind.
+    let out = harness(&root, "4.0", "always")
+        .stdout(Stdio::piped())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if stdout.contains("nothing ran") {
+        return Err(fail(format!("a full run said nothing ran:\n{stdout}")));
     }
     let _ = std::fs::remove_dir_all(&root);
     Ok(())
@@ -351,6 +384,10 @@ fn main() -> ExitCode {
         Trial::test(
             "writes_hitting_the_size_limit_leave_nothing",
             writes_hitting_the_size_limit_leave_nothing,
+        ),
+        Trial::test(
+            "a_filter_selecting_nothing_says_so",
+            a_filter_selecting_nothing_says_so,
         ),
     ];
     libtest_mimic::run(&args, trials).exit_code()

@@ -45,9 +45,14 @@ pub fn sha256_file(path: &Path, mut progress: impl FnMut(u64)) -> Result<(String
     Ok((hex(&hasher.finalize()), total))
 }
 
+/// The mark in the name of every temp file quantgate writes, and only those.
+pub const TEMP_MARK: &str = ".quantgate-tmp-";
+
 /// A new temp file beside `dest` (its directory created), named
-/// `.<name>.tmp-<pid>-<random>` so that [`clean_stale_temps`] can tell a
-/// dead process's leftovers; removed when dropped unless [`commit`]ted.
+/// `.<name>.quantgate-tmp-<pid>-<random>` and locked (flock, exclusive)
+/// while it is written, so that [`clean_stale_temps`] can tell a dead
+/// writer's leftovers from a live one's in any PID namespace; removed when
+/// dropped unless [`commit`]ted.
 pub fn temp_beside(dest: &Path) -> Result<NamedTempFile> {
     let dir = match dest.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
@@ -58,7 +63,7 @@ pub fn temp_beside(dest: &Path) -> Result<NamedTempFile> {
         .file_name()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let prefix = format!(".{name}.tmp-{}-", std::process::id());
+    let prefix = format!(".{name}{TEMP_MARK}{}-", std::process::id());
     let mut b = tempfile::Builder::new();
     b.prefix(&prefix);
     // The mode `File::create` gives (0666 less the umask), not tempfile's 0600.
@@ -90,30 +95,73 @@ pub fn commit(tmp: NamedTempFile, dest: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Remove temp files ([`temp_beside`] names) under `dir` whose writing
-/// process is gone: what an interrupted run left behind. A live process's
-/// temp files (another test worker's) are kept. Returns how many went.
+/// Remove temp files under `dir` that quantgate wrote ([`temp_beside`]
+/// names: `.` + name + [`TEMP_MARK`]) and whose writer is gone: no lock is
+/// held on them (a live writer, in this PID namespace or another, holds one)
+/// and they are over a minute old. Nothing else is ever removed. Returns how
+/// many went.
 pub fn clean_stale_temps(dir: &Path) -> usize {
     let mut removed = 0;
     for e in WalkDir::new(dir).into_iter().filter_map(|e| e.ok()) {
-        if e.file_type().is_dir() {
-            continue;
-        }
         let name = e.file_name().to_string_lossy();
-        if !(name.starts_with('.') && name.contains(".tmp-")) {
+        if e.file_type().is_dir() || !(name.starts_with('.') && name.contains(TEMP_MARK)) {
             continue;
         }
-        let pid: Option<u32> = name
-            .rsplit(".tmp-")
-            .next()
-            .and_then(|s| s.split('-').next())
-            .and_then(|s| s.parse().ok());
-        let alive = pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
-        if !alive && fs::remove_file(e.path()).is_ok() {
+        // The instant between a writer creating its file and locking it.
+        let young = e
+            .metadata()
+            .ok()
+            .and_then(|m| m.modified().ok())
+            .and_then(|t| t.elapsed().ok())
+            .is_none_or(|age| age < std::time::Duration::from_secs(60));
+        let Ok(f) = File::open(e.path()) else {
+            continue;
+        };
+        if !young && f.try_lock().is_ok() && fs::remove_file(e.path()).is_ok() {
             removed += 1;
         }
     }
     removed
+}
+
+/// Seal `bytes` for reading back: append the sha256 of everything before it
+/// (32 raw bytes). Every file quantgate writes and later reads back (caches,
+/// result entries, `.qgref` rows) is sealed, and unsealed before use.
+pub fn seal(mut bytes: Vec<u8>) -> Vec<u8> {
+    let digest = Sha256::digest(&bytes);
+    bytes.extend_from_slice(&digest);
+    bytes
+}
+
+/// The contents of sealed `bytes`, or why they are not intact.
+pub fn unseal(bytes: &[u8]) -> std::result::Result<&[u8], String> {
+    if bytes.len() < 32 {
+        return Err("shorter than its seal: truncated".into());
+    }
+    let (body, digest) = bytes.split_at(bytes.len() - 32);
+    if Sha256::digest(body).as_slice() != digest {
+        return Err(
+            "its trailing sha256 does not match its contents: truncated or corrupted on disk"
+                .into(),
+        );
+    }
+    Ok(body)
+}
+
+/// Write `bytes` sealed ([`seal`]) to `dest` atomically.
+pub fn write_sealed(dest: &Path, bytes: Vec<u8>) -> Result<()> {
+    write_atomic(dest, &seal(bytes))
+}
+
+/// The contents of a sealed file: `Ok(None)` when there is none, `Err(why)`
+/// when it cannot be read or is not intact — never contents that were not
+/// written whole by quantgate.
+pub fn read_sealed(path: &Path) -> std::result::Result<Option<Vec<u8>>, String> {
+    match fs::read(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e.to_string()),
+        Ok(bytes) => unseal(&bytes).map(|b| Some(b.to_vec())),
+    }
 }
 
 /// `path` relative to `root`, `/`-separated (a test name, a golden's case).
@@ -176,6 +224,38 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names.len(), 1, "{names:?}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The sweep removes only quantgate's own temp files whose writer is
+    /// gone: a user's look-alike stays, and so does a file whose writer holds
+    /// its lock (as one in another PID namespace would, whatever its pid).
+    #[test]
+    fn the_sweep_removes_only_dead_writers_temp_files() {
+        let dir = std::env::temp_dir().join(format!("qg-sweep-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(dir.join("notes")).unwrap();
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        let make = |p: &Path| {
+            let f = File::create(p).unwrap();
+            f.set_modified(old).unwrap();
+            f
+        };
+        let user = dir.join("notes/.thesis.tex.tmp-999999");
+        let dead = dir.join(format!(".x.snap{TEMP_MARK}999999999-AbCdEf"));
+        let live = dir.join(format!(".y.snap{TEMP_MARK}999999999-GhIjKl"));
+        drop(make(&user));
+        drop(make(&dead));
+        let writer = make(&live);
+        writer.lock().unwrap();
+        let young = temp_beside(&dir.join("z.snap")).unwrap();
+        drop(young.as_file().unlock());
+        assert_eq!(clean_stale_temps(&dir), 1);
+        assert!(user.exists() && live.exists() && young.path().exists());
+        assert!(!dead.exists());
+        drop(writer);
+        assert_eq!(clean_stale_temps(&dir), 1);
+        assert!(!live.exists());
         fs::remove_dir_all(&dir).unwrap();
     }
 }

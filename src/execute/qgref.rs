@@ -13,7 +13,7 @@
 //! Contract: a file that fails any check is an error naming the file and
 //! the offset or field, never a partial result.
 
-use crate::core::fsutil::sha256_bytes;
+use crate::core::fsutil::{seal, sha256_bytes, unseal};
 use crate::execute::windows::ScoringPlan;
 use crate::measure::kld::RefPosition;
 use serde::{Deserialize, Serialize};
@@ -99,9 +99,7 @@ pub fn encode(header: &CacheHeader, rows: &[RefPosition]) -> Vec<u8> {
             out.extend_from_slice(&t.codes);
         }
     }
-    let digest = sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(&out));
-    out.extend_from_slice(&digest);
-    out
+    seal(out)
 }
 
 struct Reader<'a> {
@@ -149,14 +147,7 @@ pub fn decode(
     if bytes.len() < 8 + 32 || &bytes[..8] != MAGIC {
         return Err("not a quantgate reference cache (magic `QGKLDREF` missing)".into());
     }
-    let (body, digest) = bytes.split_at(bytes.len() - 32);
-    let actual = sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(body));
-    if actual.as_slice() != digest {
-        return Err(
-            "its trailing sha256 does not match its contents: truncated or corrupted on disk"
-                .into(),
-        );
-    }
+    let body = unseal(bytes)?;
     let mut r = Reader { b: body, at: 8 };
     let version = r.u32("version")?;
     if version != VERSION {

@@ -11,6 +11,7 @@
 //! is not available is an error naming both, never a partial result.
 
 use crate::core::error::{Error, Result};
+use crate::core::fsutil::{read_sealed, write_sealed};
 use crate::core::{Location, Settings};
 use crate::engine::ModelInfo;
 use crate::execute::qgref::CacheHeader;
@@ -101,11 +102,24 @@ impl ReferenceStore {
         );
         let slot = memo_slot(&self.scores, &id);
         slot.get_or_init(|| {
+            // A reference record, sealed: read back only when intact.
             let path = self.dir.join(format!(
-                "{}.jsonl",
+                "{}.qgscores",
                 crate::core::fsutil::sha256_bytes(id.as_bytes())
             ));
-            if let Ok(text) = std::fs::read_to_string(&path) {
+            let cached = read_sealed(&path).and_then(|b| match b {
+                None => Ok(None),
+                Some(b) => String::from_utf8(b).map(Some).map_err(|e| e.to_string()),
+            });
+            let text = cached.unwrap_or_else(|why| {
+                eprintln!(
+                    "quantgate: reference cache {} is unusable ({why}); rescoring `{}`",
+                    path.display(),
+                    key.alias
+                );
+                None
+            });
+            if let Some(text) = text {
                 match read_record(&text, key.plan) {
                     Ok((h, scored))
                         if h.model_sha256 == key.model_sha256 && h.build == key.build =>
@@ -124,10 +138,7 @@ impl ReferenceStore {
                 }
             }
             let (header, scored) = score()?;
-            crate::core::fsutil::write_atomic(
-                &path,
-                record_jsonl(&header, key.plan, &scored).as_bytes(),
-            )?;
+            write_sealed(&path, record_jsonl(&header, key.plan, &scored).into_bytes())?;
             Ok(Arc::new(scored))
         })
         .clone()

@@ -59,11 +59,9 @@ pub fn outcome_of(runner: &RunContext, p: &Planned, goldens: &Goldens) -> Outcom
     };
     let path = crate::models::cache_dir()
         .join("results")
-        .join(format!("{key}.json"));
-    let cached = std::fs::read_to_string(&path)
-        .ok()
-        .and_then(|t| serde_json::from_str::<Outcome>(&t).ok())
-        .filter(|o| o.case == split_test_name(&p.name).0 && o.model == p.model);
+        .join(format!("{key}.qgresult"));
+    let cached =
+        read_entry(&path).filter(|o| o.case == split_test_name(&p.name).0 && o.model == p.model);
     if let Some(o) = cached {
         // A changed input is never answered from the cache: it runs (and
         // reports the mismatch).
@@ -82,10 +80,67 @@ pub fn outcome_of(runner: &RunContext, p: &Planned, goldens: &Goldens) -> Outcom
     }
     let o = crate::judge::trial(runner, p, &goldens.dir);
     if o.status != Status::Error {
-        if let Ok(json) = serde_json::to_string(&o) {
+        if let Ok(json) = serde_json::to_vec(&o) {
             // Best effort: a result that cannot be cached is still a result.
-            let _ = crate::core::fsutil::write_atomic(&path, json.as_bytes());
+            let _ = crate::core::fsutil::write_sealed(&path, json);
         }
     }
     o
+}
+
+/// A recorded outcome, when the entry is intact (sealed) and parses; a
+/// damaged entry is reported and the trial runs again.
+fn read_entry(path: &std::path::Path) -> Option<Outcome> {
+    let bytes = match crate::core::fsutil::read_sealed(path) {
+        Ok(b) => b?,
+        Err(why) => {
+            eprintln!(
+                "quantgate: result cache entry {} is unusable ({why}); running the trial",
+                path.display()
+            );
+            return None;
+        }
+    };
+    serde_json::from_slice(&bytes).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::EngineBuild;
+
+    /// Every single-byte edit of an entry makes it unusable, never a
+    /// different outcome.
+    #[test]
+    fn an_edited_entry_is_never_read_back() {
+        let dir = std::env::temp_dir().join(format!("qg-result-entry-{}", std::process::id()));
+        let path = dir.join("e.qgresult");
+        let build = EngineBuild {
+            engine: "fake".into(),
+            llama_cpp_2: "-".into(),
+            llama_cpp_sys_2: "-".into(),
+            ggml: "-".into(),
+            backend: "cpu".into(),
+        };
+        let mut o = Outcome::new("ppl/x", "m", build);
+        o.status = Status::Pass;
+        o.metrics.insert("ppl".into(), 31.25);
+        o.metrics.insert("windows".into(), 16.0);
+        let json = serde_json::to_vec(&o).unwrap();
+        crate::core::fsutil::write_sealed(&path, json).unwrap();
+        let good = std::fs::read(&path).unwrap();
+        let back = read_entry(&path).unwrap();
+        assert_eq!(back.metrics, o.metrics);
+        let mut rng = crate::measure::SplitMix64(7);
+        for _ in 0..300 {
+            let mut bad = good.clone();
+            let at = rng.below(bad.len() as u64) as usize;
+            bad[at] ^= 1 << rng.below(8);
+            std::fs::write(&path, &bad).unwrap();
+            assert!(read_entry(&path).is_none(), "byte {at} edited, still read");
+        }
+        std::fs::write(&path, &good[..good.len() - 1]).unwrap();
+        assert!(read_entry(&path).is_none());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

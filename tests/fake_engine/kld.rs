@@ -512,7 +512,7 @@ fn per_position_rows_round_trip_through_parquet() {
     let leftovers: Vec<_> = std::fs::read_dir(&fx.root)
         .unwrap()
         .flatten()
-        .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
+        .filter(|e| e.file_name().to_string_lossy().contains(".quantgate-tmp-"))
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
@@ -677,4 +677,81 @@ fn a_changed_flip_count_fails_the_golden_whatever_the_tolerance() {
         case.metric_type("flip_bin2_rate"),
         Some(quantgate::core::MetricType::Float)
     );
+}
+
+/// Random byte edits (and truncations) of every cache a kld or paired
+/// perplexity case reads back — reference rows (`.qgref`) and reference
+/// scores (`.qgscores`) — never change a number or a verdict: the damaged
+/// file is found out by its seal and rebuilt from the reference model.
+#[test]
+fn edited_caches_are_rebuilt_never_believed() {
+    let fx = Fx::new("sealed", "reference = \"ref\"\n");
+    let t = text();
+    std::fs::write(
+        fx.root.join("suites/p.toml"),
+        format!(
+            "kind = \"perplexity\"\nmodels = [\"cand\"]\nreference = \"ref\"\n[text]\npath = \"t.txt\"\nsha256 = \"{}\"\n\
+             [window]\nmode = \"llama-perplexity\"\nn_ctx = {N_CTX}\nchunks = {CHUNKS}\n",
+            quantgate::core::fsutil::sha256_bytes(t.as_bytes())
+        ),
+    )
+    .unwrap();
+    let run_all = || {
+        let (r, planned) = fx.runner();
+        assert_eq!(planned.len(), 2);
+        planned
+            .iter()
+            .map(|p| quantgate::judge::trial(&r, p, &fx.root.join("goldens")))
+            .collect::<Vec<Outcome>>()
+    };
+    let bits = |o: &Outcome| -> Vec<(String, u64)> {
+        o.metrics
+            .iter()
+            .map(|(k, v)| (k.clone(), v.to_bits()))
+            .collect()
+    };
+    let base = run_all();
+    for o in &base {
+        assert_eq!(o.status, Status::Pass, "{:?}", o.error);
+    }
+    let files = fx.cache_files();
+    let kinds: Vec<String> = files
+        .iter()
+        .map(|f| f.extension().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        kinds.contains(&"qgref".to_string()) && kinds.contains(&"qgscores".to_string()),
+        "{files:?}"
+    );
+    let mut rng = quantgate::measure::SplitMix64(20261201);
+    for file in &files {
+        let good = std::fs::read(file).unwrap();
+        for i in 0..24 {
+            let mut bad = good.clone();
+            if i % 6 == 5 {
+                bad.truncate(rng.below(good.len() as u64) as usize);
+            } else {
+                let at = rng.below(good.len() as u64) as usize;
+                bad[at] ^= 1 << rng.below(8);
+            }
+            std::fs::write(file, &bad).unwrap();
+            let again = run_all();
+            for (a, b) in again.iter().zip(&base) {
+                assert_eq!(
+                    a.status,
+                    b.status,
+                    "{}: edit {i}: {:?}",
+                    file.display(),
+                    a.error
+                );
+                assert_eq!(bits(a), bits(b), "{}: edit {i}", file.display());
+            }
+            assert_eq!(
+                std::fs::read(file).unwrap(),
+                good,
+                "{} rebuilt",
+                file.display()
+            );
+        }
+    }
 }
