@@ -19,7 +19,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    let reg = Registry::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("suites/models.toml"))
+    let reg = Registry::load(&quantgate::harness::project_root().join("suites/models.toml"))
         .expect("registry");
     let engine = Arc::new(LlamaEngine::new());
     let pool = ModelPool::new(engine.clone());

@@ -21,7 +21,6 @@ use quantgate::execute::windows::{plan_windows, score_plan_with, ScoringPlan};
 use quantgate::execute::RunContext;
 use quantgate::measure::kld::{compare, compress_row, kld_metrics, DEFAULT_BINS};
 use quantgate::models::Registry;
-use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,7 +31,7 @@ fn main() -> ExitCode {
     if std::env::args().any(|a| a == "--list") {
         return ExitCode::SUCCESS;
     }
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let repo = quantgate::harness::project_root();
     let chunks: usize = std::env::var("QG_BENCH_CHUNKS")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -46,7 +46,7 @@ fn main() -> ExitCode {
     if std::env::args().any(|a| a == "--list") {
         return ExitCode::SUCCESS;
     }
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let repo = quantgate::harness::project_root();
     let bin = env!("CARGO_BIN_EXE_quantgate");
     let suites = std::env::temp_dir().join(format!("qg-bench-{}", std::process::id()));
     std::fs::create_dir_all(suites.join("ppl")).unwrap();

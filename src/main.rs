@@ -49,6 +49,10 @@ enum Command {
         /// against (default: `goldens` beside the suites directory).
         #[arg(long)]
         goldens: Option<PathBuf>,
+        /// Accept a selection of no case × model (otherwise an error: a
+        /// mistyped filter must not pass).
+        #[arg(long)]
+        allow_empty: bool,
     },
     /// List registry models with status, bytes and sha256; `models fetch` fetches/derives them.
     Models {
@@ -145,7 +149,31 @@ fn main() -> ExitCode {
             timings,
             threads,
             goldens,
+            allow_empty,
         } => {
+            // Output paths are checked before anything runs.
+            if let Some(p) = json.as_ref().filter(|p| p.is_dir()) {
+                return fail(&Error::input(format!(
+                    "--json {}: is a directory; give a file path",
+                    p.display()
+                )));
+            }
+            if let Some(p) = out.as_ref().filter(|p| p.exists() && !p.is_dir()) {
+                return fail(&Error::input(format!(
+                    "--out {}: exists and is not a directory",
+                    p.display()
+                )));
+            }
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+            let threads = threads.map(|t| {
+                if t > cores {
+                    eprintln!(
+                        "quantgate: --threads {t} is more than the {cores} cores here (oversubscribed \
+                         llama.cpp threads run slower, not faster); using {cores}"
+                    );
+                }
+                t.clamp(1, cores)
+            });
             let goldens = goldens.unwrap_or_else(|| {
                 let root = cli.suites.parent().unwrap_or(std::path::Path::new(""));
                 root.join("goldens")
@@ -154,6 +182,18 @@ fn main() -> ExitCode {
                 Ok(p) => p,
                 Err(e) => return fail(&e),
             };
+            if planned.is_empty() && !allow_empty {
+                return fail(&Error::input(format!(
+                    "nothing to run: {} with --model {} selects no case × model (a case runs \
+                     only the models it lists); pass --allow-empty to accept an empty run",
+                    if patterns.is_empty() {
+                        "every case".to_string()
+                    } else {
+                        patterns.join(" ")
+                    },
+                    models.join(" --model ")
+                )));
+            }
             let runner = RunContext::new(
                 registry,
                 Arc::new(LlamaEngine::new()),

@@ -17,7 +17,7 @@ use common::REAL_MODELS as MODELS;
 
 fn load(pool: &ModelPool, alias: &str) -> Arc<dyn LoadedModel> {
     let reg =
-        Registry::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("suites/models.toml")).unwrap();
+        Registry::load(&quantgate::harness::project_root().join("suites/models.toml")).unwrap();
     let engine = pool.engine().clone();
     let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 2);
     let v = ensure(&reg, alias, &engine.build().label(), &q).unwrap();

@@ -10,8 +10,8 @@ use std::process::Command;
 
 const WIKI_SHA: &str = "d790b833ef8cf03a90db7bf1271b7520b83c45ce07ba3c1a9699df81e239eca0";
 
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+fn repo() -> PathBuf {
+    quantgate::harness::project_root()
 }
 
 /// The fixture model's path, fetched if needed.
@@ -433,4 +433,138 @@ fn prereg_verify_and_report_on_the_suite() {
             .unwrap_or_else(|| panic!("no row for {path}:\n{report}"));
         assert!(row.contains(&format!(" {outcome} ")), "{row}");
     }
+}
+
+/// The suites harness finds its checkout at run time: run with another
+/// checkout's `CARGO_MANIFEST_DIR` (as cargo sets it when two checkouts share
+/// one target directory), it lists that checkout's cases, not the ones of
+/// the checkout it was compiled in.
+#[test]
+fn the_suites_binary_tests_the_checkout_it_runs_in() {
+    // The `suites` test binary built with this one: the newest beside it.
+    let deps = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let suites_bin = std::fs::read_dir(&deps)
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.starts_with("suites-") && !n.contains('.')
+        })
+        .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok())
+        .expect("the suites test binary beside this one")
+        .path();
+    let other = std::env::temp_dir().join(format!("qg-cli-checkout-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&other);
+    let suites = other.join("suites");
+    std::fs::create_dir_all(suites.join("ppl")).unwrap();
+    std::fs::copy(
+        repo().join("suites/models.toml"),
+        suites.join("models.toml"),
+    )
+    .unwrap();
+    std::fs::write(
+        suites.join("ppl/only_in_this_checkout.toml"),
+        format!(
+            "kind = \"perplexity\"\nmodels = [\"smollm2-q8_0\"]\n[text]\npath = \"t.txt\"\nsha256 = \"{WIKI_SHA}\"\n\
+             [window]\nmode = \"llama-perplexity\"\nn_ctx = 64\nchunks = 1\n"
+        ),
+    )
+    .unwrap();
+    let out = Command::new(&suites_bin)
+        .args(["--list", "--format", "terse"])
+        .env("CARGO_MANIFEST_DIR", &other)
+        .current_dir(&other)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("ppl/only_in_this_checkout::smollm2-q8_0: test"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("ppl/delta_nll"), "{stdout}");
+    let _ = std::fs::remove_dir_all(&other);
+}
+
+/// A filter that selects no case × model is an error, not a green run; bad
+/// output paths are refused before any model loads, naming the flag.
+#[test]
+fn empty_selections_and_bad_output_paths_exit_two_before_running() {
+    let root = suites("empty");
+    std::fs::write(root.join("ppl/ok.toml"), case(128, "")).unwrap();
+    // `tiny` is the case's model; `smollm2-q8_0` is registered here but not listed by it.
+    let reg = std::fs::read_to_string(root.join("models.toml")).unwrap();
+    std::fs::write(
+        root.join("models.toml"),
+        format!(
+            "{reg}\n[other]\nsha256 = \"{}\"\npath = \"nowhere.gguf\"\n",
+            "0".repeat(64)
+        ),
+    )
+    .unwrap();
+    let (code, stdout, stderr) = run(&root, &["ppl/ok.toml", "--model", "other"]);
+    assert_eq!(code, 2, "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("nothing to run: ppl/ok.toml with --model other selects no case × model"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = run(&root, &["ppl/ok.toml", "--model", "other", "--allow-empty"]);
+    assert_eq!(code, 0, "{stderr}");
+    let (code, _, stderr) = run(&root, &["--json", root.to_str().unwrap()]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("--json") && stderr.contains("is a directory"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("running"), "ran before refusing: {stderr}");
+    let file = root.join("ppl/ok.toml");
+    let (code, _, stderr) = run(&root, &["--out", file.to_str().unwrap()]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("--out") && stderr.contains("not a directory"),
+        "{stderr}"
+    );
+}
+
+/// The preflight accounts for every byte of the real fixtures' tensor data
+/// (so its per-type sizes are ggml's), and a fixture cut short — its true
+/// sha256 pinned — is stopped by it, naming a tensor, before llama.cpp.
+#[test]
+fn the_preflight_checks_every_tensor_lies_within_the_file() {
+    let reg = Registry::load(&repo().join("suites/models.toml")).unwrap();
+    let engine = LlamaEngine::new();
+    let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 1);
+    for alias in [
+        "smollm2-q4_1",
+        "smollm2-f16",
+        "smollm2-q4_k_m",
+        "smollm2-q2_k",
+    ] {
+        let v = ensure(&reg, alias, &engine.build().label(), &q).unwrap();
+        let h = quantgate::models::gguf::preflight(&v.file.path).unwrap();
+        assert_eq!(
+            h.data_end, v.bytes,
+            "{alias}: tensor data ends before the file does"
+        );
+    }
+    let full = std::fs::read(fixture_path()).unwrap();
+    let root = suites("truncated");
+    let cut = &full[..full.len() * 6 / 10];
+    std::fs::write(root.join("cut.gguf"), cut).unwrap();
+    let e = quantgate::models::gguf::preflight(&root.join("cut.gguf")).unwrap_err();
+    assert!(
+        e.message
+            .contains("cut.gguf: not a usable GGUF file: tensor #")
+            && e.message.contains("beyond the end of the file"),
+        "{}",
+        e.message
+    );
 }

@@ -20,7 +20,7 @@ fn pool() -> &'static ModelPool {
 
 fn fixture() -> Arc<dyn LoadedModel> {
     let reg =
-        Registry::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("suites/models.toml")).unwrap();
+        Registry::load(&quantgate::harness::project_root().join("suites/models.toml")).unwrap();
     let engine = LlamaEngine::new();
     let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 1);
     let v = ensure(&reg, FIXTURE, &engine.build().label(), &q).unwrap();
@@ -233,7 +233,7 @@ fn window_longer_than_the_context_is_an_error_naming_the_model() {
 #[test]
 fn pinned_versions_match_cargo_lock() {
     let lock =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.lock")).unwrap();
+        std::fs::read_to_string(quantgate::harness::project_root().join("Cargo.lock")).unwrap();
     for (name, v) in [
         ("llama-cpp-2", quantgate::engine::llama::LLAMA_CPP_2_VERSION),
         (

@@ -7,12 +7,11 @@ use quantgate::core::Status;
 use quantgate::engine::llama::LlamaEngine;
 use quantgate::execute::RunContext;
 use quantgate::plan::plan;
-use std::path::Path;
 use std::sync::Arc;
 
 #[test]
 fn q3_and_q2_fail_the_delta_nll_gate_with_a_readable_message() {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let repo = quantgate::harness::project_root();
     let root = std::env::temp_dir().join(format!("qg-gate-selftest-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(root.join("ppl")).unwrap();
@@ -53,7 +52,7 @@ fn q3_and_q2_fail_the_delta_nll_gate_with_a_readable_message() {
 /// each named with its observed value.
 #[test]
 fn q2_fails_the_kld_gates() {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let repo = quantgate::harness::project_root();
     let root = std::env::temp_dir().join(format!("qg-kld-selftest-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(root.join("kld")).unwrap();

@@ -11,12 +11,11 @@ use quantgate::execute::windows::{plan_windows, score_plan_with};
 use quantgate::execute::RunContext;
 use quantgate::measure::kld::{compare, compress_row, DEFAULT_MAX_KEPT, DEFAULT_TAIL};
 use quantgate::models::Registry;
-use std::path::Path;
 use std::sync::Arc;
 
 #[test]
 fn stored_reference_rows_give_the_exact_kl_on_real_models() {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let repo = quantgate::harness::project_root();
     let reg = Registry::load(&repo.join("suites/models.toml")).unwrap();
     let runner = RunContext::new(reg, Arc::new(LlamaEngine::new()), 2);
     let load = |alias: &str| runner.load(alias).unwrap().1;

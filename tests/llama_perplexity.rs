@@ -16,8 +16,8 @@ use std::sync::Arc;
 
 const WIKI_SHA: &str = "d790b833ef8cf03a90db7bf1271b7520b83c45ce07ba3c1a9699df81e239eca0";
 
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+fn repo() -> std::path::PathBuf {
+    quantgate::harness::project_root()
 }
 
 /// The tests here each run two multi-threaded llama.cpp processes' worth of

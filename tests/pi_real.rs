@@ -19,8 +19,8 @@ use common::REAL_MODELS as MODELS;
 const PROMPT: &str = "Pi to 1000 decimal places: 3.";
 const DIGITS: usize = 300;
 
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+fn repo() -> std::path::PathBuf {
+    quantgate::harness::project_root()
 }
 
 /// A suite beside the repository's registry with `cases`.

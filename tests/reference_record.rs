@@ -7,12 +7,11 @@ use quantgate::core::Status;
 use quantgate::engine::llama::LlamaEngine;
 use quantgate::execute::RunContext;
 use quantgate::plan::plan;
-use std::path::Path;
 use std::sync::Arc;
 
 #[test]
 fn record_reproduces_the_live_reference_exactly() {
-    let suites = Path::new(env!("CARGO_MANIFEST_DIR")).join("suites");
+    let suites = quantgate::harness::project_root().join("suites");
     let patterns = vec![
         "ppl/resets.toml".to_string(),
         "ppl/resets_record.toml".to_string(),

@@ -1,11 +1,11 @@
 //! `cargo test` runs every case under `suites/` on real llama.cpp and checks
-//! each outcome against its golden under `goldens/`.
-use std::path::Path;
+//! each outcome against its golden under `goldens/` — of the checkout being
+//! tested, found at run time.
 use std::process::ExitCode;
 use std::sync::Arc;
 
 fn main() -> ExitCode {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = quantgate::harness::project_root();
     quantgate::harness::run_suites(
         &root.join("suites"),
         &root.join("goldens"),

@@ -29,11 +29,22 @@ use crate::golden::{self, Goldens};
 use crate::plan::{plan, Planned};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use trial::trial_result;
 use worker::Worker;
+
+/// The package root at run time: `CARGO_MANIFEST_DIR` as cargo and nextest
+/// set it in the environment of the test binaries they run, else the working
+/// directory (where they start them). Never a path compiled into the binary:
+/// two checkouts sharing one target directory each test their own files.
+pub fn project_root() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::current_dir().unwrap_or_default())
+}
 
 /// Run the suites under `suites` as tests, goldens under `goldens`, with the
 /// process's arguments and environment.
@@ -111,6 +122,7 @@ pub fn run_with_args(
         args.test_threads.unwrap_or(cores)
     };
     let goldens = Arc::new(Goldens::new(goldens.to_path_buf()));
+    let n_planned = planned.len();
     let mut trials = vec![orphan_trial(suites, &goldens, &planned)];
     let threads = threads_per_trial(concurrent);
     let counts = Arc::new(Counts::default());
@@ -162,9 +174,9 @@ pub fn run_with_args(
                 result.map_err(Failed::from)
             }));
         }
-        let code = libtest_mimic::run(args, trials).exit_code();
-        counts.print();
-        return code;
+        let conclusion = libtest_mimic::run(args, trials);
+        counts.print(args, &conclusion, n_planned);
+        return conclusion.exit_code();
     }
     let runner = Arc::new(RunContext::new(registry, engine, threads));
     for p in planned {
@@ -175,9 +187,9 @@ pub fn run_with_args(
             result.map_err(Failed::from)
         }));
     }
-    let code = libtest_mimic::run(args, trials).exit_code();
-    counts.print();
-    code
+    let conclusion = libtest_mimic::run(args, trials);
+    counts.print(args, &conclusion, n_planned);
+    conclusion.exit_code()
 }
 
 /// Failures and errors, counted apart for the summary line.
@@ -197,13 +209,23 @@ impl Counts {
         };
     }
 
-    /// After libtest's own summary: failures and errors apart.
-    fn print(&self) {
+    /// After libtest's own summary: failures and errors apart, and a run
+    /// whose filter selected nothing said to be one (libtest's `0 passed`
+    /// reads like a green gate).
+    fn print(&self, args: &Arguments, c: &libtest_mimic::Conclusion, planned: usize) {
         use std::sync::atomic::Ordering::Relaxed;
         let (f, e) = (self.failed.load(Relaxed), self.errors.load(Relaxed));
         if f + e > 0 {
             println!(
                 "quantgate: {f} failed (a gate or a golden), {e} errors (a case that could not run, or a worker that died)"
+            );
+        }
+        if !args.list && c.num_passed + c.num_failed == 0 {
+            println!(
+                "quantgate: nothing ran: the filter {} selects none of the {planned} planned tests",
+                args.filter
+                    .as_deref()
+                    .map_or("(none)".to_string(), |f| format!("`{f}`"))
             );
         }
     }

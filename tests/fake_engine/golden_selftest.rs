@@ -260,7 +260,7 @@ fn ci_mode_never_modifies_goldens() {
 /// quantgate's reader with the inputs insta saw.
 #[test]
 fn insta_reads_and_rewrites_every_golden_byte_for_byte() {
-    let goldens = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("goldens");
+    let goldens = quantgate::harness::project_root().join("goldens");
     let out = std::env::temp_dir().join(format!("qg-insta-rewrite-{}", std::process::id()));
     let mut n = 0;
     for (path, bytes) in common::tree(&goldens) {
