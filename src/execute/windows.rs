@@ -73,7 +73,11 @@ impl Windowing {
     pub fn context(&self) -> u32 {
         match self {
             Windowing::LlamaPerplexity { n_ctx, .. } => *n_ctx,
-            Windowing::Strided { n_ctx, stride, .. } => (n_ctx + stride / 2).div_ceil(256) * 256,
+            Windowing::Strided { n_ctx, stride, .. } => {
+                // In u64: a huge n_ctx must not wrap (the parser bounds it anyway).
+                let c = (u64::from(*n_ctx) + u64::from(*stride / 2)).div_ceil(256) * 256;
+                u32::try_from(c).unwrap_or(u32::MAX)
+            }
             Windowing::Resets { length, .. } => *length,
         }
     }
@@ -174,11 +178,11 @@ pub fn plan_windows(
         Windowing::Resets { length, starts } => {
             let l = *length as usize;
             for &s in starts {
-                if s + l + 1 > n {
+                if s.checked_add(l + 1).is_none_or(|end| end > n) {
                     return Err(format!(
                         "the window at start {s} needs ids {s}..={}, so at least {} ids; the file has {n}",
-                        s + l,
-                        s + l + 1
+                        s.saturating_add(l),
+                        s.saturating_add(l + 1)
                     ));
                 }
                 windows.push(PlannedWindow {
@@ -473,6 +477,20 @@ mod tests {
         assert_eq!(p.windows[1].window.tokens[0], 512);
         let targets: Vec<TokenId> = p.windows.iter().flat_map(|w| w.targets.clone()).collect();
         assert_eq!(targets, (1..=1024).collect::<Vec<_>>());
+        // A start near the top of usize is an error, not an overflow.
+        let far = Windowing::Resets {
+            length: 512,
+            starts: vec![usize::MAX - 10],
+        };
+        let e = plan_windows(&toks, &far, None).unwrap_err();
+        assert!(e.contains("the file has 1025"), "{e}");
+        // The strided context is computed without wrapping.
+        let huge = Windowing::Strided {
+            n_ctx: u32::MAX - 1,
+            stride: u32::MAX - 1,
+            chunks: None,
+        };
+        assert_eq!(huge.context(), u32::MAX);
         let e = plan_windows(&toks[..1024], &w, None).unwrap_err();
         assert!(
             e.contains("start 512 needs ids 512..=1024, so at least 1025 ids; the file has 1024"),

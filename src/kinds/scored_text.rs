@@ -135,6 +135,12 @@ pub struct ScoredText {
 
 const MODES: &[&str] = &["llama-perplexity", "strided", "resets"];
 
+/// The largest context a case may ask for (n_ctx, a reset window's length).
+pub const MAX_CONTEXT: u32 = 1 << 20;
+
+/// The most bootstrap resamples a case may ask for.
+pub const MAX_RESAMPLES: usize = 1_000_000;
+
 impl ScoredText {
     /// Parse the `[text]`/`[tokens]`, `[window]` and `[bootstrap]` tables.
     pub fn parse(
@@ -269,10 +275,10 @@ impl ScoredText {
                         Vec::new()
                     }
                 };
-                if length < 2 && w.length.is_some() {
+                if !(2..=MAX_CONTEXT).contains(&length) && w.length.is_some() {
                     later.push((
                         mode_at.clone(),
-                        format!("window.length: {length} must be ≥ 2"),
+                        format!("window.length: {length} must be between 2 and {MAX_CONTEXT}"),
                     ));
                 }
                 Windowing::Resets { length, starts }
@@ -287,10 +293,12 @@ impl ScoredText {
             &windowing
         {
             if let Some(v) = &w.n_ctx {
-                if *n_ctx < 8 || !n_ctx.is_multiple_of(2) {
+                if *n_ctx < 8 || !n_ctx.is_multiple_of(2) || *n_ctx > MAX_CONTEXT {
                     later.push((
                         diag.at(v.span().start),
-                        format!("window.n_ctx: {n_ctx} must be an even number ≥ 8"),
+                        format!(
+                            "window.n_ctx: {n_ctx} must be an even number between 8 and {MAX_CONTEXT}"
+                        ),
                     ));
                 }
             }
@@ -324,10 +332,13 @@ impl ScoredText {
                 boot.seed = s;
             }
             if let Some(r) = &b.resamples {
-                if *r.get_ref() < 100 {
+                if !(100..=MAX_RESAMPLES).contains(r.get_ref()) {
                     diag.push_at(
                         r.span().start,
-                        format!("bootstrap.resamples: {} is too few (≥ 100)", r.get_ref()),
+                        format!(
+                            "bootstrap.resamples: {} must be between 100 and {MAX_RESAMPLES}",
+                            r.get_ref()
+                        ),
                     );
                 }
                 boot.resamples = *r.get_ref();

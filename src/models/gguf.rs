@@ -25,6 +25,47 @@ pub struct GgufHeader {
     pub architecture: Option<String>,
     /// Tensor count per ggml type name, as written in the file.
     pub tensor_types: BTreeMap<String, u64>,
+    /// Where the last tensor's data ends (for a well-formed file whose
+    /// tensor types all have a known size: the file's length).
+    pub data_end: u64,
+}
+
+/// ggml type id → (elements per block, bytes per block), for the types
+/// whose layout is fixed by the GGUF format (ggml's `type_traits`); None
+/// for others (their data range is then checked for its first byte only).
+pub fn ggml_type_size(id: u32) -> Option<(u64, u64)> {
+    Some(match id {
+        0 => (1, 4),      // F32
+        1 => (1, 2),      // F16
+        2 => (32, 18),    // Q4_0
+        3 => (32, 20),    // Q4_1
+        6 => (32, 22),    // Q5_0
+        7 => (32, 24),    // Q5_1
+        8 => (32, 34),    // Q8_0
+        9 => (32, 36),    // Q8_1
+        10 => (256, 84),  // Q2_K
+        11 => (256, 110), // Q3_K
+        12 => (256, 144), // Q4_K
+        13 => (256, 176), // Q5_K
+        14 => (256, 210), // Q6_K
+        15 => (256, 292), // Q8_K
+        16 => (256, 66),  // IQ2_XXS
+        17 => (256, 74),  // IQ2_XS
+        18 => (256, 98),  // IQ3_XXS
+        19 => (256, 50),  // IQ1_S
+        20 => (32, 18),   // IQ4_NL
+        21 => (256, 110), // IQ3_S
+        22 => (256, 82),  // IQ2_S
+        23 => (256, 136), // IQ4_XS
+        24 => (1, 1),     // I8
+        25 => (1, 2),     // I16
+        26 => (1, 4),     // I32
+        27 => (1, 8),     // I64
+        28 => (1, 8),     // F64
+        29 => (256, 56),  // IQ1_M
+        30 => (1, 2),     // BF16
+        _ => return None,
+    })
 }
 
 /// ggml type id → name (the ids are part of the GGUF format).
@@ -215,6 +256,7 @@ fn parse<R: Read>(r: &mut Reader<R>) -> std::result::Result<GgufHeader, String> 
         ));
     }
     let mut architecture = None;
+    let mut alignment: u64 = 32;
     for i in 0..n_kv {
         let key = r.string(&format!("metadata key #{i}"))?;
         let key = String::from_utf8_lossy(&key).into_owned();
@@ -224,11 +266,31 @@ fn parse<R: Read>(r: &mut Reader<R>) -> std::result::Result<GgufHeader, String> 
             architecture = Some(String::from_utf8_lossy(&v).into_owned());
             continue;
         }
+        if key == "general.alignment" && t == 4 {
+            alignment = u64::from(r.u32(&format!("value of `{key}`"))?);
+            if !alignment.is_power_of_two() {
+                return Err(format!(
+                    "`general.alignment` is {alignment}, not a power of two"
+                ));
+            }
+            continue;
+        }
         skip_value(r, t, &key, 0)?;
     }
     let mut tensor_types = BTreeMap::new();
+    // (name, first byte after the data section start, bytes)
+    let mut extents: Vec<(String, u64, Option<u64>)> = Vec::new();
     for i in 0..n_tensors {
-        r.skip_string(&format!("name of tensor #{i}"))?;
+        let what = format!("name of tensor #{i}");
+        let n = r.u64(&what)?;
+        // A name is kept for messages only when short: no allocation of a
+        // size the file chooses.
+        let name = if n <= 256 {
+            String::from_utf8_lossy(&r.bytes(n, &what)?).into_owned()
+        } else {
+            r.skip(n, &what)?;
+            format!("({n}-byte name)")
+        };
         let n_dims = r.u32(&format!("dimension count of tensor #{i}"))?;
         if n_dims > 8 {
             return Err(format!(
@@ -243,8 +305,31 @@ fn parse<R: Read>(r: &mut Reader<R>) -> std::result::Result<GgufHeader, String> 
                 .ok_or_else(|| format!("tensor #{i}: element count overflows"))?;
         }
         let t = r.u32(&format!("type of tensor #{i}"))?;
-        let _offset = r.u64(&format!("data offset of tensor #{i}"))?;
+        let offset = r.u64(&format!("data offset of tensor #{i}"))?;
         *tensor_types.entry(ggml_type_name(t)).or_insert(0u64) += 1;
+        let bytes =
+            ggml_type_size(t).and_then(|(block, size)| elems.div_ceil(block).checked_mul(size));
+        extents.push((name, offset, bytes));
+    }
+    // Every tensor's data must lie within the file: a file cut short (its
+    // true sha256 pinned) is caught here, naming the tensor, not by llama.cpp.
+    let data_start = r.pos.div_ceil(alignment).checked_mul(alignment);
+    let mut data_end = data_start.unwrap_or(r.len).min(r.len);
+    for (i, (name, offset, bytes)) in extents.iter().enumerate() {
+        let start = data_start.and_then(|d| d.checked_add(*offset));
+        let end = start.and_then(|s| s.checked_add(bytes.unwrap_or(1)));
+        if let Some(e) = end.filter(|e| *e <= r.len) {
+            data_end = data_end.max(e);
+        }
+        if end.is_none_or(|e| e > r.len) {
+            return Err(format!(
+                "tensor #{i} `{name}`: its data ({} bytes at offset {} of the data section) \
+                 lies beyond the end of the file ({} bytes): the file is cut short",
+                bytes.map_or("?".to_string(), |b| b.to_string()),
+                offset,
+                r.len
+            ));
+        }
     }
     Ok(GgufHeader {
         version,
@@ -252,6 +337,7 @@ fn parse<R: Read>(r: &mut Reader<R>) -> std::result::Result<GgufHeader, String> 
         n_kv,
         architecture,
         tensor_types,
+        data_end,
     })
 }
 
@@ -352,7 +438,24 @@ pub(crate) mod tests {
         v.extend_from_slice(&4u64.to_le_bytes());
         v.extend_from_slice(&8u32.to_le_bytes()); // Q8_0
         v.extend_from_slice(&0u64.to_le_bytes());
+        // The data section: aligned to 32, one Q8_0 block.
+        v.resize(v.len().div_ceil(32) * 32 + 34, 0);
         v
+    }
+
+    /// The tiny file cut anywhere in its tensor data: an error naming the
+    /// tensor, not a usable header.
+    #[test]
+    fn tensor_data_beyond_the_end_of_the_file_is_caught() {
+        let full = tiny_header();
+        preflight_bytes(&full).unwrap();
+        for cut in [full.len() - 1, full.len() - 34] {
+            let e = preflight_bytes(&full[..cut]).unwrap_err();
+            assert!(
+                e.contains("tensor #0 `w`") && e.contains("beyond the end of the file"),
+                "{cut}: {e}"
+            );
+        }
     }
 
     #[test]

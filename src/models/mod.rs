@@ -86,6 +86,68 @@ pub fn cache_dir() -> PathBuf {
     home.join(".cache").join("quantgate")
 }
 
+/// Why `alias` cannot name a model, if it cannot: aliases are
+/// `[A-Za-z0-9._-]+`, without a leading dot (they become file and test names).
+pub fn bad_alias(alias: &str) -> Option<&'static str> {
+    if alias.is_empty() {
+        Some("an alias must not be empty")
+    } else if alias.starts_with('.') {
+        Some("an alias must not start with `.`")
+    } else if !alias
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    {
+        Some("an alias may hold only letters, digits, `.`, `_` and `-`")
+    } else {
+        None
+    }
+}
+
+/// Line and column of every top-level key (`[alias]`) of a registry.
+fn alias_positions(src: &str) -> HashMap<String, (usize, usize)> {
+    let Ok(root) = toml::de::DeTable::parse(src) else {
+        return HashMap::new();
+    };
+    root.get_ref()
+        .iter()
+        .map(|(k, _)| {
+            (
+                k.get_ref().to_string(),
+                fsutil::line_col(src, k.span().start),
+            )
+        })
+        .collect()
+}
+
+/// Every cycle of `derive.from` links, each once, starting at its least alias.
+fn derive_cycles(models: &BTreeMap<String, ModelEntry>) -> Vec<Vec<String>> {
+    let mut cycles = Vec::new();
+    for start in models.keys() {
+        let mut path = vec![start.clone()];
+        let mut at = start;
+        while let Some(next) = models
+            .get(at)
+            .and_then(|m| m.derive.as_ref())
+            .map(|d| &d.from)
+        {
+            if next == start {
+                // Report each cycle once: from its least member.
+                if path.iter().all(|a| a >= start) {
+                    path.push(start.clone());
+                    cycles.push(path);
+                }
+                break;
+            }
+            if path.contains(next) || !models.contains_key(next) {
+                break;
+            }
+            path.push(next.clone());
+            at = next;
+        }
+    }
+    cycles
+}
+
 impl Registry {
     /// Read and validate a registry file.
     pub fn load(path: &Path) -> Result<Self> {
@@ -97,6 +159,25 @@ impl Registry {
         })?;
         let models: BTreeMap<String, ModelEntry> = parse_toml(path, &src)?;
         let mut errors = Vec::new();
+        // Aliases name files and tests: a closed character set, checked here.
+        let key_at = alias_positions(&src);
+        for alias in models.keys() {
+            if let Some(why) = bad_alias(alias) {
+                let (l, c) = key_at.get(alias).copied().unwrap_or((0, 0));
+                errors.push(Error::input(format!(
+                    "{}:{l}:{c}: [{alias}]: {why}",
+                    path.display()
+                )));
+            }
+        }
+        for cycle in derive_cycles(&models) {
+            errors.push(Error::input(format!(
+                "{}: [{}].derive.from: the derive recipes form a cycle: {}",
+                path.display(),
+                cycle[0],
+                cycle.join(" → ")
+            )));
+        }
         for (alias, m) in &models {
             let at = format!("{}: [{alias}]", path.display());
             let sources = [
@@ -360,5 +441,50 @@ fn verify(reg: &Registry, alias: &str, entry: &ModelEntry, path: &Path) -> Resul
 pub fn clean_stale_temps() {
     for sub in ["models", "derived", "reference", "results"] {
         fsutil::clean_stale_temps(&cache_dir().join(sub));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(name: &str, body: &str) -> std::result::Result<Registry, String> {
+        let dir = std::env::temp_dir().join(format!("qg-registry-{name}-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("models.toml");
+        fs::write(&p, body).unwrap();
+        Registry::load(&p).map_err(|e| e.message)
+    }
+
+    const SHA: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+    #[test]
+    fn aliases_are_a_closed_set_named_with_their_position() {
+        for (alias, why) in [
+            ("\"../../../escape\"", "must not start with `.`"),
+            ("\"\"", "must not be empty"),
+            ("\"a/b\"", "may hold only letters"),
+            ("\".hidden\"", "must not start with `.`"),
+        ] {
+            let e = load("alias", &format!("[ok]\nsha256 = \"{SHA}\"\npath = \"m.gguf\"\n\n[{alias}]\nsha256 = \"{SHA}\"\npath = \"m.gguf\"\n")).unwrap_err();
+            assert!(
+                e.contains("models.toml:5:2: [") && e.contains(why),
+                "{alias}: {e}"
+            );
+        }
+        assert!(load("alias-ok", &format!("[smollm2-q4_k_m]\nsha256 = \"{SHA}\"\npath = \"m.gguf\"\n[\"gemma3.270m_x\"]\nsha256 = \"{SHA}\"\npath = \"m.gguf\"\n")).is_ok());
+    }
+
+    #[test]
+    fn derive_cycles_are_refused_at_load_naming_the_cycle() {
+        let e = load("self", "[a]\nderive = { from = \"a\", quant = \"Q8_0\" }\n").unwrap_err();
+        assert!(e.contains("the derive recipes form a cycle: a → a"), "{e}");
+        let e = load(
+            "pair",
+            "[a]\nderive = { from = \"b\", quant = \"Q8_0\" }\n[b]\nderive = { from = \"a\", quant = \"Q8_0\" }\n",
+        )
+        .unwrap_err();
+        assert!(e.contains("cycle: a → b → a"), "{e}");
+        assert_eq!(e.matches("cycle").count(), 1, "{e}");
     }
 }

@@ -155,11 +155,16 @@ fn gates(
                 ),
             );
         }
-        if g.max.is_none() && g.min.is_none() {
-            diag.push_at(
+        match (g.min, g.max) {
+            (None, None) => diag.push_at(
                 g.metric.span().start,
                 format!("gate[{i}]: give `max`, `min` or both"),
-            );
+            ),
+            (Some(lo), Some(hi)) if lo > hi => diag.push_at(
+                g.metric.span().start,
+                format!("gate[{i}]: min {lo} > max {hi}: no value passes"),
+            ),
+            _ => {}
         }
         let gate = Gate {
             metric: m.clone(),
@@ -352,5 +357,37 @@ max = 10.0
         let p = write("pin.toml", &GOOD.replace("d790b833", "D790B833"));
         let e = parse_case(&p, &p, "x").unwrap_err().message;
         assert!(e.contains(":5:10: text.sha256:"), "{e}");
+    }
+
+    #[test]
+    fn knobs_are_bounded_at_parse_time() {
+        for (from, to, want) in [
+            (
+                "max = 10.0",
+                "max = 10.0\nmin = 11.0",
+                "gate[0]: min 11 > max 10: no value passes",
+            ),
+            (
+                "n_ctx = 64",
+                "n_ctx = 4294967294",
+                "window.n_ctx: 4294967294 must be an even number between 8 and 1048576",
+            ),
+            (
+                "chunks = 2",
+                "chunks = 2\n[bootstrap]\nresamples = 9223372036854775807",
+                "bootstrap.resamples: 9223372036854775807 must be between 100 and 1000000",
+            ),
+        ] {
+            let p = write("knob.toml", &GOOD.replace(from, to));
+            let e = parse_case(&p, &p, "x").unwrap_err().message;
+            assert!(e.contains(want), "{to}: {e}");
+        }
+        let strided = GOOD.replace(
+            "mode = \"llama-perplexity\"\nn_ctx = 64\nchunks = 2",
+            "mode = \"strided\"\nn_ctx = 4294967294\nstride = 4294967294",
+        );
+        let p = write("strided.toml", &strided);
+        let e = parse_case(&p, &p, "x").unwrap_err().message;
+        assert!(e.contains("window.n_ctx: 4294967294 must be"), "{e}");
     }
 }
