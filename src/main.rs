@@ -240,6 +240,12 @@ fn main() -> ExitCode {
         Command::Reference {
             action: ReferenceAction::Export { case, out, model },
         } => {
+            if out.is_dir() {
+                return fail(&Error::input(format!(
+                    "--out {}: is a directory; give a file path",
+                    out.display()
+                )));
+            }
             let registry = match Registry::load(&cli.suites.join("models.toml")) {
                 Ok(r) => r,
                 Err(e) => return fail(&e),

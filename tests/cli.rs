@@ -568,3 +568,26 @@ fn the_preflight_checks_every_tensor_lies_within_the_file() {
         e.message
     );
 }
+
+/// `reference export --out` naming a directory is refused before the
+/// reference model is scored, naming the flag.
+#[test]
+fn reference_export_to_a_directory_is_refused_first() {
+    let root = suites("export-dir");
+    std::fs::write(root.join("ppl/ok.toml"), case(128, "")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_quantgate"))
+        .arg("--suites")
+        .arg(&root)
+        .args(["reference", "export"])
+        .arg(root.join("ppl/ok.toml"))
+        .args(["--model", "tiny", "--out"])
+        .arg(&root)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--out") && stderr.contains("is a directory"),
+        "{stderr}"
+    );
+}

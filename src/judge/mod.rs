@@ -501,6 +501,32 @@ mod tests {
             e.contains("model `good`: file") && e.contains("missing.gguf does not exist"),
             "{e}"
         );
+        // A directory, or a symlink loop, where the file should be: said as it is.
+        std::fs::create_dir_all(root.join("adir")).unwrap();
+        std::fs::write(
+            root.join("models.toml"),
+            good.replace("path = \"m.gguf\"\n\n", "path = \"adir\"\n\n"),
+        )
+        .unwrap();
+        let out = run_all(&root, FakeEngine::new());
+        let e = out[0].error.as_deref().unwrap();
+        assert!(
+            e.contains("model `good`") && e.contains("adir is a directory"),
+            "{e}"
+        );
+        assert!(out[0].input_error);
+        std::os::unix::fs::symlink(root.join("loop"), root.join("loop")).unwrap();
+        std::fs::write(
+            root.join("models.toml"),
+            good.replace("path = \"m.gguf\"\n\n", "path = \"loop\"\n\n"),
+        )
+        .unwrap();
+        let out = run_all(&root, FakeEngine::new());
+        let e = out[0].error.as_deref().unwrap();
+        assert!(
+            e.contains("model `good`") && e.contains("loop") && !e.contains("does not exist"),
+            "{e}"
+        );
         // Wrong sha256: expected, actual and size are shown.
         let wrong = format!("0{}", &crate::core::fsutil::sha256_bytes(b"other")[1..]);
         std::fs::write(

@@ -121,11 +121,14 @@ struct SamplerFile {
     top_k: u32,
     top_p: Option<Spanned<f32>>,
     min_p: Option<Spanned<f32>>,
-    #[serde(default)]
-    samples: usize,
+    samples: Option<Spanned<usize>>,
     #[serde(default)]
     seed: u32,
 }
+
+/// The most sampled recitations a sampler may ask for (each is a whole
+/// generation).
+pub const MAX_SAMPLES: usize = 10_000;
 
 case_table! {
     struct TeacherForcingFile {
@@ -172,6 +175,12 @@ pub fn parse(case: &Case, src: &str, diag: &mut Diagnostics) -> Result<Arc<dyn K
         if samplers.iter().any(|x: &SamplerSpec| x.name == *n) {
             diag.push_at(s.name.span().start, format!("sampler.name: `{n}` appears twice"));
         }
+        if let Some(n) = s.samples.as_ref().filter(|n| *n.get_ref() > MAX_SAMPLES) {
+            diag.push_at(
+                n.span().start,
+                format!("sampler.samples: {} is more than {MAX_SAMPLES}", n.get_ref()),
+            );
+        }
         let t = *s.temperature.get_ref();
         if !(t > 0.0 && t <= 10.0) {
             diag.push_at(
@@ -200,7 +209,7 @@ pub fn parse(case: &Case, src: &str, diag: &mut Diagnostics) -> Result<Arc<dyn K
                 top_p,
                 min_p,
             },
-            samples: s.samples,
+            samples: s.samples.as_ref().map_or(0, |n| *n.get_ref()),
             seed: s.seed,
         });
     }

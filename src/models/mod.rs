@@ -365,6 +365,26 @@ fn ensure_locked(
             ..v.clone()
         });
     }
+    // What is there, said as it is: missing, a directory, a symlink loop.
+    let found = fs::metadata(&path);
+    if let Ok(m) = &found {
+        if m.is_dir() {
+            return Err(Error::input(format!(
+                "model `{alias}`: {} is a directory, not a GGUF file ({} [{alias}])",
+                path.display(),
+                reg.path.display()
+            )));
+        }
+    }
+    if let (Err(e), Some(_)) = (&found, &entry.path) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            return Err(Error::input(format!(
+                "model `{alias}`: {}: {e} ({} [{alias}].path)",
+                path.display(),
+                reg.path.display()
+            )));
+        }
+    }
     if !path.exists() {
         if entry.path.is_some() {
             return Err(Error::input(format!(

@@ -87,10 +87,16 @@ pub fn discover(root: &Path, patterns: &[String]) -> Result<Vec<Found>> {
     let root_abs = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
     let mut selected: Vec<Found> = Vec::new();
     for pat in patterns {
-        let as_path = [PathBuf::from(pat), root.join(pat)]
+        // A path under the suites root first; then one from the working
+        // directory (which must lie under the root to select anything).
+        let as_path = [root.join(pat), PathBuf::from(pat)]
             .into_iter()
             .find(|p| p.exists())
             .and_then(|p| std::fs::canonicalize(p).ok());
+        let found_outside = as_path
+            .as_ref()
+            .filter(|p| !p.starts_with(&root_abs))
+            .cloned();
         let matched: Vec<Found> = if let Some(p) = as_path {
             all.iter()
                 .filter(|f| {
@@ -111,6 +117,13 @@ pub fn discover(root: &Path, patterns: &[String]) -> Result<Vec<Found>> {
                 .collect()
         };
         if matched.is_empty() {
+            if let Some(p) = found_outside {
+                return Err(Error::input(format!(
+                    "no test cases found: '{pat}' is {}, which is not under the suites root {}",
+                    p.display(),
+                    root_abs.display()
+                )));
+            }
             return Err(Error::input(format!(
                 "no test cases found: scanned {} with pattern '{pat}'",
                 root_abs.display()
@@ -181,5 +194,21 @@ mod tests {
         std::fs::create_dir_all(&empty).unwrap();
         let e = discover(&empty, &[]).unwrap_err().message;
         assert!(e.contains("with pattern '**/*.toml'"), "{e}");
+    }
+
+    /// A path that exists but lies outside the suites root says what it
+    /// found, instead of "no match".
+    #[test]
+    fn a_path_outside_the_root_is_named() {
+        let root = tree("inside");
+        let other = tree("outside");
+        let pat = other.join("a/one.toml").display().to_string();
+        let e = discover(&root, std::slice::from_ref(&pat))
+            .unwrap_err()
+            .message;
+        assert!(
+            e.contains(&format!("'{pat}' is ")) && e.contains("which is not under the suites root"),
+            "{e}"
+        );
     }
 }

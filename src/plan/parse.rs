@@ -389,5 +389,14 @@ max = 10.0
         let p = write("strided.toml", &strided);
         let e = parse_case(&p, &p, "x").unwrap_err().message;
         assert!(e.contains("window.n_ctx: 4294967294 must be"), "{e}");
+        let tf = "kind = \"teacher_forcing\"\nmodels = [\"a\"]\nprompt = \"pi is \"\n\
+                  [expect]\nsource = \"pi\"\ncount = 5\n\
+                  [[sampler]]\nname = \"t1\"\ntemperature = 1.0\nsamples = 18446744073709551615\n";
+        let p = write("samples.toml", tf);
+        let e = parse_case(&p, &p, "x").unwrap_err().message;
+        assert!(
+            e.contains("sampler.samples: 18446744073709551615 is more than 10000"),
+            "{e}"
+        );
     }
 }

@@ -36,8 +36,14 @@ pub fn table(outcomes: &[Outcome]) -> String {
             Status::Fail => "FAIL",
             Status::Error => "ERROR",
         };
+        let mut more: Vec<&str> = Vec::new();
         let metrics = if let Some(e) = &o.error {
-            e.lines().next().unwrap_or_default().to_string()
+            // Every line of the error: several problems in one file are
+            // reported together, and each matters.
+            let mut lines = e.lines();
+            let first = lines.next().unwrap_or_default().to_string();
+            more.extend(lines);
+            first
         } else {
             o.metrics
                 .iter()
@@ -50,6 +56,9 @@ pub fn table(outcomes: &[Outcome]) -> String {
             "{:<width$}  {status:<6}  {metrics}",
             format!("{}::{}", o.case, o.model)
         );
+        for line in more {
+            let _ = writeln!(s, "{:<width$}  {:<6}  {line}", "", "");
+        }
         for g in o.gates.iter().filter(|g| !g.passed) {
             let _ = writeln!(s, "{:<width$}  {:<6}  gate: {}", "", "", g.describe());
         }
@@ -165,4 +174,28 @@ pub fn write_parquet(dir: &Path, o: &Outcome) -> Result<()> {
         crate::core::fsutil::write_atomic(&dest.with_extension(a.extension), a.body.as_bytes())?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::EngineBuild;
+
+    #[test]
+    fn every_line_of_an_error_is_in_the_table() {
+        let build = EngineBuild {
+            engine: "fake".into(),
+            llama_cpp_2: "-".into(),
+            llama_cpp_sys_2: "-".into(),
+            ggml: "-".into(),
+            backend: "cpu".into(),
+        };
+        let mut o = Outcome::new("ppl/x", "m", build);
+        o.error = Some("x.toml:3:1: first\nx.toml:7:5: second\nx.toml:9:2: third".into());
+        let t = table(&[o]);
+        for want in ["first", "second", "third"] {
+            assert!(t.contains(want), "{want} missing:\n{t}");
+        }
+        assert!(t.contains("0 passed, 0 failed, 1 errors"), "{t}");
+    }
 }
