@@ -591,3 +591,26 @@ fn reference_export_to_a_directory_is_refused_first() {
         "{stderr}"
     );
 }
+
+/// `--threads` beyond the cores is capped, with a warning that says so.
+#[test]
+fn threads_beyond_the_cores_are_capped_with_a_warning() {
+    let root = suites("threads");
+    std::fs::write(root.join("ppl/ok.toml"), case(128, "")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_quantgate"))
+        .arg("--suites")
+        .arg(&root)
+        .args(["run", "--threads", "999"])
+        .output()
+        .unwrap();
+    let (code, stdout, stderr) = (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("--threads 999 is more than the") && stderr.contains("cores here"),
+        "{stderr}"
+    );
+}

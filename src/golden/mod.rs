@@ -134,8 +134,14 @@ pub fn compare(golden: &Parsed, now: &Parsed, case: &Case) -> Vec<String> {
                 } else {
                     let t = case.tolerance(k);
                     let allowed = t.atol + t.rtol * b.abs();
-                    // NaN is never within tolerance, either way round.
-                    let within = (a - b).abs() <= allowed;
+                    // NaN is never within tolerance, either way round; an
+                    // infinite value matches only itself (an infinite golden
+                    // would otherwise make the tolerance infinite).
+                    let within = if a.is_finite() && b.is_finite() {
+                        (a - b).abs() <= allowed
+                    } else {
+                        a == b
+                    };
                     if !within {
                         diffs.push(format!(
                             "{k}: {} → {} (|Δ| = {:.3e} > atol {:e} + rtol {:e}·|golden| = {:.3e})",

@@ -291,3 +291,51 @@ fn insta_reads_and_rewrites_every_golden_byte_for_byte() {
     assert!(n > 50, "only {n} goldens found under {}", goldens.display());
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// Random single-byte edits of a golden are either refused (a diff, a parse
+/// error, other inputs) or meaningless: whenever the check still passes, the
+/// edited golden reads back with the same status, gates, texts, identity
+/// inputs and metrics within the case's tolerance — never a different
+/// verdict or number that goes unnoticed. (`QG_GOLDEN_EDITS=N` for a longer
+/// run; 20,000 edits found no counterexample.)
+#[test]
+fn an_edited_golden_never_passes_with_a_different_meaning() {
+    let fx = fixture("edits", 1e9);
+    fx.run(UpdateMode::Always).unwrap();
+    let original = std::fs::read(fx.golden()).unwrap();
+    let before = golden::parse(&String::from_utf8(original.clone()).unwrap()).unwrap();
+    let case = &fx.planned[0].case.as_ref().unwrap().case;
+    let mut rng = quantgate::measure::SplitMix64(1201);
+    let (mut refused, mut harmless) = (0, 0);
+    let edits: usize = std::env::var("QG_GOLDEN_EDITS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
+    for _ in 0..edits {
+        let mut bytes = original.clone();
+        let at = rng.below(bytes.len() as u64) as usize;
+        bytes[at] = b" 0123456789.-eE:abcxyz\n"[rng.below(23) as usize];
+        std::fs::write(fx.golden(), &bytes).unwrap();
+        if fx.run(UpdateMode::No).is_err() {
+            refused += 1;
+            continue;
+        }
+        harmless += 1;
+        let text = String::from_utf8(bytes).expect("a passing golden is UTF-8");
+        let after = golden::parse(&text).expect("a passing golden parses");
+        assert_eq!(after.status, before.status, "byte {at}");
+        assert_eq!(after.gates, before.gates, "byte {at}");
+        assert_eq!(after.texts, before.texts, "byte {at}");
+        for k in ["case_sha256", "model_sha256"] {
+            assert_eq!(after.inputs.0.get(k), before.inputs.0.get(k), "byte {at}");
+        }
+        let diffs = golden::compare(&before, &after, case);
+        assert!(
+            diffs.is_empty(),
+            "byte {at}: a passing edit changed a value: {diffs:?}\n{text}"
+        );
+    }
+    assert!(refused > 100, "{refused} refused, {harmless} harmless");
+    std::fs::write(fx.golden(), &original).unwrap();
+    fx.run(UpdateMode::No).unwrap();
+}
