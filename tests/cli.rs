@@ -614,3 +614,31 @@ fn threads_beyond_the_cores_are_capped_with_a_warning() {
         "{stderr}"
     );
 }
+
+/// A path pattern names the case under the suites root, even where the same
+/// relative path exists in the working directory.
+#[test]
+fn a_path_pattern_resolves_under_the_suites_root_first() {
+    let root = suites("precedence");
+    std::fs::write(root.join("ppl/ok.toml"), case(128, "")).unwrap();
+    // A look-alike in the working directory that does not even parse.
+    let cwd = std::env::temp_dir().join(format!("qg-cli-precedence-cwd-{}", std::process::id()));
+    std::fs::create_dir_all(cwd.join("ppl")).unwrap();
+    std::fs::write(cwd.join("ppl/ok.toml"), "not a case").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_quantgate"))
+        .current_dir(&cwd)
+        .arg("--suites")
+        .arg(&root)
+        .args(["run", "--threads", "1", "ppl/ok.toml"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("ppl/ok::tiny") && stdout.contains("pass"),
+        "{stdout}"
+    );
+}

@@ -8,9 +8,9 @@
 //! anything — what a cached result relies on.
 
 use crate::core::error::Result;
-use crate::core::Case;
+use crate::core::{Case, Location};
 use crate::engine::{Engine, LoadedModel, ModelPool};
-use crate::execute::reference::ReferenceStore;
+use crate::execute::reference::{same_tokenizer, ReferenceStore, Vocab};
 use crate::models::{ensure, Registry, Verified};
 use std::path::Path;
 use std::sync::Arc;
@@ -65,6 +65,20 @@ impl RunContext {
         let v = self.prepare(alias)?;
         let m = self.pool.get(&v.file)?;
         Ok((v, m))
+    }
+
+    /// The reference model of a case (`at` is where the case names it),
+    /// loaded and checked against the candidate's tokenizer.
+    pub fn load_reference(
+        &self,
+        (alias, at): (&str, &Location),
+        candidate: Vocab,
+    ) -> Result<(Verified, Arc<dyn LoadedModel>)> {
+        let (verified, model) = self
+            .load(alias)
+            .map_err(|e| e.context(format!("{at}: reference")))?;
+        same_tokenizer(at, "reference", Vocab::of(model.info()), candidate)?;
+        Ok((verified, model))
     }
 
     /// The sha256 a model is pinned to in the registry, or (unpinned) that

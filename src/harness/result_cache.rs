@@ -107,7 +107,6 @@ fn read_entry(path: &std::path::Path) -> Option<Outcome> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::EngineBuild;
 
     /// Every single-byte edit of an entry makes it unusable, never a
     /// different outcome.
@@ -115,13 +114,7 @@ mod tests {
     fn an_edited_entry_is_never_read_back() {
         let dir = std::env::temp_dir().join(format!("qg-result-entry-{}", std::process::id()));
         let path = dir.join("e.qgresult");
-        let build = EngineBuild {
-            engine: "fake".into(),
-            llama_cpp_2: "-".into(),
-            llama_cpp_sys_2: "-".into(),
-            ggml: "-".into(),
-            backend: "cpu".into(),
-        };
+        let build = crate::engine::Engine::build(&crate::engine::fake::FakeEngine::new());
         let mut o = Outcome::new("ppl/x", "m", build);
         o.status = Status::Pass;
         o.metrics.insert("ppl".into(), 31.25);

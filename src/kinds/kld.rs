@@ -13,7 +13,7 @@ use crate::core::error::{Error, Result};
 use crate::core::parse::{case_table, parse_toml, Diagnostics};
 use crate::core::{Case, Column, Outcome, Table};
 use crate::engine::LoadedModel;
-use crate::execute::reference::{rows_header, same_tokenizer, RefRows, Vocab};
+use crate::execute::reference::{rows_header, RefRows, Vocab};
 use crate::execute::windows::{score_plan_with, scored_from_rows, ScoringPlan, Windowing};
 use crate::execute::RunContext;
 use crate::kinds::perplexity::window_metrics;
@@ -280,11 +280,8 @@ impl Kld {
         );
         let at = (ref_alias.as_str(), ref_at);
         cx.references.rows(&header, &case.path, at, Vocab::of(ci), &|| {
-            let (_, rmodel) = cx
-                .load(ref_alias)
-                .map_err(|e| e.context(format!("{ref_at}: reference")))?;
+            let (_, rmodel) = cx.load_reference(at, Vocab::of(ci))?;
             let ri = rmodel.info();
-            same_tokenizer(ref_at, "reference", Vocab::of(ri), Vocab::of(ci))?;
             tx.check_context(&*rmodel)?;
             let rplan = tx.identical_plan(ref_at, src, &*rmodel, model, plan)?;
             let mut rows = Vec::with_capacity(header.positions);

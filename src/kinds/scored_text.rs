@@ -13,7 +13,7 @@ use crate::core::parse::Diagnostics;
 use crate::core::{Case, Outcome, Settings};
 use crate::engine::{BosPolicy, LoadedModel};
 use crate::execute::record::RecordHeader;
-use crate::execute::reference::{fits_context, same_tokenizer, ScoresKey, Vocab};
+use crate::execute::reference::{fits_context, ScoresKey, Vocab};
 use crate::execute::windows::{
     parse_token_ids, plan_windows, score_plan, Scored, ScoringPlan, Windowing,
 };
@@ -486,15 +486,7 @@ impl ScoredText {
         model: &dyn LoadedModel,
         plan: &ScoringPlan,
     ) -> Result<Arc<Scored>> {
-        let (rv, rmodel) = cx
-            .load(ref_alias)
-            .map_err(|e| e.context(format!("{ref_at}: reference")))?;
-        same_tokenizer(
-            ref_at,
-            "reference",
-            Vocab::of(rmodel.info()),
-            Vocab::of(model.info()),
-        )?;
+        let (rv, rmodel) = cx.load_reference((ref_alias, ref_at), Vocab::of(model.info()))?;
         self.check_context(&*rmodel)?;
         let rplan = self.identical_plan(ref_at, src, &*rmodel, model, plan)?;
         let build = cx.build_label();

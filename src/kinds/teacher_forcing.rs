@@ -13,7 +13,7 @@ use crate::core::error::{Error, Result};
 use crate::core::parse::{case_table, parse_toml, Diagnostics};
 use crate::core::{Artifact, Case, Outcome, Sampler, Settings};
 use crate::engine::{LoadedModel, Token, TokenId, Window};
-use crate::execute::reference::{rows_header, same_tokenizer, RefRows, Vocab};
+use crate::execute::reference::{rows_header, RefRows, Vocab};
 use crate::execute::RunContext;
 use crate::kinds::digit_rows::{DigitRow, DigitRows};
 use crate::kinds::digit_text::{
@@ -458,11 +458,8 @@ fn tf_reference(
     );
     let at = (ref_alias.as_str(), ref_at);
     cx.references.rows(&header, &case.path, at, Vocab::of(ci), &|| {
-        let (_, rmodel) = cx
-            .load(ref_alias)
-            .map_err(|e| e.context(format!("{ref_at}: reference")))?;
+        let (_, rmodel) = cx.load_reference(at, Vocab::of(ci))?;
         let ri = rmodel.info();
-        same_tokenizer(ref_at, "reference", Vocab::of(ri), Vocab::of(ci))?;
         let rloc = locate(cx, &*rmodel, t, case)?;
         let rids: Vec<TokenId> = rloc.tokens.iter().map(|t| t.id).collect();
         if rids != window.tokens {

@@ -179,17 +179,10 @@ pub fn write_parquet(dir: &Path, o: &Outcome) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::EngineBuild;
 
     #[test]
     fn every_line_of_an_error_is_in_the_table() {
-        let build = EngineBuild {
-            engine: "fake".into(),
-            llama_cpp_2: "-".into(),
-            llama_cpp_sys_2: "-".into(),
-            ggml: "-".into(),
-            backend: "cpu".into(),
-        };
+        let build = crate::engine::Engine::build(&crate::engine::fake::FakeEngine::new());
         let mut o = Outcome::new("ppl/x", "m", build);
         o.error = Some("x.toml:3:1: first\nx.toml:7:5: second\nx.toml:9:2: third".into());
         let t = table(&[o]);
