@@ -164,7 +164,7 @@ fn main() -> ExitCode {
                     p.display()
                 )));
             }
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+            let cores = quantgate::execute::cores() as u32;
             let threads = threads.map(|t| {
                 if t > cores {
                     eprintln!(

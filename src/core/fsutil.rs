@@ -114,10 +114,13 @@ pub fn clean_stale_temps(dir: &Path) -> usize {
             .and_then(|m| m.modified().ok())
             .and_then(|t| t.elapsed().ok())
             .is_none_or(|age| age < std::time::Duration::from_secs(60));
+        if young {
+            continue;
+        }
         let Ok(f) = File::open(e.path()) else {
             continue;
         };
-        if !young && f.try_lock().is_ok() && fs::remove_file(e.path()).is_ok() {
+        if f.try_lock().is_ok() && fs::remove_file(e.path()).is_ok() {
             removed += 1;
         }
     }

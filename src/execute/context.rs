@@ -105,8 +105,12 @@ impl RunContext {
     }
 }
 
+/// The cores this process may use.
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// Threads per trial so that test threads × llama threads ≤ cores.
 pub fn threads_per_trial(concurrent: usize) -> u32 {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    (cores / concurrent.max(1)).max(1) as u32
+    (cores() / concurrent.max(1)).max(1) as u32
 }

@@ -9,4 +9,4 @@ pub mod record;
 pub mod reference;
 pub mod windows;
 
-pub use context::{threads_per_trial, RunContext};
+pub use context::{cores, threads_per_trial, RunContext};

@@ -115,7 +115,7 @@ pub fn run_with_args(
         }
     };
     // nextest runs one process per test, as many at once as there are cores.
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = crate::execute::cores();
     let concurrent = if std::env::var_os("NEXTEST").is_some() {
         cores
     } else {

@@ -366,33 +366,34 @@ fn ensure_locked(
         });
     }
     // What is there, said as it is: missing, a directory, a symlink loop.
-    let found = fs::metadata(&path);
-    if let Ok(m) = &found {
-        if m.is_dir() {
+    let missing = match fs::metadata(&path) {
+        Ok(m) if m.is_dir() => {
             return Err(Error::input(format!(
                 "model `{alias}`: {} is a directory, not a GGUF file ({} [{alias}])",
                 path.display(),
                 reg.path.display()
-            )));
+            )))
         }
-    }
-    if let (Err(e), Some(_)) = (&found, &entry.path) {
-        if e.kind() != std::io::ErrorKind::NotFound {
-            return Err(Error::input(format!(
-                "model `{alias}`: {}: {e} ({} [{alias}].path)",
-                path.display(),
-                reg.path.display()
-            )));
+        Ok(_) => false,
+        Err(e) if entry.path.is_some() => {
+            return Err(Error::input(if e.kind() == std::io::ErrorKind::NotFound {
+                format!(
+                    "model `{alias}`: file {} does not exist ({} [{alias}].path)",
+                    path.display(),
+                    reg.path.display()
+                )
+            } else {
+                format!(
+                    "model `{alias}`: {}: {e} ({} [{alias}].path)",
+                    path.display(),
+                    reg.path.display()
+                )
+            }))
         }
-    }
-    if !path.exists() {
-        if entry.path.is_some() {
-            return Err(Error::input(format!(
-                "model `{alias}`: file {} does not exist ({} [{alias}].path)",
-                path.display(),
-                reg.path.display()
-            )));
-        }
+        // A cache location that cannot be read is fetched or derived anew.
+        Err(_) => true,
+    };
+    if missing {
         if let Some(f) = &entry.fetch {
             fetch::fetch(alias, std::slice::from_ref(f), &path)?;
         } else if let Some(parts) = &entry.fetch_parts {
