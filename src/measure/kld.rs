@@ -93,27 +93,9 @@ impl Tail {
         if hi <= lo {
             return 254;
         }
-        let u_lo = ((f64::from(lo) - f64::from(hi)) / COMPAND).exp();
+        let e = Encoder::new(lo, hi);
         let u = ((f64::from(l) - f64::from(hi)) / COMPAND).exp();
-        let c = ((u - u_lo) / (1.0 - u_lo) * 254.0).round() as i32;
-        let t = Tail {
-            lo,
-            hi,
-            mean_logit: 0.0,
-            rounding: 0.0,
-            codes: Vec::new(),
-            counts: Vec::new(),
-        };
-        // The nearest of the two neighbours (rounding in sqrt space).
-        let mut best = c.clamp(0, 254);
-        for cand in [c - 1, c + 1] {
-            if (0..=254).contains(&cand)
-                && (t.level(cand as u8) - l).abs() < (t.level(best as u8) - l).abs()
-            {
-                best = cand;
-            }
-        }
-        best as u8
+        e.pick(l, u)
     }
 }
 
@@ -172,20 +154,25 @@ pub fn compress_row(
     tail: f64,
     max_kept: usize,
 ) -> RefPosition {
+    let mut exps = Vec::new();
+    crate::measure::row_stats_exps(row, &mut exps);
+    compress_row_exps(row, st, &exps, target, tail, max_kept)
+}
+
+/// [`compress_row`] from the row's `exp(l − max)` terms
+/// ([`crate::measure::row_stats_exps`]), which a shared decode computes once
+/// for every consumer of the row: bitwise the same result.
+pub fn compress_row_exps(
+    row: &[f32],
+    st: &RowStats,
+    exps: &[f64],
+    target: usize,
+    tail: f64,
+    max_kept: usize,
+) -> RefPosition {
     let n = row.len();
     let k = max_kept.clamp(1, n);
-    let mut idx: Vec<u32> = (0..n as u32).collect();
-    let order = |a: &u32, b: &u32| {
-        row[*b as usize]
-            .partial_cmp(&row[*a as usize])
-            .unwrap_or(std::cmp::Ordering::Equal)
-            .then(a.cmp(b))
-    };
-    if k < n {
-        idx.select_nth_unstable_by(k - 1, order);
-        idx.truncate(k);
-    }
-    idx.sort_unstable_by(order);
+    let idx = top_k(row, k);
     // Mass of everything, accumulated from the least probable kept entry
     // upward would lose the tail; sum the kept part and subtract from the
     // exact total of the row instead (Σ p = 1 up to rounding of 1e-16).
@@ -208,35 +195,29 @@ pub fn compress_row(
     let mut mean_logit = 0.0f64;
     let (mut lo, mut hi) = (f32::INFINITY, f32::NEG_INFINITY);
     let m = f64::from(st.max);
-    for (j, &v) in row.iter().enumerate() {
-        if !is_kept[j] {
-            let x = f64::from(v) - m;
-            let e = exp_nonpos(x);
-            tail_mass += e;
-            mean_logit += e * x;
-            lo = lo.min(v);
-            hi = hi.max(v);
-        }
+    // Branch-free over the row (kept ids are scattered): a kept entry adds
+    // a signed zero, which leaves every sum bitwise as the tail's alone.
+    for ((&v, &e), &k) in row.iter().zip(exps).zip(&is_kept) {
+        let w = if k { 0.0 } else { 1.0 };
+        let x = f64::from(v) - m;
+        tail_mass += e * w;
+        mean_logit += (e * x) * w;
+        lo = if k { lo } else { lo.min(v) };
+        hi = if k { hi } else { hi.max(v) };
     }
     let z = st.log_sum_exp.exp();
     let tail_mass = tail_mass / z;
     let tail = (kept.len() < n).then(|| {
-        let codes: Vec<u8> = row
-            .iter()
-            .zip(&is_kept)
-            .map(|(&v, &k)| if k { KEPT } else { Tail::encode(lo, hi, v) })
-            .collect();
+        let codes = Encoder::new(lo, hi).codes(row, &is_kept);
         let mut t = Tail::new(lo, hi, mean_logit / z, 0.0, codes);
-        let levels = Levels::of(st.max, st.log_sum_exp, tail_mass, &t);
-        t.rounding = row
-            .iter()
-            .zip(&t.codes)
-            .filter(|(_, &c)| c != KEPT)
-            .map(|(&v, &c)| {
-                let x = f64::from(v) - m;
-                (levels.p[c as usize] - exp_nonpos(x) / z) * x
-            })
-            .sum::<f64>();
+        let mut levels = Levels::of(st.max, st.log_sum_exp, tail_mass, &t);
+        levels.p[KEPT as usize] = 0.0;
+        t.rounding = 0.0;
+        for ((&v, &c), &e) in row.iter().zip(&t.codes).zip(exps) {
+            let w = if c == KEPT { 0.0 } else { 1.0 };
+            let x = f64::from(v) - m;
+            t.rounding += ((levels.p[c as usize] - e / z) * x) * w;
+        }
         t
     });
     RefPosition {
@@ -247,6 +228,196 @@ pub fn compress_row(
         tail_mass,
         tail,
         approximate: false,
+    }
+}
+
+/// Order-preserving integer key of a finite logit (−0 is 0, as
+/// `partial_cmp` has it): `key(a) < key(b)` exactly when `a < b`.
+#[inline(always)]
+fn order_key(v: f32) -> u32 {
+    let b = if v == 0.0 { 0 } else { v.to_bits() };
+    if b >> 31 == 1 {
+        !b
+    } else {
+        b | 0x8000_0000
+    }
+}
+
+/// Bits of the key the first histogram pass of [`top_k`] buckets by.
+const RADIX_BITS: u32 = 11;
+
+/// The ids of the `k` largest logits, most probable first, ties by lower
+/// id — no sort of the vocabulary: a histogram of the keys' top bits finds
+/// the bucket the k-th largest falls in, one pass collects the ids above
+/// it and the bucket's own, a selection among the bucket's finds the exact
+/// threshold, and only the `k` kept ids are sorted (as packed integer keys).
+fn top_k(row: &[f32], k: usize) -> Vec<u32> {
+    let n = row.len();
+    let shift = 32 - RADIX_BITS;
+    let packed = |j: u32| (u64::from(order_key(row[j as usize])) << 32) | u64::from(!j);
+    let mut sel: Vec<u64> = if k < n {
+        let mut hist = vec![0u32; 1 << RADIX_BITS];
+        for &v in row {
+            hist[(order_key(v) >> shift) as usize] += 1;
+        }
+        // The bucket holding the k-th largest key, and how many lie above it.
+        let (mut bucket, mut above) = (hist.len() - 1, 0usize);
+        while above + (hist[bucket] as usize) < k {
+            above += hist[bucket] as usize;
+            bucket -= 1;
+        }
+        let mut sel = Vec::with_capacity(k);
+        let mut edge: Vec<u64> = Vec::with_capacity(hist[bucket] as usize);
+        for (j, &v) in row.iter().enumerate() {
+            let key = order_key(v);
+            let b = (key >> shift) as usize;
+            if b > bucket {
+                sel.push((u64::from(key) << 32) | u64::from(!(j as u32)));
+            } else if b == bucket {
+                edge.push((u64::from(key) << 32) | u64::from(!(j as u32)));
+            }
+        }
+        // The largest of the bucket's, value first, then the lower id.
+        let take = k - above;
+        if take < edge.len() {
+            edge.select_nth_unstable_by(take - 1, |a, b| b.cmp(a));
+            edge.truncate(take);
+        }
+        sel.extend(edge);
+        sel
+    } else {
+        (0..n as u32).map(packed).collect()
+    };
+    // Most probable first; equal logits: the lower id (its complement is larger).
+    sel.sort_unstable_by(|a, b| b.cmp(a));
+    sel.into_iter().map(|p| !(p as u32)).collect()
+}
+
+/// [`Tail::encode`] for one row's tail range: the 255 level logits and the
+/// companding constant computed once, the per-entry companding with the
+/// branch-free [`exp_nonpos`] (vectorised like the row reduction), then the
+/// nearest of the neighbouring levels from the table — the same levels as
+/// [`Tail::encode`] picks.
+struct Encoder {
+    lo: f32,
+    hi: f32,
+    u_lo: f64,
+    /// The level logits at 1..=255; 0 and 256 are sentinels no logit is
+    /// nearer to than to a level.
+    levels: [f32; 257],
+}
+
+impl Encoder {
+    fn new(lo: f32, hi: f32) -> Encoder {
+        let t = Tail {
+            lo,
+            hi,
+            mean_logit: 0.0,
+            rounding: 0.0,
+            codes: Vec::new(),
+            counts: Vec::new(),
+        };
+        let mut levels = [f32::INFINITY; 257];
+        for c in 0..255usize {
+            levels[c + 1] = t.level(c as u8);
+        }
+        Encoder {
+            lo,
+            hi,
+            u_lo: ((f64::from(lo) - f64::from(hi)) / COMPAND).exp(),
+            levels,
+        }
+    }
+
+    /// The level of logit `l` (≤ hi) from its companded value `u`: the
+    /// rounding of `u` to the evenly spaced levels, then the nearest of it
+    /// and its neighbours in logit space (ties: it, then the one below).
+    #[inline(always)]
+    fn pick(&self, l: f32, u: f64) -> u8 {
+        let c = ((u - self.u_lo) / (1.0 - self.u_lo) * 254.0).round() as i32;
+        self.nearest(l, c)
+    }
+
+    /// The nearest level to `l` among `c − 1`, `c`, `c + 1` (`c` clamped
+    /// to the levels), ties kept by `c`, then `c − 1`.
+    #[inline(always)]
+    fn nearest(&self, l: f32, c: i32) -> u8 {
+        let c = c.clamp(0, 254) as usize + 1;
+        let (dm, d0, dp) = (
+            (self.levels[c - 1] - l).abs(),
+            (self.levels[c] - l).abs(),
+            (self.levels[c + 1] - l).abs(),
+        );
+        // Branch-free selects: which neighbour wins is data, not control.
+        let down = usize::from(dm < d0);
+        let (best, d) = (c - down, if dm < d0 { dm } else { d0 });
+        let up = usize::from(dp < d);
+        (best + up * (c + 1 - best) - 1) as u8
+    }
+
+    /// The codes of a row: [`KEPT`] for kept ids, else the tail level.
+    fn codes(&self, row: &[f32], is_kept: &[bool]) -> Vec<u8> {
+        if self.hi <= self.lo {
+            return is_kept
+                .iter()
+                .map(|&k| if k { KEPT } else { 254 })
+                .collect();
+        }
+        let mut c = vec![0f64; row.len()];
+        compand(row, self.hi, self.u_lo, &mut c);
+        row.iter()
+            .zip(&c)
+            .zip(is_kept)
+            .map(|((&l, &c), &k)| {
+                let code = self.nearest(l, c as i32);
+                if k {
+                    KEPT
+                } else {
+                    code
+                }
+            })
+            .collect()
+    }
+}
+
+/// `c[j]`: the level `u[j] = exp((row[j] − hi)/3)` rounds to among 255
+/// evenly spaced between `u_lo` and 1 (kept ids above `hi` clamp to 1).
+fn compand(row: &[f32], hi: f32, u_lo: f64, c: &mut [f64]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2, checked just above.
+        return unsafe { compand_avx2(row, hi, u_lo, c) };
+    }
+    compand_impl(row, hi, u_lo, c)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn compand_avx2(row: &[f32], hi: f32, u_lo: f64, c: &mut [f64]) {
+    compand_impl(row, hi, u_lo, c)
+}
+
+#[inline(always)]
+fn compand_impl(row: &[f32], hi: f32, u_lo: f64, c: &mut [f64]) {
+    let h = f64::from(hi);
+    let scale = 254.0 / (1.0 - u_lo);
+    let one = |l: f32| {
+        let x = (f64::from(l) - h) * (1.0 / COMPAND);
+        let u = exp_nonpos(if x > 0.0 { 0.0 } else { x });
+        // u ≥ u_lo: rounded half up; where this and `Tail::encode`'s
+        // rounding differ by one, `nearest` looks at both neighbours.
+        ((u - u_lo) * scale + 0.5).floor()
+    };
+    const L: usize = 8;
+    let mut out = c.chunks_exact_mut(L);
+    let mut inp = row.chunks_exact(L);
+    for (o, i) in (&mut out).zip(&mut inp) {
+        for k in 0..L {
+            o[k] = one(i[k]);
+        }
+    }
+    for (o, &l) in out.into_remainder().iter_mut().zip(inp.remainder()) {
+        *o = one(l);
     }
 }
 
@@ -606,6 +777,151 @@ pub fn copy_flags(tokens: &[i32], first_scored: usize, targets: &[i32]) -> Vec<b
 mod tests {
     use super::*;
     use crate::measure::row_stats;
+
+    /// The scalar reference implementation the fast path replaced: a full
+    /// index sort key, select, and `Tail::encode`'s libm companding per
+    /// entry with every level computed on the spot.
+    fn compress_row_scalar(row: &[f32], target: usize, tail: f64, max_kept: usize) -> RefPosition {
+        let st = row_stats(row);
+        let n = row.len();
+        let k = max_kept.clamp(1, n);
+        let mut idx: Vec<u32> = (0..n as u32).collect();
+        let order = |a: &u32, b: &u32| {
+            row[*b as usize]
+                .partial_cmp(&row[*a as usize])
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then(a.cmp(b))
+        };
+        if k < n {
+            idx.select_nth_unstable_by(k - 1, order);
+            idx.truncate(k);
+        }
+        idx.sort_unstable_by(order);
+        let lp = |j: usize| st.logprob(row, j);
+        let mut kept = Vec::new();
+        let mut mass = 0.0f64;
+        for &j in &idx {
+            kept.push((j, row[j as usize]));
+            mass += exp_nonpos(lp(j as usize).min(0.0));
+            if 1.0 - mass <= tail {
+                break;
+            }
+        }
+        let mut is_kept = vec![false; n];
+        for &(j, _) in &kept {
+            is_kept[j as usize] = true;
+        }
+        let (mut tm, mut ml) = (0.0f64, 0.0f64);
+        let (mut lo, mut hi) = (f32::INFINITY, f32::NEG_INFINITY);
+        let m = f64::from(st.max);
+        for (j, &v) in row.iter().enumerate() {
+            if !is_kept[j] {
+                let x = f64::from(v) - m;
+                let e = exp_nonpos(x);
+                tm += e;
+                ml += e * x;
+                lo = lo.min(v);
+                hi = hi.max(v);
+            }
+        }
+        let z = st.log_sum_exp.exp();
+        let tm = tm / z;
+        let level = |c: i32| {
+            let u_lo = ((f64::from(lo) - f64::from(hi)) / COMPAND).exp();
+            let u = u_lo + (1.0 - u_lo) * f64::from(c.min(254)) / 254.0;
+            (f64::from(hi) + COMPAND * u.ln()) as f32
+        };
+        let encode = |l: f32| -> u8 {
+            if hi <= lo {
+                return 254;
+            }
+            let u_lo = ((f64::from(lo) - f64::from(hi)) / COMPAND).exp();
+            let u = ((f64::from(l) - f64::from(hi)) / COMPAND).exp();
+            let c = ((u - u_lo) / (1.0 - u_lo) * 254.0).round() as i32;
+            let mut best = c.clamp(0, 254);
+            for cand in [c - 1, c + 1] {
+                if (0..=254).contains(&cand) && (level(cand) - l).abs() < (level(best) - l).abs() {
+                    best = cand;
+                }
+            }
+            best as u8
+        };
+        let tail = (kept.len() < n).then(|| {
+            let codes: Vec<u8> = row
+                .iter()
+                .zip(&is_kept)
+                .map(|(&v, &k)| if k { KEPT } else { encode(v) })
+                .collect();
+            let mut t = Tail::new(lo, hi, ml / z, 0.0, codes);
+            let levels = Levels::of(st.max, st.log_sum_exp, tm, &t);
+            t.rounding = row
+                .iter()
+                .zip(&t.codes)
+                .filter(|(_, &c)| c != KEPT)
+                .map(|(&v, &c)| {
+                    let x = f64::from(v) - m;
+                    (levels.p[c as usize] - exp_nonpos(x) / z) * x
+                })
+                .sum::<f64>();
+            t
+        });
+        RefPosition {
+            max: st.max,
+            lse: st.log_sum_exp,
+            entries: kept,
+            lp_true: lp(target),
+            tail_mass: tm,
+            tail,
+            approximate: false,
+        }
+    }
+
+    /// The vectorised row compression is bitwise the scalar one: the same
+    /// kept ids in the same order, the same levels, the same sums, on rows
+    /// with ties, signed zeros, flat tails and a vocabulary's worth of
+    /// spread-out logits.
+    #[test]
+    fn fast_compression_is_bitwise_the_scalar_one() {
+        let mut rng = crate::measure::SplitMix64(3);
+        let mut rows: Vec<Vec<f32>> = Vec::new();
+        for r in 0..40 {
+            let n = [10, 258, 1000, 4099, 49_152][r % 5];
+            let spread = [0.5f64, 4.0, 12.0, 30.0][r % 4];
+            let row: Vec<f32> = (0..n)
+                .map(|_| {
+                    let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+                    // A few repeated values make ties at the threshold.
+                    if rng.below(7) == 0 {
+                        (rng.below(5) as f32) * 0.5
+                    } else {
+                        ((u - 0.7) * spread) as f32
+                    }
+                })
+                .collect();
+            rows.push(row);
+        }
+        rows.push(vec![1.0; 300]); // flat: every tail entry the same
+        rows.push(vec![-0.0, 0.0, 0.0, -0.0, 1.0, -1.0, 0.0, -0.0]);
+        for (r, row) in rows.iter().enumerate() {
+            for (tail, k) in [(1e-6, 2048), (0.0, 4), (1e-3, 64), (1e-6, 1)] {
+                let fast = compress_row(row, &row_stats(row), 3, tail, k);
+                let slow = compress_row_scalar(row, 3, tail, k);
+                assert_eq!(fast.entries, slow.entries, "row {r} tail {tail} k {k}");
+                assert_eq!(fast.tail_mass.to_bits(), slow.tail_mass.to_bits());
+                match (&fast.tail, &slow.tail) {
+                    (Some(a), Some(b)) => {
+                        assert_eq!(a.codes, b.codes, "row {r} tail {tail} k {k}");
+                        assert_eq!((a.lo, a.hi), (b.lo, b.hi));
+                        assert_eq!(a.mean_logit.to_bits(), b.mean_logit.to_bits());
+                        assert_eq!(a.rounding.to_bits(), b.rounding.to_bits());
+                    }
+                    (None, None) => {}
+                    _ => panic!("row {r}: one has a tail, the other not"),
+                }
+                assert_eq!(fast, slow);
+            }
+        }
+    }
 
     #[test]
     fn p1_near_one_is_one_minus_the_rest() {
