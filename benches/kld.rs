@@ -84,7 +84,7 @@ fn main() -> ExitCode {
         let mut refs: Vec<Vec<quantgate::measure::kld::RefPosition>> =
             vec![Vec::new(); SETTINGS.len()];
         let mut ref_default = Vec::new();
-        score_plan_with(&*reference, &sub, 512, threads, false, &mut |r| {
+        score_plan_with(reference.clone(), &sub, 512, threads, false, &mut |r| {
             ref_rows.push(r.row.to_vec());
             for (s, &(tail, k)) in SETTINGS.iter().enumerate() {
                 refs[s].push(compress_row(r.row, r.stats, r.target, tail, k));
@@ -119,7 +119,7 @@ fn main() -> ExitCode {
             let mut exact = Vec::new();
             let mut compact: Vec<Vec<f64>> = vec![Vec::new(); SETTINGS.len()];
             let mut buf = Vec::new();
-            let scored = score_plan_with(&*model, &sub, 512, threads, true, &mut |r| {
+            let scored = score_plan_with(model.clone(), &sub, 512, threads, true, &mut |r| {
                 // Timed part: exactly what a kld case does per position.
                 // (row_stats runs once per row for NLL anyway; timed here too.)
                 let t = Instant::now();

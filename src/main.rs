@@ -53,6 +53,10 @@ enum Command {
         /// mistyped filter must not pass).
         #[arg(long)]
         allow_empty: bool,
+        /// Run every case × model again instead of taking unchanged ones from
+        /// the result cache (nor recording them there).
+        #[arg(long)]
+        no_cache: bool,
     },
     /// List registry models with status, bytes and sha256; `models fetch` fetches/derives them.
     Models {
@@ -150,6 +154,7 @@ fn main() -> ExitCode {
             threads,
             goldens,
             allow_empty,
+            no_cache,
         } => {
             // Output paths are checked before anything runs.
             if let Some(p) = json.as_ref().filter(|p| p.is_dir()) {
@@ -202,22 +207,33 @@ fn main() -> ExitCode {
             if let Some(dir) = &out {
                 quantgate::core::fsutil::clean_stale_temps(dir);
             }
-            let mut outcomes = Vec::new();
+            // Plan by observation: each group is one decode, after the
+            // groups whose references it reads.
+            // Rows are not kept in the result cache: --out runs everything.
+            let cache = !no_cache && out.is_none() && quantgate::judge::cache::enabled();
             let mut write_failed = false;
-            for p in &planned {
-                eprintln!("quantgate: running {}", p.name);
-                let o = quantgate::judge::trial(&runner, p, &goldens);
-                if let Some(dir) = &out {
-                    if let Err(e) = quantgate::report::write_parquet(dir, &o) {
-                        eprintln!("error: {}", e.message);
-                        write_failed = true;
+            let (outcomes, reference_work) = quantgate::judge::run_plan(
+                &runner,
+                &planned,
+                &goldens,
+                cache,
+                &mut |names, provides| match names {
+                    [] => eprintln!("quantgate: reference work for {provides} trials"),
+                    [one] => eprintln!("quantgate: running {one}"),
+                    _ => eprintln!("quantgate: running {} (one decode)", names.join(", ")),
+                },
+                &mut |o| {
+                    if let Some(dir) = &out {
+                        if let Err(e) = quantgate::report::write_parquet(dir, o) {
+                            eprintln!("error: {}", e.message);
+                            write_failed = true;
+                        }
                     }
-                }
-                outcomes.push(o);
-            }
+                },
+            );
             print!("{}", report::table(&outcomes));
             if timings {
-                print!("\n{}", report::timings(&outcomes));
+                print!("\n{}", report::timings(&outcomes, &reference_work));
             }
             if let Some(path) = json {
                 if let Err(e) = report::write_json(&path, &outcomes) {

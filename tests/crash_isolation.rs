@@ -1,6 +1,8 @@
 //! Crash isolation: a worker that aborts (as llama.cpp's GGML_ASSERT does)
-//! fails its own model's tests with the signal, the model, its file and the
-//! case, while the other model's tests still run and pass.
+//! fails its own tests with the signal, the model, its file and the case,
+//! while the other model's tests still run and pass — with tests that share
+//! one decode in one worker (the default), a worker per test, or a worker
+//! per model.
 //!
 //! One executable, three roles: run by `cargo test` it is a libtest-mimic
 //! harness with one test, which builds a fixture and runs this executable
@@ -25,18 +27,20 @@ fn engine() -> FakeEngine {
     )
 }
 
-fn fixture(tag: &str) -> PathBuf {
+/// Cases `a` and `b` on both models; with `same`, they score the same
+/// windows (one decode per model), else `b` scores fewer.
+fn fixture(tag: &str, same: bool) -> PathBuf {
     let root = common::fake_root(&format!("crash-{tag}"), &[("crashy", 100), ("stable", 101)]);
     let text: String = (0..300)
         .map(|i| char::from(b'a' + (i % 26) as u8))
         .collect();
     std::fs::write(root.join("suites/t.txt"), &text).unwrap();
-    for case in ["a", "b"] {
+    for (case, chunks) in [("a", 3), ("b", if same { 3 } else { 2 })] {
         std::fs::write(
             root.join(format!("suites/{case}.toml")),
             format!(
                 "kind = \"perplexity\"\nmodels = [\"crashy\", \"stable\"]\n[text]\npath = \"t.txt\"\n\
-                 sha256 = \"{}\"\n[window]\nmode = \"llama-perplexity\"\nn_ctx = 64\nchunks = 3\n",
+                 sha256 = \"{}\"\n[window]\nmode = \"llama-perplexity\"\nn_ctx = 64\nchunks = {chunks}\n",
                 quantgate::core::fsutil::sha256_bytes(text.as_bytes())
             ),
         )
@@ -47,7 +51,8 @@ fn fixture(tag: &str) -> PathBuf {
 
 /// `isolation`: the `QUANTGATE_ISOLATION` value (None: the default).
 fn scenario(isolation: Option<&str>) -> Result<(), Failed> {
-    let root = fixture(isolation.unwrap_or("default"));
+    // In one worker per model, `b` must be a job of its own to be "not run".
+    let root = fixture(isolation.unwrap_or("default"), isolation != Some("model"));
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     if let Some(i) = isolation {
         cmd.env("QUANTGATE_ISOLATION", i);
@@ -97,18 +102,30 @@ fn scenario(isolation: Option<&str>) -> Result<(), Failed> {
         )
     };
     check(log.contains(&aborted("a")), "the abort is described")?;
-    if isolation == Some("model") {
-        // One worker per model: its next test is not run, and says why.
-        check(
+    match isolation {
+        // One worker per model: its next job is not run, and says why.
+        Some("model") => check(
             log.contains(&format!("not run: {}", aborted("a"))),
             "the crashed model's next test says why it did not run",
-        )?;
-    } else {
+        )?,
         // One worker per test: the second test crashes on its own.
-        check(
+        Some("test") => check(
             log.contains(&aborted("b")),
             "each test's abort is described",
-        )?;
+        )?,
+        // One worker per shared decode: both tests were in the decode that
+        // crashed, and each says so, naming the other.
+        _ => {
+            check(
+                log.contains(&aborted("b")),
+                "each test's abort is described",
+            )?;
+            check(
+                log.contains("(one decode with `a::crashy`)")
+                    && log.contains("(one decode with `b::crashy`)"),
+                "each test names the test it shared the decode with",
+            )?;
+        }
     }
     // The summary counts the dead worker's tests as errors, apart from failures.
     check(
@@ -139,7 +156,12 @@ fn main() -> ExitCode {
     }
     let args = Arguments::from_args();
     let trials = vec![
-        Trial::test("worker_abort_fails_only_its_test", || scenario(None)),
+        Trial::test("shared_decode_abort_fails_only_its_tests", || {
+            scenario(None)
+        }),
+        Trial::test("worker_abort_fails_only_its_test", || {
+            scenario(Some("test"))
+        }),
         Trial::test("model_worker_abort_fails_only_its_model", || {
             scenario(Some("model"))
         }),

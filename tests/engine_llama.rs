@@ -249,3 +249,58 @@ fn pinned_versions_match_cargo_lock() {
     let b = LlamaEngine::new().build();
     assert!(b.ggml.starts_with("0.26.0"), "{}", b.ggml);
 }
+
+/// Sampling several seeds from one prompt decodes the prompt once and
+/// reuses its cache and last row: every sample's tokens are bitwise those
+/// of sampling it alone in a fresh context (a chat prompt, so the prompt
+/// pass is long, and a sampler that keeps many candidates).
+#[test]
+fn samples_from_one_prompt_equal_samples_each_alone() {
+    let m = fixture();
+    let prompt: Vec<i32> = m
+        .tokenize(
+            "Repeat the following digits exactly: 8214808651 3282306647 0938446095",
+            BosPolicy::Model,
+        )
+        .unwrap()
+        .iter()
+        .map(|t| t.id)
+        .collect();
+    let settings = Settings::new(256, 1);
+    for sampler in [
+        quantgate::core::Sampler {
+            temperature: 0.7,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+        },
+        quantgate::core::Sampler {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+        },
+    ] {
+        let seeds: Vec<u32> = (1..=3).collect();
+        // Stop each sample at a different length, as a follower would.
+        let stop_at = |k: usize, g: &[i32]| g.len() >= 2 + 2 * k;
+        let many = m
+            .sample_many(&settings, &prompt, 8, &sampler, &seeds, &mut |k, g| {
+                stop_at(k, g)
+            })
+            .unwrap();
+        for (k, &seed) in seeds.iter().enumerate() {
+            let alone = m
+                .sample(&settings, &prompt, 8, &sampler, seed, &mut |g| {
+                    stop_at(k, g)
+                })
+                .unwrap();
+            assert_eq!(many[k], alone, "seed {seed} with {sampler:?}");
+            assert!(!alone.is_empty());
+        }
+        // The seeds do draw different texts.
+        assert!(many
+            .windows(2)
+            .any(|w| w[0] != w[1][..w[0].len().min(w[1].len())]));
+    }
+}

@@ -6,8 +6,12 @@
 mod common;
 #[path = "fake_engine/golden_selftest.rs"]
 mod golden_selftest;
+#[path = "fake_engine/goldens_agree.rs"]
+mod goldens_agree;
 #[path = "fake_engine/kld.rs"]
 mod kld;
+#[path = "fake_engine/observe.rs"]
+mod observe;
 #[path = "fake_engine/pi_cases.rs"]
 mod pi_cases;
 #[path = "fake_engine/prereg.rs"]

@@ -1,35 +1,58 @@
-//! Self-test of the +0.05 ΔNLL gate on real quants that must fail it
-//! (Q3_K_M and Q2_K of SmolLM2 against F16): the harness reports a failure
-//! whose message names the metric, the observed value, its 95% interval and
-//! the threshold, and the interval lies above the threshold.
+//! Self-test of the release gates on real quants that must fail them:
+//! Q3_K_M and Q2_K of SmolLM2 against F16 fail the +0.05 ΔNLL gate, whose
+//! failure message names the metric, the observed value, its 95% interval
+//! and the threshold (the interval lies above it); Q2_K fails the KLD gates
+//! of suites/kld/wikitext2.toml, each named with its observed value. One
+//! test, planned by observation: Q2_K's two cases share one decode, and
+//! the F16 reference is scored once for both.
 
-use quantgate::core::Status;
+use quantgate::core::{Outcome, Status};
 use quantgate::engine::llama::LlamaEngine;
 use quantgate::execute::RunContext;
 use quantgate::plan::plan;
 use std::sync::Arc;
 
 #[test]
-fn q3_and_q2_fail_the_delta_nll_gate_with_a_readable_message() {
+fn q3_and_q2_fail_the_delta_nll_and_kld_gates_with_readable_messages() {
     let repo = quantgate::harness::project_root();
     let root = std::env::temp_dir().join(format!("qg-gate-selftest-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(root.join("ppl")).unwrap();
+    std::fs::create_dir_all(root.join("kld")).unwrap();
     std::fs::copy(repo.join("suites/models.toml"), root.join("models.toml")).unwrap();
     std::os::unix::fs::symlink(repo.join("suites/data"), root.join("data")).unwrap();
-    std::fs::copy(
-        repo.join("tests/fixtures/gate_fails.toml"),
-        root.join("ppl/gate_fails.toml"),
-    )
-    .unwrap();
+    for (fixture, dest) in [("gate_fails", "ppl"), ("kld_fails", "kld")] {
+        std::fs::copy(
+            repo.join(format!("tests/fixtures/{fixture}.toml")),
+            root.join(format!("{dest}/{fixture}.toml")),
+        )
+        .unwrap();
+    }
     let (registry, planned) = plan(&root, &[], &[]).unwrap();
     let runner = RunContext::new(registry, Arc::new(LlamaEngine::new()), 2);
-    assert_eq!(planned.len(), 2);
-    for p in &planned {
-        let o = quantgate::judge::trial(&runner, p, std::path::Path::new("goldens"));
-        assert_eq!(o.status, Status::Fail, "{}: {:?}", p.name, o.error);
+    assert_eq!(planned.len(), 3);
+    let (outcomes, _) = quantgate::judge::run_plan(
+        &runner,
+        &planned,
+        std::path::Path::new("goldens"),
+        false,
+        &mut |_, _| {},
+        &mut |_| {},
+    );
+    let by_name = |name: &str| -> &Outcome {
+        outcomes
+            .iter()
+            .find(|o| format!("{}::{}", o.case, o.model) == name)
+            .unwrap_or_else(|| panic!("no outcome for {name}"))
+    };
+    for name in [
+        "ppl/gate_fails::smollm2-q3_k_m",
+        "ppl/gate_fails::smollm2-q2_k",
+    ] {
+        let o = by_name(name);
+        assert_eq!(o.status, Status::Fail, "{name}: {:?}", o.error);
         let msg = o.failure_message().unwrap();
-        let want_prefix = format!("{}: gate violated\n  delta_nll_mean = ", p.name);
+        let want_prefix = format!("{name}: gate violated\n  delta_nll_mean = ");
         assert!(msg.starts_with(&want_prefix), "{msg}");
         assert!(
             msg.contains(" over 16 windows) violates delta_nll_mean ≤ 0.05 (max 0.05)"),
@@ -41,32 +64,10 @@ fn q3_and_q2_fail_the_delta_nll_gate_with_a_readable_message() {
             "{msg}"
         );
         // Not a near miss: the whole interval is above the gate.
-        assert!(lo > 0.05, "{}: interval starts at {lo}", p.name);
+        assert!(lo > 0.05, "{name}: interval starts at {lo}");
         eprintln!("{msg}");
     }
-    let _ = std::fs::remove_dir_all(&root);
-}
-
-/// Q2_K against F16 fails the KLD gates of suites/kld/wikitext2.toml: the
-/// mean, the 99th percentile and the Wilson lower bound of top-1 agreement,
-/// each named with its observed value.
-#[test]
-fn q2_fails_the_kld_gates() {
-    let repo = quantgate::harness::project_root();
-    let root = std::env::temp_dir().join(format!("qg-kld-selftest-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
-    std::fs::create_dir_all(root.join("kld")).unwrap();
-    std::fs::copy(repo.join("suites/models.toml"), root.join("models.toml")).unwrap();
-    std::os::unix::fs::symlink(repo.join("suites/data"), root.join("data")).unwrap();
-    std::fs::copy(
-        repo.join("tests/fixtures/kld_fails.toml"),
-        root.join("kld/kld_fails.toml"),
-    )
-    .unwrap();
-    let (registry, planned) = plan(&root, &[], &[]).unwrap();
-    let runner = RunContext::new(registry, Arc::new(LlamaEngine::new()), 2);
-    assert_eq!(planned.len(), 1);
-    let o = quantgate::judge::trial(&runner, &planned[0], std::path::Path::new("goldens"));
+    let o = by_name("kld/kld_fails::smollm2-q2_k");
     assert_eq!(o.status, Status::Fail, "{:?}", o.error);
     let msg = o.failure_message().unwrap();
     for (metric, shown, bound) in [
@@ -82,6 +83,14 @@ fn q2_fails_the_kld_gates() {
     }
     // Not near misses.
     assert!(o.metrics["kld_mean"] > 0.2 && o.metrics["same_top"] < 0.75);
+    // The kld case's paired ΔNLL (from the stored F16 rows) is bitwise the
+    // perplexity case's (from the F16 scores) on the same shared decode.
+    assert_eq!(
+        o.metrics["delta_nll_mean"].to_bits(),
+        by_name("ppl/gate_fails::smollm2-q2_k").metrics["delta_nll_mean"].to_bits()
+    );
+    // Q2_K's two cases were one decode.
+    assert_eq!(o.timings.shared_with, 1, "{:?}", o.timings);
     eprintln!("{msg}");
     let _ = std::fs::remove_dir_all(&root);
 }

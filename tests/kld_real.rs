@@ -36,7 +36,7 @@ fn stored_reference_rows_give_the_exact_kl_on_real_models() {
     let plan = plan_windows(&ids, &w, info.add_bos.then_some(info.bos)).unwrap();
     let mut ref_rows = Vec::new();
     let mut stored = Vec::new();
-    score_plan_with(&*f16, &plan, 512, 2, false, &mut |r| {
+    score_plan_with(f16.clone(), &plan, 512, 2, false, &mut |r| {
         ref_rows.push(r.row.to_vec());
         stored.push(compress_row(
             r.row,
@@ -57,7 +57,7 @@ fn stored_reference_rows_give_the_exact_kl_on_real_models() {
         let cand = load(alias);
         let mut errs = Vec::new();
         let mut rev_errs = Vec::new();
-        score_plan_with(&*cand, &plan, 512, 2, true, &mut |r| {
+        score_plan_with(cand.clone(), &plan, 512, 2, true, &mut |r| {
             let c = compare(&stored[r.index], r.row, r.stats, r.exps, r.target, false);
             let exact = common::exact_kl(&ref_rows[r.index], r.row);
             errs.push((c.kl - exact).abs());

@@ -3,9 +3,14 @@
 //! per-chunk PPL, the final PPL and its ±, to the digits the tool prints.
 //! The tool is built from the pinned llama.cpp sources by
 //! `scripts/build-llama-perplexity.sh` (cached after the first build).
+//! quantgate's side is the model's scores as the reference store keeps them
+//! (read back and checked when an earlier run kept them, scored otherwise):
+//! the very numbers every perplexity case reads.
 
 use quantgate::engine::llama::LlamaEngine;
 use quantgate::engine::{BosPolicy, Engine, ModelPool};
+use quantgate::execute::record::RecordHeader;
+use quantgate::execute::reference::{ReferenceStore, ScoresKey};
 use quantgate::execute::windows::Windowing;
 use quantgate::execute::windows::{plan_windows, score_plan};
 use quantgate::measure::perplexity_metrics;
@@ -147,17 +152,42 @@ fn perplexity_equals_llama_perplexity() {
             .map(|t| t.id)
             .collect();
         let bos = model.info().add_bos.then_some(model.info().bos);
-        let plan = plan_windows(
-            &ids,
-            &Windowing::LlamaPerplexity {
-                n_ctx: 512,
-                chunks: Some(16),
-                skip: 0,
-            },
-            bos,
-        )
-        .unwrap();
-        let obs = score_plan(&*model, &plan, 512, 2).unwrap();
+        let windowing = Windowing::LlamaPerplexity {
+            n_ctx: 512,
+            chunks: Some(16),
+            skip: 0,
+        };
+        let plan = plan_windows(&ids, &windowing, bos).unwrap();
+        let store = ReferenceStore::new(quantgate::models::cache_dir().join("reference"));
+        let settings = quantgate::core::Settings::new(512, 2);
+        let build = engine.model_identity(alias);
+        let key = ScoresKey {
+            alias,
+            model_sha256: &v.file.sha256,
+            plan: &plan,
+            settings: &settings,
+            build: &build,
+            windowing: format!("{windowing:?}"),
+        };
+        let obs = store
+            .scores(&key, &|| {
+                let scored = score_plan(model.clone(), &plan, 512, 2)?;
+                let info = model.info();
+                let header = RecordHeader {
+                    quantgate_reference_record: 1,
+                    model: alias.to_string(),
+                    model_sha256: v.file.sha256.clone(),
+                    build: build.clone(),
+                    n_vocab: info.n_vocab,
+                    tokenizer_fingerprint: info.tokenizer_fingerprint.clone(),
+                    mode: windowing.mode().to_string(),
+                    windows: plan.windows.len(),
+                    targets: plan.targets(),
+                    token_stream_sha256: plan.token_stream_sha256.clone(),
+                };
+                Ok((header, scored))
+            })
+            .unwrap();
         assert_running_matches(&obs.windows, &running, alias);
         let m = perplexity_metrics(&obs.windows);
         assert!(
@@ -233,7 +263,7 @@ fn strided_mode_equals_ppl_stride() {
     // n_batch = min(-b, -c) = 256, as the tool sets it before enlarging the context.
     assert_eq!(plan.n_ctx, 512);
     assert!(log.contains("Calculation chunk = 512"), "{log}");
-    let obs = score_plan(&*model, &plan, 256, 2).unwrap();
+    let obs = score_plan(model.clone(), &plan, 256, 2).unwrap();
     assert!(obs.windows.iter().all(|w| w.count == 128));
     assert_running_matches(&obs.windows, &printed, "strided");
     let (sum, n) = obs
@@ -324,16 +354,25 @@ fn kld_equals_llama_perplexity_kl_divergence() {
     let (registry, planned) = quantgate::plan::plan(&dir.join("suites"), &[], &[]).unwrap();
     let mut runner = quantgate::execute::RunContext::new(registry, engine.clone(), 2);
     runner.references.dir = dir.join("cache");
+    // Both cases score the same windows of Q8_0: one decode.
+    let (outcomes, _) = quantgate::judge::run_plan(
+        &runner,
+        &planned,
+        std::path::Path::new("goldens"),
+        false,
+        &mut |_, _| {},
+        &mut |_| {},
+    );
     let get = |case: &str| {
-        let p = planned.iter().find(|p| p.name.starts_with(case)).unwrap();
-        let o = quantgate::judge::trial(&runner, p, std::path::Path::new("goldens"));
+        let o = outcomes.iter().find(|o| o.case == case).unwrap();
         assert_eq!(
             o.status,
             quantgate::core::Status::Pass,
             "{case}: {:?}",
             o.error
         );
-        o.metrics
+        assert_eq!(o.timings.shared_with, 1, "{case}: {:?}", o.timings);
+        o.metrics.clone()
     };
     let imported = get("imported");
     let exact = get("exact");

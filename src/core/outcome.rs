@@ -46,6 +46,10 @@ pub struct StageTimings {
     pub measure: Duration,
     /// Everything.
     pub total: Duration,
+    /// How many other readers (trials, reference work) shared this trial's
+    /// decode; its decode time is its share.
+    #[serde(default)]
+    pub shared_with: u32,
 }
 
 /// One gate's verdict.

@@ -8,7 +8,7 @@
 //! "next byte" `(last + step) % 256`.
 
 use super::{
-    top_gap, BosPolicy, Engine, EngineTimings, LoadedModel, ModelFile, ModelInfo, RowSink, Step,
+    top_gap, BosPolicy, Engine, EngineTimings, LoadedModel, ModelFile, ModelInfo, PassSink, Step,
     Token, TokenId, Window,
 };
 use crate::core::error::{Error, Result};
@@ -88,6 +88,9 @@ impl FakeSpec {
 pub struct FakeEngine {
     /// Specs by model alias.
     pub specs: HashMap<String, FakeSpec>,
+    /// Teacher-forced decodes (calls of `score_passes`) of every model it
+    /// loaded, counted for tests of what is decoded once.
+    pub decodes: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl FakeEngine {
@@ -116,6 +119,7 @@ impl Engine for FakeEngine {
                 tokenizer_fingerprint: spec.tokenizer.into(),
             },
             spec,
+            decodes: self.decodes.clone(),
         }))
     }
 
@@ -127,6 +131,11 @@ impl Engine for FakeEngine {
             .collect();
         specs.sort();
         format!("{} {}", self.build().label(), specs.join(" "))
+    }
+
+    fn model_identity(&self, alias: &str) -> String {
+        let spec = self.specs.get(alias).cloned().unwrap_or_default();
+        format!("{} {spec:?}", self.build().label())
     }
 
     fn build(&self) -> EngineBuild {
@@ -157,6 +166,7 @@ impl Engine for FakeEngine {
 pub struct FakeModel {
     info: ModelInfo,
     spec: FakeSpec,
+    decodes: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl FakeModel {
@@ -220,19 +230,20 @@ impl LoadedModel for FakeModel {
         u8::try_from(id).map(|b| vec![b]).unwrap_or_default()
     }
 
-    fn score(
+    fn score_passes(
         &self,
         settings: &Settings,
         windows: &[Window],
-        sink: &mut RowSink<'_>,
+        sink: &mut PassSink<'_>,
     ) -> Result<EngineTimings> {
+        self.decodes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if settings.n_ctx > self.info.n_ctx_train {
             return Err(Error::input(format!(
                 "model `{}`: n_ctx {} is larger than the model's training context {}",
                 self.info.file.alias, settings.n_ctx, self.info.n_ctx_train
             )));
         }
-        let mut row = Vec::with_capacity(N_VOCAB);
         for (w, window) in windows.iter().enumerate() {
             if window.tokens.len() > settings.n_ctx as usize {
                 return Err(self.info.file.error(format!(
@@ -254,7 +265,10 @@ impl LoadedModel for FakeModel {
                     window.tokens.len()
                 )));
             }
+            // One pass per window.
+            let mut rows: Vec<(usize, Vec<f32>)> = Vec::new();
             for (pos, &t) in window.tokens.iter().enumerate().skip(window.logits_from) {
+                let mut row = Vec::with_capacity(N_VOCAB);
                 self.spec.row(t, pos, &mut row);
                 if self.spec.nan_at == Some((w, pos)) {
                     row[7] = f32::NAN;
@@ -265,7 +279,11 @@ impl LoadedModel for FakeModel {
                         row[j]
                     )));
                 }
-                sink(w, pos, &row)?;
+                rows.push((pos, row));
+            }
+            let pass: Vec<(usize, &[f32])> = rows.iter().map(|(p, r)| (*p, &r[..])).collect();
+            if !pass.is_empty() {
+                sink(w, &pass)?;
             }
         }
         Ok(EngineTimings::default())

@@ -7,7 +7,7 @@
 
 use super::{
     first_non_finite, piece_offsets, top_gap, BosPolicy, Engine, EngineTimings, LoadedModel,
-    ModelFile, ModelInfo, RowSink, Step, Token, TokenId, Window,
+    ModelFile, ModelInfo, PassSink, Step, Token, TokenId, Window,
 };
 use crate::core::error::{Error, Result};
 use crate::core::{Decoding, EngineBuild, Sampler, Settings};
@@ -18,6 +18,8 @@ use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::{LlamaChatMessage, LlamaChatTemplate, LlamaModel};
 use llama_cpp_2::sampling::LlamaSampler;
+use llama_cpp_2::token::data::LlamaTokenData;
+use llama_cpp_2::token::data_array::LlamaTokenDataArray;
 use llama_cpp_2::token::LlamaToken;
 use sha2::{Digest, Sha256};
 use std::ffi::CStr;
@@ -361,11 +363,11 @@ impl LoadedModel for Loaded {
             .token_to_piece(LlamaToken::new(id), false, None)
     }
 
-    fn score(
+    fn score_passes(
         &self,
         settings: &Settings,
         windows: &[Window],
-        sink: &mut RowSink<'_>,
+        sink: &mut PassSink<'_>,
     ) -> Result<EngineTimings> {
         let mut timings = EngineTimings::default();
         let t0 = Instant::now();
@@ -394,14 +396,16 @@ impl LoadedModel for Loaded {
                     &|pos| pos >= from,
                     &|| format!("in window {w} at positions {base}..{}", base + chunk.len()),
                 )?;
+                let mut rows: Vec<(usize, &[f32])> = Vec::with_capacity(chunk.len());
                 for k in 0..chunk.len() {
                     let pos = base + k;
-                    if pos < window.logits_from {
-                        continue;
+                    if pos >= window.logits_from {
+                        rows.push((pos, self.row(&ctx, k as i32, pos)?));
                     }
-                    let row = self.row(&ctx, k as i32, pos)?;
+                }
+                if !rows.is_empty() {
                     let tc = Instant::now();
-                    sink(w, pos, row)?;
+                    sink(w, &rows)?;
                     in_callback += tc.elapsed();
                 }
             }
@@ -483,19 +487,7 @@ impl LoadedModel for Loaded {
         let settings = &settings.unpadded();
         let mut ctx = self.start(settings, prompt, max_new)?;
         let mut batch = LlamaBatch::new(settings.n_batch as usize, 1);
-        let mut chain = Vec::new();
-        if sampler.top_k > 0 {
-            chain.push(LlamaSampler::top_k(sampler.top_k as i32));
-        }
-        if sampler.top_p < 1.0 {
-            chain.push(LlamaSampler::top_p(sampler.top_p, 1));
-        }
-        if sampler.min_p > 0.0 {
-            chain.push(LlamaSampler::min_p(sampler.min_p, 1));
-        }
-        chain.push(LlamaSampler::temp(sampler.temperature));
-        chain.push(LlamaSampler::dist(seed));
-        let mut chain = LlamaSampler::chain_simple(chain);
+        let mut chain = sampler_chain(sampler, seed);
         let vocab = self.model.vocab();
         let mut tokens = prompt.to_vec();
         // Positions [0, done) are in the cache; each pass decodes the rest.
@@ -518,6 +510,66 @@ impl LoadedModel for Loaded {
         Ok(tokens.split_off(prompt.len()))
     }
 
+    /// The prompt decoded once: each sample trims the cache back to the
+    /// prompt (its cells, and so every later pass, as in a fresh context)
+    /// and draws its first token from the prompt's last row, kept aside.
+    fn sample_many(
+        &self,
+        settings: &Settings,
+        prompt: &[TokenId],
+        max_new: usize,
+        sampler: &Sampler,
+        seeds: &[u32],
+        stop: &mut dyn FnMut(usize, &[TokenId]) -> bool,
+    ) -> Result<Vec<Vec<TokenId>>> {
+        let settings = &settings.unpadded();
+        let mut ctx = self.start(settings, prompt, max_new)?;
+        let mut batch = LlamaBatch::new(settings.n_batch as usize, 1);
+        let vocab = self.model.vocab();
+        let last = self.decode_range(&mut ctx, &mut batch, settings, prompt, 0)?;
+        let first: Vec<LlamaTokenData> = self
+            .row(&ctx, last, prompt.len() - 1)?
+            .iter()
+            .enumerate()
+            .map(|(j, &l)| LlamaTokenData::new(LlamaToken::new(j as i32), l, 0.0))
+            .collect();
+        let mut out = Vec::with_capacity(seeds.len());
+        for (k, &seed) in seeds.iter().enumerate() {
+            if k > 0 {
+                ctx.clear_kv_cache_seq(Some(0), Some(prompt.len() as u32), None)
+                    .map_err(|e| self.err(format!("trimming the cache to the prompt: {e}")))?;
+            }
+            let mut chain = sampler_chain(sampler, seed);
+            let mut tokens = prompt.to_vec();
+            while tokens.len() - prompt.len() < max_new {
+                let next = if tokens.len() == prompt.len() {
+                    // What `llama_sampler_sample` does with the prompt's row.
+                    let mut cur = LlamaTokenDataArray::new(first.clone(), false);
+                    chain.apply(&mut cur);
+                    let t = cur
+                        .selected_token()
+                        .ok_or_else(|| self.err("the sampler chain selected no token"))?;
+                    chain.accept(t);
+                    t
+                } else {
+                    let n = tokens.len();
+                    let last = self.decode_range(&mut ctx, &mut batch, settings, &tokens, n - 1)?;
+                    self.row(&ctx, last, n - 1)?;
+                    chain.sample(&ctx, last)
+                };
+                if vocab.is_eog(next) {
+                    break;
+                }
+                tokens.push(next.0);
+                if stop(k, &tokens[prompt.len()..]) {
+                    break;
+                }
+            }
+            out.push(tokens.split_off(prompt.len()));
+        }
+        Ok(out)
+    }
+
     fn chat_prompt(&self, user: &str, builtin: Option<&str>) -> Result<String> {
         let tmpl = match builtin {
             Some(name) => LlamaChatTemplate::new(name)
@@ -535,6 +587,24 @@ impl LoadedModel for Loaded {
             .apply_chat_template(&tmpl, &[msg], true)
             .map_err(|e| self.err(format!("applying the chat template: {e}")))
     }
+}
+
+/// llama.cpp's sampler chain in its default order: top-k, top-p, min-p,
+/// temperature, then a draw seeded with `seed`.
+fn sampler_chain(sampler: &Sampler, seed: u32) -> LlamaSampler {
+    let mut chain = Vec::new();
+    if sampler.top_k > 0 {
+        chain.push(LlamaSampler::top_k(sampler.top_k as i32));
+    }
+    if sampler.top_p < 1.0 {
+        chain.push(LlamaSampler::top_p(sampler.top_p, 1));
+    }
+    if sampler.min_p > 0.0 {
+        chain.push(LlamaSampler::min_p(sampler.min_p, 1));
+    }
+    chain.push(LlamaSampler::temp(sampler.temperature));
+    chain.push(LlamaSampler::dist(seed));
+    LlamaSampler::chain_simple(chain)
 }
 
 /// The llama.cpp file type for a quant type name (as `llama-quantize` spells it).

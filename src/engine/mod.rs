@@ -125,6 +125,10 @@ pub struct EngineTimings {
 /// A row callback: (window index, position, logits) → keep going or error.
 pub type RowSink<'a> = dyn FnMut(usize, usize, &[f32]) -> Result<()> + 'a;
 
+/// A pass callback: (window index, the pass's rows as (position, logits) in
+/// order) → keep going or error. The rows stay valid for the call only.
+pub type PassSink<'a> = dyn FnMut(usize, &[(usize, &[f32])]) -> Result<()> + 'a;
+
 /// A loaded model.
 pub trait LoadedModel: Send + Sync {
     /// Facts about the model.
@@ -136,14 +140,29 @@ pub trait LoadedModel: Send + Sync {
     fn tokenize_special(&self, text: &str, bos: BosPolicy) -> Result<Vec<Token>>;
     /// The text piece of one token.
     fn piece(&self, id: TokenId) -> Vec<u8>;
-    /// Teacher-forced scoring: memory cleared before each window; one finite
-    /// row per position from `logits_from`, in order.
+    /// Teacher-forced scoring: memory cleared before each window; after
+    /// each pass, its finite rows (positions from `logits_from`, in order)
+    /// handed over at once, so that they can be reduced in parallel.
+    fn score_passes(
+        &self,
+        settings: &Settings,
+        windows: &[Window],
+        sink: &mut PassSink<'_>,
+    ) -> Result<EngineTimings>;
+    /// [`LoadedModel::score_passes`], one row at a time.
     fn score(
         &self,
         settings: &Settings,
         windows: &[Window],
         sink: &mut RowSink<'_>,
-    ) -> Result<EngineTimings>;
+    ) -> Result<EngineTimings> {
+        self.score_passes(settings, windows, &mut |w, rows| {
+            for &(pos, row) in rows {
+                sink(w, pos, row)?;
+            }
+            Ok(())
+        })
+    }
     /// Greedy generation (argmax of raw logits, lowest id on ties) of up to
     /// `max_new` tokens after `prompt`; stops early at end-of-generation or
     /// when `stop` returns true for the tokens generated so far.
@@ -166,6 +185,29 @@ pub trait LoadedModel: Send + Sync {
         seed: u32,
         stop: &mut dyn FnMut(&[TokenId]) -> bool,
     ) -> Result<Vec<TokenId>>;
+    /// [`LoadedModel::sample`] once per seed, the same prompt each time:
+    /// stops as `stop(sample, generated)` says. A model may decode the
+    /// prompt once and reuse its cache and last row — each sample's tokens
+    /// are bitwise those of its own [`LoadedModel::sample`].
+    fn sample_many(
+        &self,
+        settings: &Settings,
+        prompt: &[TokenId],
+        max_new: usize,
+        sampler: &Sampler,
+        seeds: &[u32],
+        stop: &mut dyn FnMut(usize, &[TokenId]) -> bool,
+    ) -> Result<Vec<Vec<TokenId>>> {
+        seeds
+            .iter()
+            .enumerate()
+            .map(|(k, &seed)| {
+                self.sample(settings, prompt, max_new, sampler, seed, &mut |g| {
+                    stop(k, g)
+                })
+            })
+            .collect()
+    }
     /// The model's chat template applied to one user message, with the
     /// assistant turn opened. `builtin` names one of llama.cpp's built-in
     /// templates (`gemma`, `chatml`, …) for a file that carries none.
@@ -181,6 +223,12 @@ pub trait Engine: Send + Sync {
     /// Everything about this engine that changes results, for cache keys
     /// (the build label; a fake engine adds its models' behaviour).
     fn identity(&self) -> String {
+        self.build().label()
+    }
+    /// What decides the numbers of model `alias` besides its file's bytes,
+    /// for cache keys of its products: the build (a fake engine adds the
+    /// behaviour it gives that alias).
+    fn model_identity(&self, _alias: &str) -> String {
         self.build().label()
     }
     /// Derive a quantized file (`quant` as `llama-quantize` names it).

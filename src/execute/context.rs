@@ -9,11 +9,14 @@
 
 use crate::core::error::Result;
 use crate::core::{Case, Location};
-use crate::engine::{Engine, LoadedModel, ModelPool};
+use crate::engine::{BosPolicy, Engine, LoadedModel, ModelPool, TokenId};
 use crate::execute::reference::{same_tokenizer, ReferenceStore, Vocab};
 use crate::models::{ensure, Registry, Verified};
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
+
+type TokenSlot = Arc<OnceLock<Result<Arc<Vec<TokenId>>>>>;
 
 /// Everything a kind needs to run: models, threads, the reference store.
 pub struct RunContext {
@@ -23,6 +26,11 @@ pub struct RunContext {
     pub threads: u32,
     /// Reference rows and scores, shared by every candidate.
     pub references: ReferenceStore,
+    /// Per loaded model file (sha256): its GGUF tokenizer definition's hash.
+    tokenizers: Mutex<HashMap<String, String>>,
+    /// Token ids per (tokenizer, text, BOS): a text is tokenized once per
+    /// process for every model that shares a tokenizer.
+    token_ids: Mutex<HashMap<String, TokenSlot>>,
 }
 
 impl RunContext {
@@ -33,6 +41,8 @@ impl RunContext {
             pool: ModelPool::new(engine),
             threads: threads.max(1),
             references: ReferenceStore::new(crate::models::cache_dir().join("reference")),
+            tokenizers: Mutex::new(HashMap::new()),
+            token_ids: Mutex::new(HashMap::new()),
         }
     }
 
@@ -51,6 +61,13 @@ impl RunContext {
         self.pool.engine().build().label()
     }
 
+    /// What keys the products of model `alias` (scores, reference rows)
+    /// besides its file: the build, and whatever else the engine says
+    /// decides its numbers.
+    pub fn identity_of(&self, alias: &str) -> String {
+        self.pool.engine().model_identity(alias)
+    }
+
     /// Make a model available and verified (fetch/derive as needed).
     pub fn prepare(&self, alias: &str) -> Result<Verified> {
         let engine = self.pool.engine().clone();
@@ -64,7 +81,53 @@ impl RunContext {
     pub fn load(&self, alias: &str) -> Result<(Verified, Arc<dyn LoadedModel>)> {
         let v = self.prepare(alias)?;
         let m = self.pool.get(&v.file)?;
+        self.tokenizers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(v.file.sha256.clone(), v.header.tokenizer_sha256.clone());
         Ok((v, m))
+    }
+
+    /// The token ids of `text` under `model`'s tokenizer with BOS as `bos`
+    /// says: tokenized once per process for every model whose tokenizer is
+    /// the same — the same engine fingerprint (every piece, the special
+    /// ids) and the same GGUF tokenizer definition (vocabulary, merges,
+    /// pre-tokenizer; [`crate::models::gguf::GgufHeader::tokenizer_sha256`]).
+    /// A model not loaded through [`RunContext::load`] shares with nobody.
+    pub fn token_ids(
+        &self,
+        model: &dyn LoadedModel,
+        text: &str,
+        bos: BosPolicy,
+    ) -> Result<Arc<Vec<TokenId>>> {
+        let info = model.info();
+        let definition = self
+            .tokenizers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&info.file.sha256)
+            .cloned()
+            .unwrap_or_else(|| format!("file {}", info.file.sha256));
+        let add = match bos {
+            BosPolicy::Model => info.add_bos,
+            BosPolicy::Always => true,
+            BosPolicy::Never => false,
+        };
+        let key = format!(
+            "{}|{definition}|{}|{bos:?}|{add}",
+            info.tokenizer_fingerprint,
+            crate::core::fsutil::sha256_bytes(text.as_bytes())
+        );
+        let slot = {
+            let mut m = self.token_ids.lock().unwrap_or_else(|p| p.into_inner());
+            m.entry(key).or_default().clone()
+        };
+        slot.get_or_init(|| {
+            Ok(Arc::new(
+                model.tokenize(text, bos)?.iter().map(|t| t.id).collect(),
+            ))
+        })
+        .clone()
     }
 
     /// The reference model of a case (`at` is where the case names it),

@@ -4,6 +4,7 @@
 //! `.kld` import).
 
 pub mod context;
+pub mod observe;
 pub mod qgref;
 pub mod record;
 pub mod reference;

@@ -21,7 +21,7 @@ use crate::measure::kld::RefPosition;
 use std::collections::HashMap;
 use std::fmt::Display;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 /// Reference rows for KL, and where they came from.
 pub struct RefRows {
@@ -40,20 +40,32 @@ impl RefRows {
     }
 }
 
-type Slot<T> = Arc<OnceLock<Result<Arc<T>>>>;
+/// Products computed in this process, by id.
+type Memo<T> = Mutex<HashMap<String, Arc<T>>>;
 
 /// Reference rows and scores, once per process per key, cached on disk.
 pub struct ReferenceStore {
     /// Where the caches live (`<cache>/reference` by default).
     pub dir: PathBuf,
-    scores: Mutex<HashMap<String, Slot<Scored>>>,
-    rows: Mutex<HashMap<String, Slot<RefRows>>>,
+    scores: Memo<Scored>,
+    rows: Memo<RefRows>,
 }
 
-/// The once-per-process slot of `key` in a memo of shared results.
-fn memo_slot<T>(memo: &Mutex<HashMap<String, Slot<T>>>, key: &str) -> Slot<T> {
-    let mut m = memo.lock().unwrap_or_else(|p| p.into_inner());
-    m.entry(key.to_string()).or_default().clone()
+/// A product of this process's memo.
+fn memo_get<T>(memo: &Memo<T>, id: &str) -> Option<Arc<T>> {
+    memo.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(id)
+        .cloned()
+}
+
+/// Remember a product (the first one stays: equal ids, equal products).
+fn memo_put<T>(memo: &Memo<T>, id: &str, value: Arc<T>) -> Arc<T> {
+    memo.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .entry(id.to_string())
+        .or_insert(value)
+        .clone()
 }
 
 /// What a reference model's scores were computed from: its file, the plan,
@@ -83,15 +95,8 @@ impl ReferenceStore {
         }
     }
 
-    /// The reference's scores of `key.plan`: from this process's memo, the
-    /// record cache (when it is for the same model file and build and reads
-    /// back against the plan), or `score` (which returns the record header
-    /// and the scores), then recorded.
-    pub fn scores(
-        &self,
-        key: &ScoresKey,
-        score: &dyn Fn() -> Result<(RecordHeader, Scored)>,
-    ) -> Result<Arc<Scored>> {
+    /// The id and file of a reference's scores.
+    fn scores_file(&self, key: &ScoresKey) -> (String, PathBuf) {
         let id = format!(
             "{}|{}|{}|{}|{}",
             key.model_sha256,
@@ -100,48 +105,139 @@ impl ReferenceStore {
             key.build,
             key.windowing
         );
-        let slot = memo_slot(&self.scores, &id);
-        slot.get_or_init(|| {
-            // A reference record, sealed: read back only when intact.
-            let path = self.dir.join(format!(
-                "{}.qgscores",
-                crate::core::fsutil::sha256_bytes(id.as_bytes())
-            ));
-            let cached = read_sealed(&path).and_then(|b| match b {
-                None => Ok(None),
-                Some(b) => String::from_utf8(b).map(Some).map_err(|e| e.to_string()),
-            });
-            let text = cached.unwrap_or_else(|why| {
+        let path = self.dir.join(format!(
+            "{}.qgscores",
+            crate::core::fsutil::sha256_bytes(id.as_bytes())
+        ));
+        (id, path)
+    }
+
+    /// Where the scores of `key` are kept, and the id that names them.
+    pub fn scores_product(&self, key: &ScoresKey) -> (String, PathBuf) {
+        self.scores_file(key)
+    }
+
+    /// The reference's scores of `key.plan`: from this process's memo, the
+    /// record cache (when it is for the same model file and build and reads
+    /// back against the plan), or `score` (which returns the record header
+    /// and the scores), then recorded. Building takes the product's lock, so
+    /// concurrent processes score a reference once.
+    pub fn scores(
+        &self,
+        key: &ScoresKey,
+        score: &dyn Fn() -> Result<(RecordHeader, Scored)>,
+    ) -> Result<Arc<Scored>> {
+        let (id, path) = self.scores_file(key);
+        if let Some(s) = memo_get(&self.scores, &id) {
+            return Ok(s);
+        }
+        if let Some(s) = self.read_scores(key, &path) {
+            return Ok(memo_put(&self.scores, &id, s));
+        }
+        let _lock = self.lock(&id)?;
+        // Another thread or process may have built it while this one waited.
+        if let Some(s) = memo_get(&self.scores, &id) {
+            return Ok(s);
+        }
+        if let Some(s) = self.read_scores(key, &path) {
+            return Ok(memo_put(&self.scores, &id, s));
+        }
+        let (header, scored) = score()?;
+        write_sealed(&path, record_jsonl(&header, key.plan, &scored).into_bytes())?;
+        Ok(memo_put(&self.scores, &id, Arc::new(scored)))
+    }
+
+    /// The scores of `key` when this process or an earlier one computed
+    /// them (memo, or an intact file for the same model file and build that
+    /// reads back against the plan); never computes. A model's scores are
+    /// the same product whether it plays the reference or the candidate.
+    pub fn cached_scores(&self, key: &ScoresKey) -> Option<Arc<Scored>> {
+        let (id, path) = self.scores_file(key);
+        if let Some(s) = memo_get(&self.scores, &id) {
+            return Some(s);
+        }
+        if !path.is_file() {
+            return None;
+        }
+        let s = self.read_scores(key, &path)?;
+        Some(memo_put(&self.scores, &id, s))
+    }
+
+    /// Put scores a decode computed into the store (file and memo). Two
+    /// writers of one product write the same bytes, renamed atomically.
+    pub fn put_scores(
+        &self,
+        key: &ScoresKey,
+        header: &RecordHeader,
+        scored: Scored,
+    ) -> Result<Arc<Scored>> {
+        let (id, path) = self.scores_file(key);
+        write_sealed(&path, record_jsonl(header, key.plan, &scored).into_bytes())?;
+        Ok(memo_put(&self.scores, &id, Arc::new(scored)))
+    }
+
+    /// The scores file of `key`, when it is intact and for `key`.
+    fn read_scores(&self, key: &ScoresKey, path: &Path) -> Option<Arc<Scored>> {
+        let cached = read_sealed(path).and_then(|b| match b {
+            None => Ok(None),
+            Some(b) => String::from_utf8(b).map(Some).map_err(|e| e.to_string()),
+        });
+        let text = cached.unwrap_or_else(|why| {
+            eprintln!(
+                "quantgate: reference cache {} is unusable ({why}); rescoring `{}`",
+                path.display(),
+                key.alias
+            );
+            None
+        })?;
+        match read_record(&text, key.plan) {
+            Ok((h, scored)) if h.model_sha256 == key.model_sha256 && h.build == key.build => {
+                Some(Arc::new(scored))
+            }
+            Ok(_) => {
                 eprintln!(
-                    "quantgate: reference cache {} is unusable ({why}); rescoring `{}`",
+                    "quantgate: reference cache {} is for another model or build; rescoring",
+                    path.display()
+                );
+                None
+            }
+            Err(e) => {
+                eprintln!(
+                    "quantgate: reference cache {} is unusable ({e}); rescoring `{}`",
                     path.display(),
                     key.alias
                 );
                 None
-            });
-            if let Some(text) = text {
-                match read_record(&text, key.plan) {
-                    Ok((h, scored))
-                        if h.model_sha256 == key.model_sha256 && h.build == key.build =>
-                    {
-                        return Ok(Arc::new(scored))
-                    }
-                    Ok(_) => eprintln!(
-                        "quantgate: reference cache {} is for another model or build; rescoring",
-                        path.display()
-                    ),
-                    Err(e) => eprintln!(
-                        "quantgate: reference cache {} is unusable ({e}); rescoring `{}`",
-                        path.display(),
-                        key.alias
-                    ),
-                }
             }
-            let (header, scored) = score()?;
-            write_sealed(&path, record_jsonl(&header, key.plan, &scored).into_bytes())?;
-            Ok(Arc::new(scored))
-        })
-        .clone()
+        }
+    }
+
+    /// Whether a product (`id`, kept in `path`) is in this process's memo
+    /// or on disk. Only a hint for planning work: a file on disk is
+    /// verified when it is read, and rebuilt when it is not intact.
+    pub fn holds(&self, id: &str, path: &Path) -> bool {
+        memo_holds(&self.scores, id) || memo_holds(&self.rows, id) || path.is_file()
+    }
+
+    /// An exclusive lock on the product `id` (a `flock` on
+    /// `<dir>/locks/<sha>.lock`, released when dropped or when the process
+    /// dies, so never stale): held while a product is built, so that
+    /// concurrent processes and threads build it once.
+    pub fn lock(&self, id: &str) -> Result<std::fs::File> {
+        let dir = self.dir.join("locks");
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        let path = dir.join(format!(
+            "{}.lock",
+            crate::core::fsutil::sha256_bytes(id.as_bytes())
+        ));
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| Error::io(&path, e))?;
+        f.lock().map_err(|e| Error::io(&path, e))?;
+        Ok(f)
     }
 
     /// Reference rows from the `.qgref` cache file of `header`, or built by
@@ -177,6 +273,68 @@ impl ReferenceStore {
         Ok(refs)
     }
 
+    /// Where the rows of `header` are kept, and the id that names them.
+    pub fn rows_product(&self, header: &CacheHeader) -> (String, PathBuf) {
+        let key = header.key();
+        let path = self.dir.join(format!("{key}.qgref"));
+        (key, path)
+    }
+
+    /// Put rows a shared decode computed into the store (file and memo);
+    /// `header` gets the reference's vocabulary size and fingerprint. The
+    /// caller holds the product's lock.
+    pub fn put_rows(
+        &self,
+        header: &CacheHeader,
+        n_vocab: usize,
+        fingerprint: String,
+        rows: Vec<RefPosition>,
+    ) -> Result<()> {
+        let (key, path) = self.rows_product(header);
+        let rows = self.write_rows(header, &path, n_vocab, fingerprint, rows)?;
+        memo_put(&self.rows, &key, rows);
+        Ok(())
+    }
+
+    fn write_rows(
+        &self,
+        header: &CacheHeader,
+        path: &Path,
+        n_vocab: usize,
+        fingerprint: String,
+        rows: Vec<RefPosition>,
+    ) -> Result<Arc<RefRows>> {
+        let mut h = header.clone();
+        h.n_vocab = n_vocab;
+        h.tokenizer_fingerprint = fingerprint;
+        std::fs::create_dir_all(&self.dir).map_err(|e| Error::io(&self.dir, e))?;
+        crate::core::fsutil::write_atomic(path, &crate::execute::qgref::encode(&h, &rows))?;
+        Ok(Arc::new(RefRows {
+            rows,
+            n_vocab: h.n_vocab,
+            tokenizer_fingerprint: h.tokenizer_fingerprint,
+        }))
+    }
+
+    /// The rows file of `header`: None when absent; the reason when it is
+    /// not intact or not for `header`.
+    fn read_rows(
+        header: &CacheHeader,
+        path: &Path,
+    ) -> std::result::Result<Option<Arc<RefRows>>, String> {
+        match std::fs::read(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.to_string()),
+            Ok(bytes) => crate::execute::qgref::decode(&bytes, header).map(|(h, rows)| {
+                Some(Arc::new(RefRows {
+                    rows,
+                    n_vocab: h.n_vocab,
+                    tokenizer_fingerprint: h.tokenizer_fingerprint,
+                }))
+            }),
+        }
+    }
+
     fn cached_rows(
         &self,
         header: &CacheHeader,
@@ -184,53 +342,49 @@ impl ReferenceStore {
         ref_alias: &str,
         build: &dyn Fn() -> Result<(usize, String, Vec<RefPosition>)>,
     ) -> Result<Arc<RefRows>> {
-        let key = header.key();
-        let path = self.dir.join(format!("{key}.qgref"));
-        let slot = memo_slot(&self.rows, &key);
-        slot.get_or_init(|| {
-            let corrupt = match std::fs::read(&path) {
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-                Err(e) => Some(e.to_string()),
-                Ok(bytes) => match crate::execute::qgref::decode(&bytes, header) {
-                    Ok((h, rows)) => {
-                        return Ok(Arc::new(RefRows {
-                            rows,
-                            n_vocab: h.n_vocab,
-                            tokenizer_fingerprint: h.tokenizer_fingerprint,
-                        }))
-                    }
-                    Err(why) => Some(why),
-                },
-            };
-            if let Some(why) = &corrupt {
-                eprintln!(
-                    "quantgate: reference cache {} is unusable ({why}); rebuilding it from `{ref_alias}`",
-                    path.display()
-                );
-            }
-            let (n_vocab, fingerprint, rows) = build().map_err(|e| match &corrupt {
-                Some(why) => Error::input(format!(
-                    "{}: reference cache {} is unusable ({why}), and the reference model `{ref_alias}` \
-                     is not available to rebuild it: {}",
-                    case_path.display(),
-                    path.display(),
-                    e.message
-                )),
-                None => e,
-            })?;
-            let mut h = header.clone();
-            h.n_vocab = n_vocab;
-            h.tokenizer_fingerprint = fingerprint;
-            std::fs::create_dir_all(&self.dir).map_err(|e| Error::io(&self.dir, e))?;
-            crate::core::fsutil::write_atomic(&path, &crate::execute::qgref::encode(&h, &rows))?;
-            Ok(Arc::new(RefRows {
-                rows,
-                n_vocab: h.n_vocab,
-                tokenizer_fingerprint: h.tokenizer_fingerprint,
-            }))
-        })
-        .clone()
+        let (key, path) = self.rows_product(header);
+        if let Some(r) = memo_get(&self.rows, &key) {
+            return Ok(r);
+        }
+        let mut corrupt = match Self::read_rows(header, &path) {
+            Ok(Some(rows)) => return Ok(memo_put(&self.rows, &key, rows)),
+            Ok(None) => None,
+            Err(why) => Some(why),
+        };
+        let _lock = self.lock(&key)?;
+        // Another thread or process may have built it while this one waited.
+        if let Some(r) = memo_get(&self.rows, &key) {
+            return Ok(r);
+        }
+        match Self::read_rows(header, &path) {
+            Ok(Some(rows)) => return Ok(memo_put(&self.rows, &key, rows)),
+            Ok(None) => {}
+            Err(why) => corrupt = Some(why),
+        }
+        if let Some(why) = &corrupt {
+            eprintln!(
+                "quantgate: reference cache {} is unusable ({why}); rebuilding it from `{ref_alias}`",
+                path.display()
+            );
+        }
+        let (n_vocab, fingerprint, rows) = build().map_err(|e| match &corrupt {
+            Some(why) => Error::input(format!(
+                "{}: reference cache {} is unusable ({why}), and the reference model `{ref_alias}` \
+                 is not available to rebuild it: {}",
+                case_path.display(),
+                path.display(),
+                e.message
+            )),
+            None => e,
+        })?;
+        let rows = self.write_rows(header, &path, n_vocab, fingerprint, rows)?;
+        Ok(memo_put(&self.rows, &key, rows))
     }
+}
+
+/// Whether `id` is in a memo.
+fn memo_holds<T>(m: &Memo<T>, id: &str) -> bool {
+    m.lock().unwrap_or_else(|p| p.into_inner()).contains_key(id)
 }
 
 /// A model's vocabulary as the tokenizer check sees it.

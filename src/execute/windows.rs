@@ -20,7 +20,9 @@
 use crate::core::error::{Error, Result};
 use crate::core::Settings;
 use crate::engine::{LoadedModel, TokenId, Window};
-use crate::measure::{row_stats, row_stats_exps, RowStats, WindowNll};
+use crate::execute::observe::{observe_one, Consumer, Mapped, Observation, Row};
+use crate::measure::{RowStats, WindowNll};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How a token stream is cut into windows.
@@ -255,9 +257,33 @@ pub struct Scored {
     pub measure: Duration,
 }
 
+impl ScoringPlan {
+    /// The engine windows of the plan.
+    pub fn engine_windows(&self) -> Vec<Window> {
+        self.windows.iter().map(|w| w.window.clone()).collect()
+    }
+
+    /// Scored targets over all windows.
+    pub fn targets(&self) -> usize {
+        self.windows.iter().map(|w| w.targets.len()).sum()
+    }
+
+    /// The observation of the plan on `model` with `n_batch` and `threads`.
+    pub fn observation(
+        &self,
+        model: Arc<dyn LoadedModel>,
+        n_batch: u32,
+        threads: u32,
+    ) -> Observation {
+        let mut settings = Settings::new(self.n_ctx, threads);
+        settings.n_batch = n_batch;
+        Observation::new(model, settings, self.engine_windows())
+    }
+}
+
 /// Score every planned window on `model`.
 pub fn score_plan(
-    model: &dyn LoadedModel,
+    model: Arc<dyn LoadedModel>,
     plan: &ScoringPlan,
     n_batch: u32,
     threads: u32,
@@ -283,72 +309,178 @@ pub struct ScoredRow<'a> {
     pub exps: &'a [f64],
 }
 
+/// Where a row falls in a plan: its index over all scored positions, its
+/// window, its index among the window's targets, and the target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScoredAt {
+    /// Index over the whole plan (window after window).
+    pub index: usize,
+    /// Window.
+    pub window: usize,
+    /// Index among the window's targets.
+    pub k: usize,
+    /// The true next token.
+    pub target: usize,
+}
+
+/// What every window-scoring consumer collects, row by row: the NLL, top-1
+/// and argmax of each scored position and the per-window sums.
+#[derive(Debug)]
+pub struct PlanScorer {
+    plan: Arc<ScoringPlan>,
+    n_vocab: usize,
+    /// Index over the plan of each window's first target.
+    offsets: Vec<usize>,
+    scored: Scored,
+}
+
+impl PlanScorer {
+    /// A scorer of `plan` for a model of `n_vocab` tokens.
+    pub fn new(plan: Arc<ScoringPlan>, n_vocab: usize) -> Self {
+        let total = plan.targets();
+        let scored = Scored {
+            windows: vec![WindowNll::default(); plan.windows.len()],
+            token_nll: Vec::with_capacity(total),
+            token_top1: Vec::with_capacity(total),
+            token_argmax: Vec::with_capacity(total),
+            ..Scored::default()
+        };
+        let offsets = plan
+            .windows
+            .iter()
+            .scan(0, |at, w| {
+                let here = *at;
+                *at += w.targets.len();
+                Some(here)
+            })
+            .collect();
+        PlanScorer {
+            plan,
+            n_vocab,
+            offsets,
+            scored,
+        }
+    }
+
+    /// Where the row of (`window`, `pos`) falls in the plan, if it scores a
+    /// target there; stateless (any thread, any order).
+    pub fn locate(&self, window: usize, pos: usize) -> Option<ScoredAt> {
+        let pw = self.plan.windows.get(window)?;
+        let k = pos
+            .checked_sub(pw.first_scored)
+            .filter(|k| *k < pw.targets.len())?;
+        Some(ScoredAt {
+            index: self.offsets[window] + k,
+            window,
+            k,
+            target: pw.targets[k] as usize,
+        })
+    }
+
+    /// The plan.
+    pub fn plan(&self) -> &Arc<ScoringPlan> {
+        &self.plan
+    }
+
+    /// Score `row` when the plan scores a target there (its place), else
+    /// None. Rows come in order.
+    pub fn take(&mut self, row: &Row<'_>) -> Result<Option<ScoredAt>> {
+        let Some(at) = self.locate(row.window, row.pos) else {
+            return Ok(None);
+        };
+        let target = self.plan.windows[row.window].targets[at.k];
+        if target < 0 || target as usize >= self.n_vocab {
+            return Err(Error::input(format!(
+                "token id {target} (window {}, position {}) is outside the vocabulary of {} tokens",
+                row.window,
+                row.pos + 1,
+                self.n_vocab
+            )));
+        }
+        if at.index != self.scored.token_nll.len() {
+            return Err(Error::engine(format!(
+                "row of window {}, position {} out of order",
+                row.window, row.pos
+            )));
+        }
+        let st = row.stats;
+        let nll = -st.logprob(row.logits, target as usize);
+        let top1 = st.argmax == target as usize;
+        self.scored.windows[row.window].add(nll, top1);
+        self.scored.token_nll.push(nll);
+        self.scored.token_top1.push(top1);
+        self.scored.token_argmax.push(st.argmax as TokenId);
+        Ok(Some(at))
+    }
+
+    /// Every planned target scored, or rows went missing.
+    pub fn finish(self) -> Result<Scored> {
+        let total = self.plan.targets();
+        if self.scored.token_nll.len() != total {
+            return Err(Error::engine(format!(
+                "scored {} positions, planned {total}: rows went missing",
+                self.scored.token_nll.len()
+            )));
+        }
+        Ok(self.scored)
+    }
+}
+
+/// A [`score_plan_with`] hook.
+pub type RowHook<'a> = dyn FnMut(ScoredRow<'_>) -> Result<()> + Send + 'a;
+
 /// [`score_plan`], also handing every scored row to `hook` (its time counts
 /// as measure time); with `want_exps` the row's `exp(l − max)` terms too
 /// (otherwise `exps` is empty).
 pub fn score_plan_with(
-    model: &dyn LoadedModel,
+    model: Arc<dyn LoadedModel>,
     plan: &ScoringPlan,
     n_batch: u32,
     threads: u32,
     want_exps: bool,
-    hook: &mut dyn FnMut(ScoredRow<'_>) -> Result<()>,
+    hook: &mut RowHook<'_>,
 ) -> Result<Scored> {
-    let mut exps: Vec<f64> = Vec::new();
-    let mut settings = Settings::new(plan.n_ctx, threads);
-    settings.n_batch = n_batch;
-    let windows: Vec<Window> = plan.windows.iter().map(|w| w.window.clone()).collect();
-    let total: usize = plan.windows.iter().map(|w| w.targets.len()).sum();
-    let mut out = Scored {
-        windows: vec![WindowNll::default(); windows.len()],
-        token_nll: Vec::with_capacity(total),
-        token_top1: Vec::with_capacity(total),
-        token_argmax: Vec::with_capacity(total),
-        ..Scored::default()
-    };
-    let n_vocab = model.info().n_vocab;
-    let et = model.score(&settings, &windows, &mut |w, pos, row| {
-        let pw = &plan.windows[w];
-        let Some(k) = pos.checked_sub(pw.first_scored).filter(|k| *k < pw.targets.len()) else {
-            return Ok(());
-        };
-        let target = pw.targets[k];
-        if target < 0 || target as usize >= n_vocab {
-            return Err(Error::input(format!(
-                "token id {target} (window {w}, position {}) is outside the vocabulary of {n_vocab} tokens",
-                pos + 1
-            )));
-        }
-        let st = if want_exps {
-            row_stats_exps(row, &mut exps)
-        } else {
-            row_stats(row)
-        };
-        let nll = -st.logprob(row, target as usize);
-        let top1 = st.argmax == target as usize;
-        hook(ScoredRow {
-            exps: &exps,
-            index: out.token_nll.len(),
-            window: w,
-            k,
-            target: target as usize,
-            row,
-            stats: &st,
-        })?;
-        out.windows[w].add(nll, top1);
-        out.token_nll.push(nll);
-        out.token_top1.push(top1);
-        out.token_argmax.push(st.argmax as TokenId);
-        Ok(())
-    })?;
-    if out.token_nll.len() != total {
-        return Err(Error::engine(format!(
-            "scored {} positions, planned {total}: rows went missing",
-            out.token_nll.len()
-        )));
+    /// The hook is stateful: it runs in `absorb`, in order, with the
+    /// row's exps recomputed there when asked for (the mutex only makes the
+    /// consumer shareable; `map` never touches it).
+    struct Hooked<'h> {
+        scorer: PlanScorer,
+        want_exps: bool,
+        exps: Vec<f64>,
+        hook: std::sync::Mutex<&'h mut RowHook<'h>>,
     }
-    out.decode = et.decode;
-    out.measure = et.callback;
+    impl Consumer for Hooked<'_> {
+        fn absorb(&mut self, row: &Row<'_>, _: Mapped) -> Result<()> {
+            if let Some(at) = self.scorer.take(row)? {
+                if self.want_exps {
+                    crate::measure::row_stats_exps(row.logits, &mut self.exps);
+                }
+                let hook = self.hook.get_mut().unwrap_or_else(|p| p.into_inner());
+                hook(ScoredRow {
+                    index: at.index,
+                    window: at.window,
+                    k: at.k,
+                    target: at.target,
+                    row: row.logits,
+                    stats: row.stats,
+                    exps: if self.want_exps { &self.exps } else { &[] },
+                })?;
+            }
+            Ok(())
+        }
+    }
+    let n_vocab = model.info().n_vocab;
+    let obs = plan.observation(model, n_batch, threads);
+    let mut c = Hooked {
+        scorer: PlanScorer::new(Arc::new(plan.clone()), n_vocab),
+        want_exps,
+        exps: Vec::new(),
+        hook: std::sync::Mutex::new(hook),
+    };
+    let seen = observe_one(&obs, &mut c)?;
+    let mut out = c.scorer.finish()?;
+    out.decode = seen.decode;
+    out.measure = seen.reduce + seen.consumer[0];
     Ok(out)
 }
 

@@ -6,34 +6,39 @@
 //! failure explanation (gate violations, golden diffs, errors) goes into the
 //! test's failure message; gate violations fail whatever the update mode.
 //!
-//! Crash isolation: by default each trial runs in a worker process (this
-//! executable re-run with `QUANTGATE_WORKER=<alias>`), the test name on its
-//! stdin, the result as one line on its stdout. llama.cpp aborts the process
-//! on some inputs; a worker that dies fails its test with the signal, the
-//! model, its file and the case, and every other test still runs.
-//! `QUANTGATE_ISOLATION=model` shares one worker per model (a crash then
-//! fails that model's remaining tests), `off` runs everything in one
-//! process; under nextest (a process per test already) workers are not used.
+//! Plan by observation: the selected tests are grouped by what the engine
+//! must decode (`plan::groups`); the first test of a group to run runs the
+//! whole group in one decode — after the groups whose references it reads —
+//! and its other tests take their verdicts from there.
+//!
+//! Crash isolation: by default each group runs in a worker process (this
+//! executable re-run with `QUANTGATE_WORKER=<alias>`), the job on its stdin,
+//! a result per test on its stdout. llama.cpp aborts the process on some
+//! inputs; a worker that dies fails the tests of its job with the signal,
+//! the model, its file and the case, and every other test still runs.
+//! `QUANTGATE_ISOLATION=test` gives every test its own worker and its own
+//! decode (nothing shared), `model` one worker per model (a crash then fails
+//! that model's remaining tests), `off` runs everything in one process;
+//! under nextest (a process per test already) workers are not used.
 
-mod result_cache;
 mod trial;
 mod worker;
 
-pub use trial::run_trial;
+pub use trial::{group_verdicts, run_trial, Verdict};
 pub use worker::WORKER_ENV;
 
 use crate::core::outcome::split_test_name;
 use crate::engine::Engine;
 use crate::execute::{threads_per_trial, RunContext};
-use crate::golden::{self, Goldens};
+use crate::golden::{self, Goldens, UpdateMode};
+use crate::plan::groups::{groups, Group};
 use crate::plan::{plan, Planned};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex};
-use trial::trial_result;
-use worker::Worker;
+use std::sync::{Arc, Mutex, OnceLock};
+use worker::{Job, Worker};
 
 /// The package root at run time: `CARGO_MANIFEST_DIR` as cargo and nextest
 /// set it in the environment of the test binaries they run, else the working
@@ -67,14 +72,16 @@ pub fn run_suites(suites: &Path, goldens: &Path, engine: Arc<dyn Engine>) -> Exi
 enum Isolation {
     /// Everything in this process.
     Off,
-    /// One worker per model, running that model's trials in turn.
+    /// One worker per model, running that model's groups in turn.
     Model,
-    /// One worker per trial.
+    /// One worker per group of tests that share a decode.
+    Group,
+    /// One worker per test, nothing shared.
     Test,
 }
 
-/// `QUANTGATE_ISOLATION` = off | model | test (default test; off under
-/// nextest, which runs a process per test itself).
+/// `QUANTGATE_ISOLATION` = off | model | group | test (default group; off
+/// under nextest, which runs a process per test itself).
 fn isolation() -> Isolation {
     if std::env::var_os("NEXTEST").is_some() {
         return Isolation::Off;
@@ -82,7 +89,101 @@ fn isolation() -> Isolation {
     match std::env::var("QUANTGATE_ISOLATION").as_deref() {
         Ok("off") => Isolation::Off,
         Ok("model") => Isolation::Model,
-        _ => Isolation::Test,
+        Ok("test") => Isolation::Test,
+        _ => Isolation::Group,
+    }
+}
+
+/// Where a group's job runs: this process, one worker process, or any
+/// idle worker process of a model.
+#[derive(Clone)]
+enum Executor {
+    InProcess(Arc<RunContext>),
+    Worker(Arc<Mutex<Worker>>),
+    Pool(Arc<WorkerPool>),
+}
+
+/// A model's worker processes: a job takes an idle one (or starts one) and
+/// gives it back when done, so that a process's start, the model's sha256
+/// check and its load are paid once for many jobs; a worker that died is
+/// not given back (its job's tests say why; the next job starts afresh).
+struct WorkerPool {
+    alias: String,
+    model_path: String,
+    idle: Mutex<Vec<Worker>>,
+}
+
+impl WorkerPool {
+    fn run(&self, job: &Job, threads: u32) -> Vec<(String, Verdict)> {
+        let taken = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut w = taken.unwrap_or_else(|| Worker::new(&self.alias, self.model_path.clone()));
+        let verdicts = w.run(job, threads);
+        if !w.is_dead() {
+            self.idle.lock().unwrap_or_else(|e| e.into_inner()).push(w);
+        }
+        verdicts
+    }
+}
+
+/// What every test closure shares: the plan, its groups and their verdicts.
+struct Shared {
+    planned: Vec<Planned>,
+    groups: Vec<Group>,
+    /// Per group: its verdicts by test name, once run.
+    slots: Vec<OnceLock<HashMap<String, Verdict>>>,
+    /// Per group: where it runs (reference-only groups run where the test
+    /// that needs them runs).
+    executors: Vec<Option<Executor>>,
+    goldens: Arc<Goldens>,
+    mode: UpdateMode,
+    threads: u32,
+    counts: Counts,
+}
+
+impl Shared {
+    /// Run group `g` (once) on `via` unless it has its own executor.
+    fn run_group(&self, g: usize, via: &Executor) -> &HashMap<String, Verdict> {
+        self.slots[g].get_or_init(|| {
+            let grp = &self.groups[g];
+            // The groups it reads references from, first.
+            for &a in &grp.after {
+                self.run_group(a, self.executors[g].as_ref().unwrap_or(via));
+            }
+            let exec = self.executors[g].as_ref().unwrap_or(via);
+            let names = |ix: &[usize]| -> Vec<String> {
+                ix.iter().map(|&i| self.planned[i].name.clone()).collect()
+            };
+            let verdicts: Vec<(String, Verdict)> = match exec {
+                Executor::InProcess(cx) => {
+                    let run: Vec<&Planned> = grp.trials.iter().map(|&i| &self.planned[i]).collect();
+                    let provide: Vec<&Planned> =
+                        grp.provides.iter().map(|&i| &self.planned[i]).collect();
+                    names(&grp.trials)
+                        .into_iter()
+                        .zip(group_verdicts(cx, &run, &provide, &self.goldens, self.mode))
+                        .collect()
+                }
+                Executor::Worker(w) => {
+                    let job = Job {
+                        run: names(&grp.trials),
+                        provide: names(&grp.provides),
+                    };
+                    let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
+                    w.run(&job, self.threads)
+                }
+                Executor::Pool(pool) => {
+                    let job = Job {
+                        run: names(&grp.trials),
+                        provide: names(&grp.provides),
+                    };
+                    pool.run(&job, self.threads)
+                }
+            };
+            for (_, v) in &verdicts {
+                self.counts.record(&v.0, v.1);
+            }
+            verdicts.into_iter().collect()
+        })
     }
 }
 
@@ -123,72 +224,129 @@ pub fn run_with_args(
     };
     let goldens = Arc::new(Goldens::new(goldens.to_path_buf()));
     let n_planned = planned.len();
-    let mut trials = vec![orphan_trial(suites, &goldens, &planned)];
+    let orphans = orphan_trial(suites, &goldens, &planned);
     let threads = threads_per_trial(concurrent);
-    let counts = Arc::new(Counts::default());
     let isolation = isolation();
-    if isolation != Isolation::Off {
-        let label = engine.build().label();
-        let mut workers: HashMap<String, Arc<Mutex<Worker>>> = HashMap::new();
-        // Round-robin over models, so concurrent test threads keep different
-        // workers busy instead of queueing on one model's worker.
-        let mut by_model: Vec<Vec<Planned>> = Vec::new();
-        for p in planned {
-            match by_model.iter_mut().find(|g| g[0].model == p.model) {
-                Some(g) => g.push(p),
-                None => by_model.push(vec![p]),
-            }
-        }
-        let mut order = Vec::new();
-        let longest = by_model.iter().map(Vec::len).max().unwrap_or(0);
-        let mut iters: Vec<_> = by_model.into_iter().map(Vec::into_iter).collect();
-        for _ in 0..longest {
-            order.extend(iters.iter_mut().filter_map(Iterator::next));
-        }
-        for p in order {
-            if let Err(e) = &p.case {
-                // A case that does not parse fails without a worker.
-                trials.push(failing(&p.name, e.message.clone()));
-                continue;
-            }
-            let key = match isolation {
-                Isolation::Model => p.model.clone(),
-                _ => p.name.clone(),
-            };
-            let w = workers
-                .entry(key)
-                .or_insert_with(|| {
-                    let model_path = registry
-                        .location(&p.model, &label)
-                        .map(|l| l.display().to_string())
-                        .unwrap_or_else(|_| "?".into());
-                    Arc::new(Mutex::new(Worker::new(&p.model, model_path)))
-                })
-                .clone();
-            let name = p.name.clone();
-            let counts = counts.clone();
-            trials.push(Trial::test(p.name.clone(), move || {
-                let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
-                let (result, errored) = w.run(&name, threads);
-                counts.record(&result, errored);
-                result.map_err(Failed::from)
-            }));
-        }
-        let conclusion = libtest_mimic::run(args, trials);
-        counts.print(args, &conclusion, n_planned);
-        return conclusion.exit_code();
-    }
+    // Groups of the tests this run selects (a filtered-out test is neither
+    // run nor given reference work).
+    let selected: Vec<bool> = planned
+        .iter()
+        .map(|p| !args.is_filtered_out(&Trial::test(p.name.clone(), || Ok(()))))
+        .collect();
+    let groups = groups(&planned, &selected, isolation != Isolation::Test);
+    let label = engine.build().label();
     let runner = Arc::new(RunContext::new(registry, engine, threads));
-    for p in planned {
-        let (runner, goldens, counts) = (runner.clone(), goldens.clone(), counts.clone());
+    let model_path = |alias: &str| {
+        runner
+            .registry()
+            .location(alias, &label)
+            .map(|l| l.display().to_string())
+            .unwrap_or_else(|_| "?".into())
+    };
+    let mut workers: HashMap<String, Arc<Mutex<Worker>>> = HashMap::new();
+    let mut pools: HashMap<String, Arc<WorkerPool>> = HashMap::new();
+    let executors = groups
+        .iter()
+        .enumerate()
+        .map(|(g, grp)| {
+            if grp.reference_only() {
+                return None;
+            }
+            Some(match isolation {
+                Isolation::Off => Executor::InProcess(runner.clone()),
+                Isolation::Group => Executor::Pool(
+                    pools
+                        .entry(grp.model.clone())
+                        .or_insert_with(|| {
+                            Arc::new(WorkerPool {
+                                alias: grp.model.clone(),
+                                model_path: model_path(&grp.model),
+                                idle: Mutex::new(Vec::new()),
+                            })
+                        })
+                        .clone(),
+                ),
+                _ => {
+                    let key = match isolation {
+                        Isolation::Model => grp.model.clone(),
+                        _ => format!("group {g}"),
+                    };
+                    let w = workers.entry(key).or_insert_with(|| {
+                        Arc::new(Mutex::new(Worker::new(&grp.model, model_path(&grp.model))))
+                    });
+                    Executor::Worker(w.clone())
+                }
+            })
+        })
+        .collect();
+    let group_of: HashMap<usize, usize> = groups
+        .iter()
+        .enumerate()
+        .flat_map(|(g, grp)| grp.trials.iter().map(move |&i| (i, g)))
+        .collect();
+    let n_groups = groups.len();
+    let shared = Arc::new(Shared {
+        planned,
+        slots: (0..n_groups).map(|_| OnceLock::new()).collect(),
+        groups,
+        executors,
+        goldens,
+        mode,
+        threads,
+        counts: Counts::default(),
+    });
+    // Tests in group order, first tests of every group first: the test that
+    // runs a group comes before the tests that only read its verdicts, and
+    // two test threads start two groups.
+    let mut order: Vec<usize> = Vec::new();
+    let longest = shared
+        .groups
+        .iter()
+        .map(|g| g.trials.len())
+        .max()
+        .unwrap_or(0);
+    for k in 0..longest {
+        order.extend(
+            shared
+                .groups
+                .iter()
+                .filter_map(|g| g.trials.get(k).copied()),
+        );
+    }
+    // Filtered-out tests are listed too (libtest drops them).
+    order.extend((0..shared.planned.len()).filter(|i| !group_of.contains_key(i)));
+    let mut trials = vec![orphans];
+    for i in order {
+        let p = &shared.planned[i];
+        if let Err(e) = &p.case {
+            // A case that does not parse fails without a worker.
+            let msg = e.message.clone();
+            let shared = shared.clone();
+            trials.push(Trial::test(p.name.clone(), move || {
+                shared.counts.record(&Err(String::new()), true);
+                Err(Failed::from(msg.clone()))
+            }));
+            continue;
+        }
+        let Some(&g) = group_of.get(&i) else {
+            trials.push(Trial::test(p.name.clone(), || Ok(())));
+            continue;
+        };
+        let shared = shared.clone();
+        let name = p.name.clone();
         trials.push(Trial::test(p.name.clone(), move || {
-            let (result, errored) = trial_result(&runner, &p, &goldens, mode);
-            counts.record(&result, errored);
-            result.map_err(Failed::from)
+            let via = shared.executors[g]
+                .clone()
+                .expect("a group with trials runs somewhere");
+            let verdicts = shared.run_group(g, &via);
+            match verdicts.get(&name) {
+                Some((result, _)) => result.clone().map_err(Failed::from),
+                None => Err(Failed::from(format!("{name}: no verdict from its group"))),
+            }
         }));
     }
     let conclusion = libtest_mimic::run(args, trials);
-    counts.print(args, &conclusion, n_planned);
+    shared.counts.print(args, &conclusion, n_planned);
     conclusion.exit_code()
 }
 

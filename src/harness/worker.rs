@@ -1,13 +1,15 @@
-//! Worker processes: each trial (or each model's trials) in a child process
-//! — this executable re-run with `QUANTGATE_WORKER=<alias>` — the test name
-//! on its stdin, the result as one line on its stdout. A worker that dies
-//! (llama.cpp aborts on some inputs) fails its test with the signal, the
-//! model, its file and the case.
+//! Worker processes: a group of trials that share a decode (or, with
+//! `QUANTGATE_ISOLATION=model`, each of a model's groups in turn) run in a
+//! child process — this executable re-run with `QUANTGATE_WORKER=<alias>` —
+//! the job (the trials to run, the trials whose reference work to do) as one
+//! JSON line on its stdin, a result line per trial on its stdout, then a
+//! done line. A worker that dies (llama.cpp aborts on some inputs) fails the
+//! tests of its job with the signal, the model, its file and the case.
 
 use crate::engine::Engine;
 use crate::execute::{threads_per_trial, RunContext};
 use crate::golden::{self, Goldens};
-use crate::harness::trial::trial_result;
+use crate::harness::trial::{group_verdicts, Verdict};
 use crate::plan::plan;
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -18,11 +20,24 @@ use std::sync::Arc;
 pub const WORKER_ENV: &str = "QUANTGATE_WORKER";
 /// Prefix of a worker's result lines (anything else on stdout is ignored).
 const RESULT: &str = "QUANTGATE-RESULT ";
+/// The line that ends a job's answer.
+const DONE: &str = "QUANTGATE-DONE";
 
-/// Worker mode: run the named trials of model `alias` as they arrive on
-/// stdin; answer each with a result line.
+/// One job: trials run together, and trials whose reference work is done
+/// in the same decode.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct Job {
+    /// Test names to run (one result line each).
+    pub run: Vec<String>,
+    /// Test names whose reference products to build.
+    pub provide: Vec<String>,
+}
+
+/// Worker mode: run the jobs that arrive on stdin; answer each trial with a
+/// result line, each job with a done line.
 pub fn worker(suites: &Path, goldens: &Path, engine: Arc<dyn Engine>, alias: &str) -> ExitCode {
-    let (registry, planned) = match plan(suites, &[], &[alias.to_string()]) {
+    // The whole plan: a job may do reference work for other models' trials.
+    let (registry, planned) = match plan(suites, &[], &[]) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("quantgate worker `{alias}`: {}", e.message);
@@ -45,27 +60,48 @@ pub fn worker(suites: &Path, goldens: &Path, engine: Arc<dyn Engine>, alias: &st
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
     for line in stdin.lock().lines() {
-        let Ok(name) = line else { break };
-        let result = match planned.iter().find(|p| p.name == name) {
-            Some(p) => trial_result(&runner, p, &goldens, mode),
-            None => (
-                Err(format!("worker `{alias}`: no planned test `{name}`")),
-                true,
-            ),
+        let Ok(line) = line else { break };
+        let job: Job = match serde_json::from_str(&line) {
+            Ok(j) => j,
+            Err(e) => {
+                eprintln!("quantgate worker `{alias}`: unreadable job `{line}`: {e}");
+                return ExitCode::from(2);
+            }
         };
-        let (result, errored) = result;
-        let reply = serde_json::json!({ "name": name, "error": result.err(), "errored": errored });
-        if writeln!(out, "{RESULT}{reply}")
-            .and_then(|()| out.flush())
-            .is_err()
-        {
+        let find = |n: &String| planned.iter().find(|p| p.name == *n);
+        let provide: Vec<_> = job.provide.iter().filter_map(find).collect();
+        let (known, unknown): (Vec<&String>, Vec<&String>) =
+            job.run.iter().partition(|n| find(n).is_some());
+        let group: Vec<_> = known.iter().filter_map(|n| find(n)).collect();
+        let mut replies: Vec<(String, Verdict)> = known
+            .iter()
+            .map(|n| n.to_string())
+            .zip(group_verdicts(&runner, &group, &provide, &goldens, mode))
+            .collect();
+        for n in unknown {
+            replies.push((
+                n.clone(),
+                (
+                    Err(format!("worker `{alias}`: no planned test `{n}`")),
+                    true,
+                ),
+            ));
+        }
+        for (name, (result, errored)) in replies {
+            let reply =
+                serde_json::json!({ "name": name, "error": result.err(), "errored": errored });
+            if writeln!(out, "{RESULT}{reply}").is_err() {
+                return ExitCode::SUCCESS;
+            }
+        }
+        if writeln!(out, "{DONE}").and_then(|()| out.flush()).is_err() {
             break;
         }
     }
     ExitCode::SUCCESS
 }
 
-/// One model's worker process, started on first use.
+/// One worker process, started on first use.
 pub struct Worker {
     alias: String,
     model_path: String,
@@ -75,7 +111,7 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// The worker of model `alias` (its file `model_path`, for messages),
+    /// A worker for model `alias` (its file `model_path`, for messages),
     /// started on first use.
     pub fn new(alias: &str, model_path: String) -> Self {
         Worker {
@@ -85,22 +121,53 @@ impl Worker {
             dead: None,
         }
     }
-}
 
-impl Worker {
-    /// The trial's result, and whether it errored (a dead worker does).
-    pub fn run(&mut self, name: &str, threads: u32) -> (Result<(), String>, bool) {
-        match self.run_inner(name, threads) {
-            Ok((r, errored)) => (r, errored),
-            Err(e) => (Err(e), true),
-        }
+    /// Whether the process died (it is not started again).
+    pub fn is_dead(&self) -> bool {
+        self.dead.is_some()
     }
 
+    /// Run `job`: a verdict per trial of `job.run`, by name (a dead worker's
+    /// are errors).
+    pub fn run(&mut self, job: &Job, threads: u32) -> Vec<(String, Verdict)> {
+        let mut answered: Vec<(String, Verdict)> = Vec::new();
+        if let Err(why) = self.run_inner(job, threads, &mut answered) {
+            let left: Vec<&String> = job
+                .run
+                .iter()
+                .filter(|n| !answered.iter().any(|(a, _)| a == *n))
+                .collect();
+            for name in left {
+                let with = if job.run.len() > 1 {
+                    format!(
+                        " (one decode with {})",
+                        job.run
+                            .iter()
+                            .filter(|m| *m != name)
+                            .map(|m| format!("`{m}`"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                } else {
+                    String::new()
+                };
+                answered.push((
+                    name.clone(),
+                    (Err(why.replace("{name}", &format!("`{name}`{with}"))), true),
+                ));
+            }
+        }
+        answered
+    }
+
+    /// Answers go into `answered`; an Err is why the rest were not
+    /// answered, with `{name}` where the unanswered trial's name goes.
     fn run_inner(
         &mut self,
-        name: &str,
+        job: &Job,
         threads: u32,
-    ) -> Result<(Result<(), String>, bool), String> {
+        answered: &mut Vec<(String, Verdict)>,
+    ) -> Result<(), String> {
         if let Some(why) = &self.dead {
             return Err(format!("not run: {why}"));
         }
@@ -119,7 +186,8 @@ impl Worker {
             self.proc = Some((child, stdin, stdout));
         }
         let (child, stdin, stdout) = self.proc.as_mut().expect("started above");
-        let sent = writeln!(stdin, "{name}").and_then(|()| stdin.flush());
+        let line = serde_json::to_string(job).expect("a job serialises");
+        let sent = writeln!(stdin, "{line}").and_then(|()| stdin.flush());
         let mut line = String::new();
         loop {
             line.clear();
@@ -129,35 +197,49 @@ impl Worker {
                 0
             };
             if n == 0 {
-                // The worker is gone: say how, and fail the rest of its model.
+                // The worker is gone: say how, and fail the rest of its work.
                 let status = child.wait().map(|s| describe_exit(&s));
                 let why = format!(
-                    "the worker process for model `{}` ({}) {} while running `{name}`",
+                    "the worker process for model `{}` ({}) {}",
                     self.alias,
                     self.model_path,
                     status.unwrap_or_else(|e| format!("could not be waited for ({e})"))
                 );
+                let first = job
+                    .run
+                    .iter()
+                    .find(|n| !answered.iter().any(|(a, _)| a == *n))
+                    .map(|n| format!("`{n}`"))
+                    .unwrap_or_else(|| format!("the reference work of {}", job.provide.join(", ")));
                 self.proc = None;
-                self.dead = Some(why.clone());
+                self.dead = Some(format!("{why} while running {first}"));
                 return Err(format!(
-                    "{why}; this model's remaining tests are not run, the other models' tests still run"
+                    "{why} while running {{name}}; the tests left on this worker are not run, the other tests still run"
                 ));
             }
-            if let Some(json) = line.trim_end().strip_prefix(RESULT) {
+            let line = line.trim_end();
+            if line == DONE {
+                return Ok(());
+            }
+            if let Some(json) = line.strip_prefix(RESULT) {
                 let v: serde_json::Value = serde_json::from_str(json)
                     .map_err(|e| format!("unreadable worker result `{json}`: {e}"))?;
-                if v["name"] != name {
+                let Some(name) = v["name"]
+                    .as_str()
+                    .filter(|n| job.run.iter().any(|r| r == n))
+                else {
                     return Err(format!(
-                        "worker answered for {} instead of `{name}`",
+                        "worker answered for {} instead of {{name}}",
                         v["name"]
                     ));
-                }
-                let errored = v["errored"].as_bool() != Some(false);
-                return match v["error"].as_str() {
-                    None if v["error"].is_null() => Ok((Ok(()), errored)),
-                    None => Err(format!("unreadable worker result `{json}`")),
-                    Some(m) => Ok((Err(m.to_string()), errored)),
                 };
+                let errored = v["errored"].as_bool() != Some(false);
+                let verdict = match v["error"].as_str() {
+                    None if v["error"].is_null() => (Ok(()), errored),
+                    None => return Err(format!("unreadable worker result `{json}`")),
+                    Some(m) => (Err(m.to_string()), errored),
+                };
+                answered.push((name.to_string(), verdict));
             }
         }
     }

@@ -1,28 +1,31 @@
 //! The result cache: completed trials recorded under `<cache>/results`, so a
-//! rerun (after an interruption) resumes from them. An entry is used only
-//! after every pinned input of its trial is re-verified.
+//! rerun (after an interruption, or of an unchanged suite) takes them from
+//! there. An entry holds what the kind measured, before judging: a cached
+//! trial is judged again (gates, a preregistered rule verified and decided
+//! anew), and used only after every pinned input of its trial is
+//! re-verified.
 
 use crate::core::outcome::split_test_name;
-use crate::core::{Outcome, Status};
+use crate::core::Outcome;
 use crate::execute::RunContext;
-use crate::golden::Goldens;
 use crate::plan::Planned;
+use std::path::PathBuf;
 
-/// The result cache key of a trial: this executable, the case's bytes (its
+/// Whether the result cache is on for this process: not when
+/// `QUANTGATE_RESULT_CACHE=off`, nor when per-position rows are asked for
+/// (`QUANTGATE_OUT`: rows are not kept in the cache).
+pub fn enabled() -> bool {
+    !(std::env::var_os("QUANTGATE_OUT").is_some_and(|d| !d.is_empty())
+        || std::env::var("QUANTGATE_RESULT_CACHE").is_ok_and(|v| v == "off"))
+}
+
+/// The entry of a trial: keyed by this executable, the case's bytes (its
 /// pins cover texts, token files and reference files), the model's and the
 /// reference's pinned sha256, the engine and the threads. None when the
-/// trial must always run: a preregistered case (its verification reads git),
-/// Parquet output requested, an unpinned model, or
-/// `QUANTGATE_RESULT_CACHE=off`.
-fn result_key(runner: &RunContext, p: &Planned) -> Option<String> {
+/// trial has no key (an unpinned model).
+fn entry(runner: &RunContext, p: &Planned) -> Option<PathBuf> {
     static EXE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     let case = &p.case.as_ref().ok()?.case;
-    if case.prereg.is_some()
-        || std::env::var_os("QUANTGATE_OUT").is_some_and(|d| !d.is_empty())
-        || std::env::var("QUANTGATE_RESULT_CACHE").is_ok_and(|v| v == "off")
-    {
-        return None;
-    }
     let exe = EXE
         .get_or_init(|| {
             let exe = std::env::current_exe().ok()?;
@@ -37,7 +40,7 @@ fn result_key(runner: &RunContext, p: &Planned) -> Option<String> {
         Some((r, _)) => format!("{r}={}", pinned(r)?),
         None => String::new(),
     };
-    Some(crate::core::fsutil::sha256_bytes(
+    let key = crate::core::fsutil::sha256_bytes(
         format!(
             "{exe}|{}|{}|{}={model}|{reference}|{}|{}",
             case.name,
@@ -47,45 +50,48 @@ fn result_key(runner: &RunContext, p: &Planned) -> Option<String> {
             runner.threads
         )
         .as_bytes(),
-    ))
+    );
+    Some(
+        crate::models::cache_dir()
+            .join("results")
+            .join(format!("{key}.qgresult")),
+    )
 }
 
-/// The trial's outcome: from the result cache when a complete run of the
-/// same inputs is recorded there (after checking the model files still
-/// match their pins), else run and, unless it errored, recorded.
-pub fn outcome_of(runner: &RunContext, p: &Planned, goldens: &Goldens) -> Outcome {
-    let Some(key) = result_key(runner, p) else {
-        return crate::judge::trial(runner, p, &goldens.dir);
-    };
-    let path = crate::models::cache_dir()
-        .join("results")
-        .join(format!("{key}.qgresult"));
-    let cached =
-        read_entry(&path).filter(|o| o.case == split_test_name(&p.name).0 && o.model == p.model);
-    if let Some(o) = cached {
-        // A changed input is never answered from the cache: it runs (and
-        // reports the mismatch).
-        let verified = p
-            .case
-            .as_ref()
-            .is_ok_and(|c| runner.verify_inputs(&c.case, &p.model).is_ok());
-        if verified {
-            eprintln!(
-                "quantgate: {}: result from the result cache ({})",
-                p.name,
-                path.display()
-            );
-            return o;
-        }
+/// The trial's recorded outcome, when a complete run of the same inputs is
+/// recorded and every input still matches its pin (a changed input is
+/// never answered from the cache: the trial runs and reports it).
+pub fn read(runner: &RunContext, p: &Planned) -> Option<Outcome> {
+    let (path, o) = lookup(runner, p)?;
+    eprintln!(
+        "quantgate: {}: result from the result cache ({})",
+        p.name,
+        path.display()
+    );
+    Some(o)
+}
+
+/// Whether [`read`] would answer the trial (nothing printed): a trial
+/// answered from the cache needs no reference work.
+pub fn holds(runner: &RunContext, p: &Planned) -> bool {
+    lookup(runner, p).is_some()
+}
+
+fn lookup(runner: &RunContext, p: &Planned) -> Option<(PathBuf, Outcome)> {
+    let path = entry(runner, p)?;
+    let o =
+        read_entry(&path).filter(|o| o.case == split_test_name(&p.name).0 && o.model == p.model)?;
+    let case = &p.case.as_ref().ok()?.case;
+    runner.verify_inputs(case, &p.model).ok()?;
+    Some((path, o))
+}
+
+/// Record a trial's outcome (what its kind measured). Best effort: a result
+/// that cannot be cached is still a result.
+pub fn write(runner: &RunContext, p: &Planned, o: &Outcome) {
+    if let (Some(path), Ok(json)) = (entry(runner, p), serde_json::to_vec(o)) {
+        let _ = crate::core::fsutil::write_sealed(&path, json);
     }
-    let o = crate::judge::trial(runner, p, &goldens.dir);
-    if o.status != Status::Error {
-        if let Ok(json) = serde_json::to_vec(&o) {
-            // Best effort: a result that cannot be cached is still a result.
-            let _ = crate::core::fsutil::write_sealed(&path, json);
-        }
-    }
-    o
 }
 
 /// A recorded outcome, when the entry is intact (sealed) and parses; a
@@ -107,6 +113,7 @@ fn read_entry(path: &std::path::Path) -> Option<Outcome> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::Status;
 
     /// Every single-byte edit of an entry makes it unusable, never a
     /// different outcome.

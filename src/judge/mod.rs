@@ -1,61 +1,338 @@
-//! Judge stage: a planned trial run by its kind, then judged — its gates,
-//! a preregistered rule (verified before any model runs, decided after),
-//! and the check that it produced only the metrics its kind declared.
+//! Judge stage: planned trials run by their kinds — a group of trials that
+//! share an observation in one decode, with the reference work folded in —
+//! then judged: their gates, a preregistered rule (verified before any model
+//! runs, decided after), and the check that each produced only the metrics
+//! its kind declared. Completed trials are kept in the result cache.
 //!
 //! Contract: every gate is evaluated and every violation listed; a missing
 //! or NaN metric is a violation, never a pass; an engine or input error is
-//! an `error` outcome, never numbers.
+//! an `error` outcome, never numbers; a cached result is used only after
+//! every pinned input is re-verified, and is judged again like a fresh one.
 
+pub mod cache;
 pub mod gates;
 pub mod prereg;
 
 use crate::core::error::{Error, ErrorKind, Result};
 use crate::core::outcome::split_test_name;
 use crate::core::{Case, Outcome, Status};
+use crate::execute::observe::{observe, Consumer, Observation};
 use crate::execute::RunContext;
+use crate::kinds::{Finish, RefBuild, Start};
 use crate::plan::Planned;
 use gates::judge;
 use prereg::{LedgerLine, Prereg};
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Run one planned trial and judge it. `goldens` is the goldens directory
 /// a preregistered rule's history is checked against.
 pub fn trial(cx: &RunContext, p: &Planned, goldens: &Path) -> Outcome {
+    trials(cx, &[p], &[], goldens, false)
+        .0
+        .pop()
+        .expect("one outcome per trial")
+}
+
+/// Run every planned trial, grouped by observation (`plan::groups`), each
+/// group after the groups whose references it reads: `progress` hears each
+/// group's test names (none for reference work alone) and how many trials
+/// it builds references for, `done` each outcome as it is judged. The
+/// outcomes in plan order, and the reference work per model (model,
+/// seconds, products built).
+pub fn run_plan(
+    cx: &RunContext,
+    planned: &[Planned],
+    goldens: &Path,
+    cache: bool,
+    progress: &mut dyn FnMut(&[&str], usize),
+    done: &mut dyn FnMut(&Outcome),
+) -> (Vec<Outcome>, Vec<(String, f64, usize)>) {
+    let everything = vec![true; planned.len()];
+    let groups = crate::plan::groups::groups(planned, &everything, true);
+    let mut by_index: Vec<Option<Outcome>> = vec![None; planned.len()];
+    let mut reference_work = Vec::new();
+    for g in &groups {
+        let run: Vec<&Planned> = g.trials.iter().map(|&i| &planned[i]).collect();
+        let provides: Vec<&Planned> = g.provides.iter().map(|&i| &planned[i]).collect();
+        let names: Vec<&str> = run.iter().map(|p| p.name.as_str()).collect();
+        progress(&names, provides.len());
+        let (outs, work) = trials(cx, &run, &provides, goldens, cache);
+        for f in &work.failed {
+            eprintln!("quantgate: reference work failed: {f}");
+        }
+        if !work.built.is_empty() {
+            reference_work.push((
+                g.model.clone(),
+                work.reference.as_secs_f64(),
+                work.built.len(),
+            ));
+        }
+        for (&i, o) in g.trials.iter().zip(outs) {
+            done(&o);
+            by_index[i] = Some(o);
+        }
+    }
+    (by_index.into_iter().flatten().collect(), reference_work)
+}
+
+/// What a group run did besides its trials: the reference work.
+#[derive(Debug, Default, Clone)]
+pub struct GroupWork {
+    /// Reference products built (their ids).
+    pub built: Vec<String>,
+    /// Time of the reference work: its share of the decodes and its own
+    /// row time.
+    pub reference: Duration,
+    /// Reference work that failed (the trials that need it then build it
+    /// themselves, or report why they cannot).
+    pub failed: Vec<String>,
+}
+
+/// A started trial: its outcome so far and how it goes on.
+struct Started {
+    out: Outcome,
+    prereg: Option<(Prereg, LedgerLine)>,
+    /// The result came from the cache.
+    cached: bool,
+    /// Still to decode and finish.
+    pending: Option<(Observation, Box<dyn Finish>)>,
+    /// The start or the decode failed.
+    error: Option<Error>,
+}
+
+/// Run a group of trials — `group` on one model, which the planner found to
+/// share an observation — and the reference work `provides` needs from that
+/// model: every distinct observation decoded once, every consumer fed from
+/// it. With `cache`, completed trials are read from and written to the
+/// result cache. One outcome per trial of `group`, in order.
+pub fn trials(
+    cx: &RunContext,
+    group: &[&Planned],
+    provides: &[&Planned],
+    goldens: &Path,
+    cache: bool,
+) -> (Vec<Outcome>, GroupWork) {
+    let t0 = Instant::now();
+    let mut started: Vec<Started> = group.iter().map(|p| start(cx, p, goldens, cache)).collect();
+    // Reference work: once per product, and only what the store lacks.
+    let mut work = GroupWork::default();
+    let mut refs = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for d in provides {
+        let Ok(parsed) = &d.case else { continue };
+        // A trial the result cache answers reads no reference.
+        if cache && cache::holds(cx, d) {
+            continue;
+        }
+        match parsed.kind.reference_work(cx, &parsed.case) {
+            Ok(Some(w)) if seen.insert(w.key.clone()) => refs.push(w),
+            Ok(_) => {}
+            Err(e) => work
+                .failed
+                .push(format!("{} (reference): {}", d.name, e.message)),
+        }
+    }
+    // Locks in key order (no two processes wait on each other); what
+    // another process built while this one waited is not built again.
+    refs.sort_by(|a, b| a.key.cmp(&b.key));
+    let mut locks = Vec::new();
+    refs.retain(|w| match cx.references.lock(&w.key) {
+        Ok(l) => {
+            locks.push(l);
+            !w.path.is_file()
+        }
+        Err(e) => {
+            work.failed.push(format!("{}: {}", w.key, e.message));
+            false
+        }
+    });
+    // Buckets by observation key, in order of first appearance.
+    let mut buckets: Vec<(Observation, Vec<usize>, Vec<usize>)> = Vec::new();
+    let mut pending: Vec<Option<Box<dyn Finish>>> = Vec::new();
+    for (i, s) in started.iter_mut().enumerate() {
+        pending.push(None);
+        if let Some((obs, f)) = s.pending.take() {
+            pending[i] = Some(f);
+            match buckets.iter_mut().find(|b| b.0.key() == obs.key()) {
+                Some(b) => b.1.push(i),
+                None => buckets.push((obs, vec![i], Vec::new())),
+            }
+        }
+    }
+    let mut ref_consumers: Vec<Option<Box<dyn RefBuild>>> = Vec::new();
+    for (r, w) in refs.into_iter().enumerate() {
+        ref_consumers.push(Some(w.consumer));
+        match buckets
+            .iter_mut()
+            .find(|b| b.0.key() == w.observation.key())
+        {
+            Some(b) => b.2.push(r),
+            None => buckets.push((w.observation, Vec::new(), vec![r])),
+        }
+    }
+    let mut ref_time = Duration::ZERO;
+    for (obs, trial_ix, ref_ix) in &buckets {
+        let mut trial_cs: Vec<Box<dyn Finish>> = trial_ix
+            .iter()
+            .map(|&i| pending[i].take().expect("once"))
+            .collect();
+        let mut ref_cs: Vec<Box<dyn RefBuild>> = ref_ix
+            .iter()
+            .map(|&r| ref_consumers[r].take().expect("once"))
+            .collect();
+        let seen = {
+            let mut all: Vec<&mut dyn Consumer> = Vec::new();
+            for c in trial_cs.iter_mut() {
+                all.push(&mut **c);
+            }
+            for c in ref_cs.iter_mut() {
+                all.push(&mut **c);
+            }
+            observe(obs, &mut all)
+        };
+        // The decode is shared: each reader (trials and reference work) is
+        // charged its share, the shared row reduction likewise.
+        let readers = (trial_ix.len() + ref_ix.len()).max(1) as u32;
+        let (decode, reduce) = (seen.decode / readers, seen.reduce / readers);
+        for (k, (&i, c)) in trial_ix.iter().zip(trial_cs).enumerate() {
+            let s = &mut started[i];
+            s.out.timings.decode += decode;
+            s.out.timings.measure += reduce + seen.consumer[k];
+            s.out.timings.shared_with = readers - 1;
+            match &seen.errors[k] {
+                Some(e) => {
+                    s.error = Some(e.clone().context(parsed_path(group[i])));
+                }
+                None => {
+                    if let Err(e) = c.finish(cx, &mut s.out) {
+                        s.error = Some(e);
+                    }
+                }
+            }
+        }
+        for (k, c) in ref_cs.into_iter().enumerate() {
+            let k = trial_ix.len() + k;
+            let t = Instant::now();
+            let result = match &seen.errors[k] {
+                Some(e) => Err(e.clone()),
+                None => c.finish(cx),
+            };
+
+            ref_time += decode + reduce + seen.consumer[k] + t.elapsed();
+            match result {
+                Ok(()) => work.built.push(format!("`{}` {}", obs.alias(), obs.key())),
+                Err(e) => work
+                    .failed
+                    .push(format!("`{}`: {}", obs.alias(), e.message)),
+            }
+        }
+    }
+    drop(locks);
+    work.reference = ref_time;
+    let outcomes = started
+        .into_iter()
+        .zip(group)
+        .map(|(s, p)| conclude(cx, p, s, cache, t0))
+        .collect();
+    (outcomes, work)
+}
+
+/// The test name's case path, for the context of a decode error.
+fn parsed_path(p: &Planned) -> String {
+    p.case
+        .as_ref()
+        .map(|c| c.case.path.display().to_string())
+        .unwrap_or_else(|_| p.name.clone())
+}
+
+/// Everything of a trial before the shared decode: the parse error, the
+/// prereg verification, the cached result, or the kind's start.
+fn start(cx: &RunContext, p: &Planned, goldens: &Path, cache: bool) -> Started {
     let (case_name, _) = split_test_name(&p.name);
-    let mut out = Outcome::new(case_name, &p.model, cx.engine().build());
+    let mut s = Started {
+        out: Outcome::new(case_name, &p.model, cx.engine().build()),
+        prereg: None,
+        cached: false,
+        pending: None,
+        error: None,
+    };
     let parsed = match &p.case {
         Ok(c) => c,
         Err(e) => {
-            out.input_error = e.kind == ErrorKind::Input;
-            out.error = Some(e.message.clone());
-            return out;
+            s.error = Some(e.clone());
+            return s;
         }
     };
     let case = &parsed.case;
-    out.case_sha256 = Some(case.content_sha256.clone());
-    let t0 = Instant::now();
-    let result = (|| {
-        // A preregistered rule is verified before any model runs.
-        let prereg = match &case.prereg {
-            Some((path, _)) => Some(verify_prereg(case, &p.model, path, goldens)?),
-            None => None,
-        };
-        parsed.kind.run(cx, case, &p.model, &mut out)?;
-        if let Some((rule, line)) = &prereg {
-            decide_prereg(cx, case, &p.model, rule, line, &mut out)?;
+    s.out.case_sha256 = Some(case.content_sha256.clone());
+    // A preregistered rule is verified before any model runs, and again
+    // for a cached result.
+    if let Some((path, _)) = &case.prereg {
+        match verify_prereg(case, &p.model, path, goldens) {
+            Ok(v) => s.prereg = Some(v),
+            Err(e) => {
+                s.error = Some(e);
+                return s;
+            }
         }
-        undeclared_metrics(case, &out)
-    })();
-    out.timings.total = t0.elapsed();
+    }
+    if cache {
+        if let Some(o) = cache::read(cx, p) {
+            s.out = o;
+            s.cached = true;
+            return s;
+        }
+    }
+    match parsed.kind.start(cx, case, &p.model, &mut s.out) {
+        Ok(Start::Done) => {}
+        Ok(Start::Observe(obs, f)) => s.pending = Some((obs, f)),
+        Err(e) => s.error = Some(e),
+    }
+    s
+}
+
+/// Judge a trial whose kind has run (or failed, or came from the cache),
+/// and keep a fresh, complete result in the cache.
+fn conclude(cx: &RunContext, p: &Planned, s: Started, cache: bool, t0: Instant) -> Outcome {
+    let Started {
+        mut out,
+        prereg,
+        cached,
+        error,
+        ..
+    } = s;
+    if !cached {
+        out.timings.total = t0.elapsed();
+    }
+    let result = match error {
+        Some(e) => Err(e),
+        None => {
+            let parsed = p.case.as_ref().expect("no error: the case parsed");
+            let fresh = (!cached).then(|| out.clone());
+            let judged = (|| {
+                if let Some((rule, line)) = &prereg {
+                    decide_prereg(cx, &parsed.case, &p.model, rule, line, &mut out)?;
+                }
+                undeclared_metrics(&parsed.case, &out)
+            })();
+            if let (Some(fresh), Ok(())) = (fresh, &judged) {
+                if cache {
+                    cache::write(cx, p, &fresh);
+                }
+            }
+            judged.map(|()| parsed)
+        }
+    };
     match result {
         Err(e) => {
             out.input_error = e.kind == ErrorKind::Input;
             out.error = Some(e.message);
             out.status = Status::Error;
         }
-        Ok(()) => {
-            out.gates = judge(&case.gates, &out.metrics);
+        Ok(parsed) => {
+            out.error = None;
+            out.gates = judge(&parsed.case.gates, &out.metrics);
             out.status = if out.gates.iter().all(|g| g.passed) {
                 Status::Pass
             } else {

@@ -13,15 +13,19 @@ use crate::core::error::{Error, Result};
 use crate::core::parse::{case_table, parse_toml, Diagnostics};
 use crate::core::{Case, Column, Outcome, Table};
 use crate::engine::LoadedModel;
+use crate::execute::observe::{mapped, Consumer, Mapped, Row};
+use crate::execute::qgref::CacheHeader;
 use crate::execute::reference::{rows_header, RefRows, Vocab};
-use crate::execute::windows::{score_plan_with, scored_from_rows, ScoringPlan, Windowing};
+use crate::execute::windows::{scored_from_rows, PlanScorer, ScoringPlan, Windowing};
 use crate::execute::RunContext;
 use crate::kinds::perplexity::window_metrics;
+use crate::kinds::reference_rows::RowsBuild;
 use crate::kinds::scored_text::{BootstrapFile, PinnedFile, ScoredText, TextFile, WindowFile};
-use crate::kinds::Kind;
+use crate::kinds::{Finish, Kind, RefWork, Start};
 use crate::measure::kld::{self as math, PosKld};
 use crate::measure::perplexity_metrics;
 use serde::Deserialize;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 use toml::Spanned;
@@ -182,13 +186,42 @@ impl Kind for Kld {
         Some(self.text.reference_record(cx, alias))
     }
 
-    fn run(&self, cx: &RunContext, case: &Case, alias: &str, out: &mut Outcome) -> Result<()> {
+    fn observation(&self) -> Option<String> {
+        Some(self.text.declared())
+    }
+
+    fn weight(&self) -> usize {
+        self.text.weight()
+    }
+
+    fn reference_observation(&self) -> Option<String> {
+        match (&self.reference, &self.import) {
+            (Some(_), None) => Some(self.text.declared()),
+            _ => None,
+        }
+    }
+
+    fn reference_work(&self, cx: &RunContext, _case: &Case) -> Result<Option<RefWork>> {
+        let (Some((ref_alias, ref_at)), None) = (&self.reference, &self.import) else {
+            return Ok(None);
+        };
+        let tx = &self.text;
+        let src = tx.pin.read_text()?;
+        let (_, rmodel) = cx.load(ref_alias)?;
+        tx.check_context(&*rmodel)?;
+        let rplan = tx.plan_for(cx, &src, &*rmodel)?;
+        let header = self.rows_header(cx, (ref_alias, ref_at), &rplan, rmodel.info().n_vocab)?;
+        let obs = tx.observation(cx, rmodel.clone(), &rplan);
+        Ok(self.rows_build(header, &rplan, &*rmodel).work(cx, obs))
+    }
+
+    fn start(&self, cx: &RunContext, case: &Case, alias: &str, out: &mut Outcome) -> Result<Start> {
         let tx = &self.text;
         let (src, model, plan) = tx.prepare(cx, alias, out)?;
         let t_ref = Instant::now();
         let refs = self.reference_rows(cx, case, &src, &*model, &plan)?;
         out.timings.decode += t_ref.elapsed();
-        let total: usize = plan.windows.iter().map(|w| w.targets.len()).sum();
+        let total = plan.targets();
         if refs.rows.len() != total {
             return Err(Error::harness(format!(
                 "{}: the reference holds {} positions, the case scores {total}",
@@ -201,29 +234,86 @@ impl Kind for Kld {
             .iter()
             .flat_map(|w| math::copy_flags(&w.window.tokens, w.first_scored, &w.targets))
             .collect();
-        let mut pos = Vec::with_capacity(total);
-        let scored = score_plan_with(&*model, &plan, tx.n_batch, cx.threads, true, &mut |r| {
-            let rp = &refs.rows[r.index];
-            pos.push(math::compare(rp, r.row, r.stats, r.exps, r.target, copy[r.index]));
-            Ok(())
-        })
-        .map_err(|e| e.context(case.path.display()))?;
-        out.timings.decode += scored.decode;
-        out.timings.measure += scored.measure;
+        let obs = tx.observation(cx, model.clone(), &plan);
+        Ok(Start::Observe(
+            obs,
+            Box::new(KldTrial {
+                scorer: PlanScorer::new(plan, model.info().n_vocab),
+                refs,
+                copy,
+                pos: Vec::with_capacity(total),
+                text: tx.clone(),
+                bins: self.bins.clone(),
+                case_path: case.path.clone(),
+            }),
+        ))
+    }
+}
+
+/// A kld trial: every scored row compared with its reference row.
+struct KldTrial {
+    scorer: PlanScorer,
+    refs: Arc<RefRows>,
+    copy: Vec<bool>,
+    pos: Vec<PosKld>,
+    text: ScoredText,
+    bins: Vec<f64>,
+    case_path: PathBuf,
+}
+
+impl Consumer for KldTrial {
+    fn wants_exps(&self) -> bool {
+        true
+    }
+
+    /// The comparison with the reference row, on any thread.
+    fn map(&self, r: &Row<'_>) -> Result<Mapped> {
+        let Some(at) = self.scorer.locate(r.window, r.pos) else {
+            return Ok(None);
+        };
+        let rp = &self.refs.rows[at.index];
+        let p = math::compare(rp, r.logits, r.stats, r.exps, at.target, self.copy[at.index]);
+        Ok(Some(Box::new(p)))
+    }
+
+    fn absorb(&mut self, r: &Row<'_>, m: Mapped) -> Result<()> {
+        if self.scorer.take(r)?.is_some() {
+            let p = mapped::<PosKld>(m)
+                .ok_or_else(|| Error::harness("a scored row without its comparison"))?;
+            self.pos.push(p);
+        }
+        Ok(())
+    }
+}
+
+impl Finish for KldTrial {
+    fn finish(self: Box<Self>, _cx: &RunContext, out: &mut Outcome) -> Result<()> {
+        let KldTrial {
+            scorer,
+            refs,
+            pos,
+            text,
+            bins,
+            case_path,
+            ..
+        } = *self;
+        let plan = scorer.plan().clone();
+        let scored = scorer.finish().map_err(|e| e.context(case_path.display()))?;
         let t = Instant::now();
+        let total = plan.targets();
         if pos.len() != total {
             return Err(Error::harness(format!(
                 "{}: compared {} positions of {total}",
-                case.path.display(),
+                case_path.display(),
                 pos.len()
             )));
         }
         out.metrics = perplexity_metrics(&scored.windows);
         if !refs.imported() {
             let rscored = scored_from_rows(&plan, &refs.rows);
-            tx.add_paired(out, &scored, &rscored);
+            text.add_paired(out, &scored, &rscored);
         }
-        out.metrics.extend(math::kld_metrics(&pos, &self.bins));
+        out.metrics.extend(math::kld_metrics(&pos, &bins));
         out.rows = Some(Arc::new(rows_table(&plan, &pos, &scored.token_nll)));
         out.timings.measure += t.elapsed();
         Ok(())
@@ -231,6 +321,57 @@ impl Kind for Kld {
 }
 
 impl Kld {
+    /// The `.qgref` header of the reference's rows of `plan`.
+    fn rows_header(
+        &self,
+        cx: &RunContext,
+        (ref_alias, ref_at): (&str, &Location),
+        plan: &ScoringPlan,
+        n_vocab: usize,
+    ) -> Result<CacheHeader> {
+        let tx = &self.text;
+        let ref_sha = cx.pinned_sha256(ref_alias).map_err(|e| e.context(ref_at))?;
+        Ok(rows_header(
+            ref_sha,
+            &plan.token_stream_sha256,
+            format!("{:?}", tx.windowing),
+            &tx.settings(cx.threads),
+            cx.identity_of(ref_alias),
+            self.tail,
+            self.max_kept,
+            plan.targets(),
+            n_vocab,
+        ))
+    }
+
+    /// The builder of the rows of `header` from `reference`'s decode of `plan`.
+    fn rows_build(
+        &self,
+        header: CacheHeader,
+        plan: &ScoringPlan,
+        reference: &dyn LoadedModel,
+    ) -> RowsBuild {
+        let wanted = plan
+            .windows
+            .iter()
+            .enumerate()
+            .flat_map(|(w, pw)| {
+                pw.targets
+                    .iter()
+                    .enumerate()
+                    .map(move |(k, &t)| (w, pw.first_scored + k, t as usize))
+            })
+            .collect();
+        let ri = reference.info();
+        RowsBuild::new(
+            header,
+            wanted,
+            (self.tail, self.max_kept),
+            ri.n_vocab,
+            ri.tokenizer_fingerprint.clone(),
+        )
+    }
+
     /// The reference rows: an imported `.kld`, or the reference model's rows
     /// through the `.qgref` store (built once, checked on every read).
     fn reference_rows(
@@ -264,32 +405,14 @@ impl Kld {
                 case.path.display()
             )));
         };
-        let ref_sha = cx
-            .pinned_sha256(ref_alias)
-            .map_err(|e| e.context(ref_at))?;
-        let header = rows_header(
-            ref_sha,
-            &plan.token_stream_sha256,
-            format!("{:?}", tx.windowing),
-            &tx.settings(cx.threads),
-            cx.build_label(),
-            self.tail,
-            self.max_kept,
-            plan.windows.iter().map(|w| w.targets.len()).sum(),
-            ci.n_vocab,
-        );
         let at = (ref_alias.as_str(), ref_at);
+        let header = self.rows_header(cx, at, plan, ci.n_vocab)?;
         cx.references.rows(&header, &case.path, at, Vocab::of(ci), &|| {
             let (_, rmodel) = cx.load_reference(at, Vocab::of(ci))?;
-            let ri = rmodel.info();
             tx.check_context(&*rmodel)?;
-            let rplan = tx.identical_plan(ref_at, src, &*rmodel, model, plan)?;
-            let mut rows = Vec::with_capacity(header.positions);
-            score_plan_with(&*rmodel, &rplan, tx.n_batch, cx.threads, false, &mut |r| {
-                rows.push(math::compress_row(r.row, r.stats, r.target, self.tail, self.max_kept));
-                Ok(())
-            })?;
-            Ok((ri.n_vocab, ri.tokenizer_fingerprint.clone(), rows))
+            let rplan = tx.identical_plan(cx, ref_at, src, &*rmodel, model, plan)?;
+            let obs = tx.observation(cx, rmodel.clone(), &rplan);
+            self.rows_build(header.clone(), &rplan, &*rmodel).decode(&obs)
         })
     }
 }

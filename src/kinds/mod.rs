@@ -4,20 +4,25 @@
 //!
 //! Contract: a kind parses its own table (the keys every case shares are
 //! parsed once by the plan stage), declares its metrics with their types,
-//! its pinned input files, its windows and its test variants, runs on the
-//! narrow [`RunContext`], and renders its texts and rows into the
-//! [`Outcome`]. Kinds never import the harness, goldens or the report.
+//! its pinned input files, its windows, its test variants and the
+//! observation it needs (so that the planner gives cases of one observation
+//! one decode), starts on the narrow [`RunContext`] and reads its rows as a
+//! [`Consumer`] of a shared decode — or, for a generation, runs whole in
+//! [`Kind::start`] — and renders its texts and rows into the [`Outcome`].
+//! Kinds never import the harness, goldens or the report.
 
 use crate::core::case::{Location, Metric, Pin};
 use crate::core::error::Result;
 use crate::core::parse::Diagnostics;
 use crate::core::{Case, Outcome};
+use crate::execute::observe::{Consumer, Observation};
 use crate::execute::RunContext;
 use std::sync::Arc;
 
 pub mod digit_rows;
 pub mod digit_text;
 pub mod digits;
+pub mod reference_rows;
 pub mod scored_text;
 
 /// A case kind: what a case of this kind declares and how it runs.
@@ -56,9 +61,73 @@ pub trait Kind: Send + Sync + std::fmt::Debug {
         None
     }
 
-    /// Run the case on model `alias`: fill `out` (metrics, texts, rows,
-    /// model and token-stream hashes, settings, timings).
-    fn run(&self, cx: &RunContext, case: &Case, alias: &str, out: &mut Outcome) -> Result<()>;
+    /// The observation a case needs on a model, as the case declares it —
+    /// what is decoded and how, with no model loaded: the planner gives
+    /// trials of equal (model, observation) one decode. None: a trial that
+    /// decodes on its own (generation).
+    fn observation(&self) -> Option<String> {
+        None
+    }
+
+    /// About how many token rows a trial of this case decodes: groups are
+    /// started heaviest first, so that the long ones do not end a run alone.
+    fn weight(&self) -> usize {
+        256
+    }
+
+    /// The observation this case needs on its reference model (declared as
+    /// [`Kind::observation`]), when the reference is a model whose rows it
+    /// reads: the planner folds that work into the reference model's decode
+    /// of the same observation.
+    fn reference_observation(&self) -> Option<String> {
+        None
+    }
+
+    /// Start the case on model `alias`: everything before the decode (load,
+    /// tokenize, the reference from the store), recorded in `out`. A kind
+    /// without an observation runs completely here ([`Start::Done`]).
+    fn start(&self, cx: &RunContext, case: &Case, alias: &str, out: &mut Outcome) -> Result<Start>;
+
+    /// The reference products this case needs, as a consumer of its
+    /// reference model's observation; None when the reference store holds
+    /// them already (or the case reads no reference rows).
+    fn reference_work(&self, _cx: &RunContext, _case: &Case) -> Result<Option<RefWork>> {
+        Ok(None)
+    }
+}
+
+/// How a started trial goes on.
+pub enum Start {
+    /// It ran completely (its outcome is filled).
+    Done,
+    /// It reads the rows of an observation, then finishes.
+    Observe(Observation, Box<dyn Finish>),
+}
+
+/// A trial's consumer: reads the rows, then fills the outcome.
+pub trait Finish: Consumer {
+    /// The rows are all read: compute the metrics, texts and rows into `out`.
+    fn finish(self: Box<Self>, cx: &RunContext, out: &mut Outcome) -> Result<()>;
+}
+
+/// Reference products to build from a reference model's rows.
+pub struct RefWork {
+    /// What identifies the products in the reference store (equal keys:
+    /// the same products; built once).
+    pub key: String,
+    /// The file they are kept in (checked again under the product's lock:
+    /// another process may have built them meanwhile).
+    pub path: std::path::PathBuf,
+    /// The reference model's observation.
+    pub observation: Observation,
+    /// Reads the rows and, when finished, puts the products in the store.
+    pub consumer: Box<dyn RefBuild>,
+}
+
+/// A consumer that builds reference products.
+pub trait RefBuild: Consumer {
+    /// The rows are all read: put the products in the reference store.
+    fn finish(self: Box<Self>, cx: &RunContext) -> Result<()>;
 }
 
 /// A kind's parser: its own table of `src` (the case file) into a kind;

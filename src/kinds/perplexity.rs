@@ -10,13 +10,17 @@ use crate::core::case::{metrics_of, Location, Metric, Pin};
 use crate::core::error::{Error, Result};
 use crate::core::parse::{case_table, parse_toml, Diagnostics};
 use crate::core::{Case, Outcome};
+use crate::execute::observe::{Consumer, Mapped, Row};
 use crate::execute::record::read_record;
 use crate::execute::reference::{same_tokenizer, Vocab};
-use crate::execute::windows::score_plan;
+use crate::execute::windows::Scored;
 use crate::execute::RunContext;
-use crate::kinds::scored_text::{BootstrapFile, PinnedFile, ScoredText, TextFile, WindowFile};
-use crate::kinds::Kind;
+use crate::kinds::scored_text::{
+    BootstrapFile, PinnedFile, ScoredText, ScoresBuild, TextFile, WindowFile,
+};
+use crate::kinds::{Finish, Kind, RefWork, Start};
 use crate::measure::perplexity_metrics;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 use toml::Spanned;
@@ -140,16 +144,30 @@ impl Kind for Perplexity {
         Some(self.text.reference_record(cx, alias))
     }
 
-    fn run(&self, cx: &RunContext, case: &Case, alias: &str, out: &mut Outcome) -> Result<()> {
+    fn observation(&self) -> Option<String> {
+        Some(self.text.declared())
+    }
+
+    fn weight(&self) -> usize {
+        self.text.weight()
+    }
+
+    fn reference_observation(&self) -> Option<String> {
+        self.reference.as_ref().map(|_| self.text.declared())
+    }
+
+    fn reference_work(&self, cx: &RunContext, _case: &Case) -> Result<Option<RefWork>> {
+        match &self.reference {
+            Some((alias, _)) => self.text.reference_scores_work(cx, alias),
+            None => Ok(None),
+        }
+    }
+
+    fn start(&self, cx: &RunContext, case: &Case, alias: &str, out: &mut Outcome) -> Result<Start> {
         let tx = &self.text;
         let (src, model, plan) = tx.prepare(cx, alias, out)?;
-        let scored = score_plan(&*model, &plan, tx.n_batch, cx.threads)
-            .map_err(|e| e.context(case.path.display()))?;
-        out.timings.decode = scored.decode;
-        out.timings.measure = scored.measure;
-        let t = Instant::now();
-        out.metrics = perplexity_metrics(&scored.windows);
-        // Loading and scoring the reference (once per process) count as decode time.
+        // Loading and scoring the reference (once per process, when no
+        // cache or shared decode holds it) count as decode time.
         let t_ref = Instant::now();
         let reference = if let Some(r) = &self.reference {
             Some(tx.reference_scores(cx, r, &src, &*model, &plan)?)
@@ -167,12 +185,72 @@ impl Kind for Perplexity {
         } else {
             None
         };
-        let ref_time = t_ref.elapsed();
-        out.timings.decode += ref_time;
-        if let Some(rscored) = reference {
-            tx.add_paired(out, &scored, &rscored);
+        out.timings.decode += t_ref.elapsed();
+        let trial = PerplexityTrial {
+            scores: ScoresBuild::new(
+                tx,
+                alias,
+                out.model_sha256.as_deref().unwrap_or_default(),
+                &cx.identity_of(alias),
+                &model,
+                &plan,
+            ),
+            reference,
+            text: tx.clone(),
+            case_path: case.path.clone(),
+        };
+        // This model's scores of these windows, when any earlier decode (as
+        // a candidate or as a reference, in this process or another) kept
+        // them: the same product, read back and checked, no decode.
+        let build = cx.identity_of(alias);
+        let settings = tx.settings(cx.threads);
+        let sha = out.model_sha256.clone().unwrap_or_default();
+        let key = tx.scores_key(alias, &sha, &plan, &settings, &build);
+        if let Some(scored) = cx.references.cached_scores(&key) {
+            conclude(tx, trial.reference.as_deref(), out, &scored);
+            return Ok(Start::Done);
         }
-        out.timings.measure += t.elapsed().saturating_sub(ref_time);
+        let obs = tx.observation(cx, model.clone(), &plan);
+        Ok(Start::Observe(obs, Box::new(trial)))
+    }
+}
+
+/// A perplexity trial reading its windows' rows.
+struct PerplexityTrial {
+    scores: ScoresBuild,
+    reference: Option<Arc<Scored>>,
+    text: ScoredText,
+    case_path: PathBuf,
+}
+
+/// The metrics of the candidate's scores (paired with the reference's).
+fn conclude(text: &ScoredText, reference: Option<&Scored>, out: &mut Outcome, scored: &Scored) {
+    let t = Instant::now();
+    out.metrics = perplexity_metrics(&scored.windows);
+    if let Some(rscored) = reference {
+        text.add_paired(out, scored, rscored);
+    }
+    out.timings.measure += t.elapsed();
+}
+
+impl Consumer for PerplexityTrial {
+    fn absorb(&mut self, r: &Row<'_>, m: Mapped) -> Result<()> {
+        self.scores.absorb(r, m)
+    }
+}
+
+impl Finish for PerplexityTrial {
+    fn finish(self: Box<Self>, cx: &RunContext, out: &mut Outcome) -> Result<()> {
+        let PerplexityTrial {
+            scores,
+            reference,
+            text,
+            case_path,
+        } = *self;
+        let scored = scores
+            .store_with(cx, true)
+            .map_err(|e| e.context(case_path.display()))?;
+        conclude(&text, reference.as_deref(), out, &scored);
         Ok(())
     }
 }

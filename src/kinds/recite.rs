@@ -17,7 +17,7 @@ use crate::kinds::digit_text::{
     bounded, ids_sha256, piece_text, prompt_text, settings_for, tokenize, Common, Expected,
     ExpectFile, Follow, Prompt, Template,
 };
-use crate::kinds::Kind;
+use crate::kinds::{Kind, Start};
 use serde::Deserialize;
 use std::sync::Arc;
 use std::time::Instant;
@@ -181,7 +181,8 @@ impl Kind for Recite {
             .collect()
     }
 
-    fn run(&self, cx: &RunContext, case: &Case, alias: &str, out: &mut Outcome) -> Result<()> {
+    /// Generation decodes on its own: the whole trial runs here.
+    fn start(&self, cx: &RunContext, case: &Case, alias: &str, out: &mut Outcome) -> Result<Start> {
         let prompt = self.prompts.first().ok_or_else(|| {
             Error::harness(format!(
                 "{}: a recite trial without a prompt",
@@ -272,7 +273,6 @@ impl Kind for Recite {
         );
         tx.insert("expected".into(), self.expected.source.clone());
         out.timings.measure = t.elapsed();
-        Ok(())
-
+        Ok(Start::Done)
     }
 }

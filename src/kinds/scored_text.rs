@@ -12,12 +12,14 @@ use crate::core::error::{Error, Result};
 use crate::core::parse::Diagnostics;
 use crate::core::{Case, Outcome, Settings};
 use crate::engine::{BosPolicy, LoadedModel};
+use crate::execute::observe::{observe_one, Consumer, Mapped, Observation, Row};
 use crate::execute::record::RecordHeader;
 use crate::execute::reference::{fits_context, ScoresKey, Vocab};
 use crate::execute::windows::{
-    parse_token_ids, plan_windows, score_plan, Scored, ScoringPlan, Windowing,
+    parse_token_ids, plan_windows, PlanScorer, Scored, ScoringPlan, Windowing,
 };
 use crate::execute::RunContext;
+use crate::kinds::{RefBuild, RefWork};
 use crate::measure::paired_metrics;
 use serde::Deserialize;
 use std::sync::Arc;
@@ -368,6 +370,40 @@ impl ScoredText {
         (n, self.window_at.clone())
     }
 
+    /// The observation as the case declares it: the pinned file, how it
+    /// becomes tokens, the windows and the batch. Equal on two cases and one
+    /// model: the same decode.
+    pub fn declared(&self) -> String {
+        format!(
+            "windows of {} ({:?}) {:?} n_batch={}",
+            self.pin.sha256, self.source, self.windowing, self.n_batch
+        )
+    }
+
+    /// The observation of `plan` on `model`.
+    pub fn observation(
+        &self,
+        cx: &RunContext,
+        model: Arc<dyn LoadedModel>,
+        plan: &ScoringPlan,
+    ) -> Observation {
+        plan.observation(model, self.n_batch, cx.threads)
+    }
+
+    /// About how many token rows the windows are (unbounded chunks count
+    /// as 64).
+    pub fn weight(&self) -> usize {
+        match &self.windowing {
+            Windowing::LlamaPerplexity { n_ctx, chunks, .. } => {
+                chunks.unwrap_or(64) * *n_ctx as usize
+            }
+            Windowing::Strided { chunks, .. } => {
+                chunks.unwrap_or(64) * self.windowing.context() as usize
+            }
+            Windowing::Resets { length, starts } => starts.len() * *length as usize,
+        }
+    }
+
     /// Engine settings of every pass.
     pub fn settings(&self, threads: u32) -> Settings {
         let mut s = Settings::new(self.windowing.context(), threads);
@@ -392,7 +428,7 @@ impl ScoredText {
         cx: &RunContext,
         alias: &str,
         out: &mut Outcome,
-    ) -> Result<(String, Arc<dyn LoadedModel>, ScoringPlan)> {
+    ) -> Result<(String, Arc<dyn LoadedModel>, Arc<ScoringPlan>)> {
         let src = self.pin.read_text()?;
         let t = Instant::now();
         let (verified, model) = cx.load(alias)?;
@@ -401,25 +437,32 @@ impl ScoredText {
         self.check_context(&*model)?;
         out.settings = Some(self.settings(cx.threads));
         let t = Instant::now();
-        let plan = self.plan_for(&src, &*model)?;
+        let plan = self.plan_for(cx, &src, &*model)?;
         out.timings.tokenize = t.elapsed();
         out.token_stream_sha256 = Some(plan.token_stream_sha256.clone());
-        Ok((src, model, plan))
+        Ok((src, model, Arc::new(plan)))
     }
 
-    /// Token ids of `src` (the pinned file's text) for `model`, cut into windows.
-    pub fn plan_for(&self, src: &str, model: &dyn LoadedModel) -> Result<ScoringPlan> {
+    /// Token ids of `src` (the pinned file's text) for `model`, cut into
+    /// windows; a text is tokenized once per process per tokenizer.
+    pub fn plan_for(
+        &self,
+        cx: &RunContext,
+        src: &str,
+        model: &dyn LoadedModel,
+    ) -> Result<ScoringPlan> {
         let info = model.info();
         let path = &self.pin.path;
-        let (ids, bos) = match &self.source {
+        let owned;
+        let (ids, bos): (&[i32], _) = match &self.source {
             Source::Text(bos) => {
-                let ids: Vec<_> = model.tokenize(src, *bos)?.iter().map(|t| t.id).collect();
+                owned = cx.token_ids(model, src, *bos)?;
                 let add = match bos {
                     BosPolicy::Model => info.add_bos,
                     BosPolicy::Always => true,
                     BosPolicy::Never => false,
                 };
-                (ids, add.then_some(info.bos))
+                (&owned[..], add.then_some(info.bos))
             }
             Source::TokenIds => {
                 let ids = parse_token_ids(src)
@@ -437,10 +480,11 @@ impl ScoredText {
                         info.file.alias
                     )));
                 }
-                (ids, None)
+                owned = Arc::new(ids);
+                (&owned[..], None)
             }
         };
-        plan_windows(&ids, &self.windowing, bos).map_err(|e| {
+        plan_windows(ids, &self.windowing, bos).map_err(|e| {
             Error::input(format!(
                 "{}: {} ({}): {e}",
                 self.window_at,
@@ -450,28 +494,22 @@ impl ScoredText {
         })
     }
 
-    /// The header of a reference record of `scored` (`plan` on `model`).
-    pub fn record_header(
+    /// The key of a model's scores of `plan` (its own plan).
+    pub fn scores_key<'a>(
         &self,
-        alias: &str,
-        sha256: &str,
-        build: &str,
-        model: &dyn LoadedModel,
-        plan: &ScoringPlan,
-        scored: &Scored,
-    ) -> RecordHeader {
-        let info = model.info();
-        RecordHeader {
-            quantgate_reference_record: 1,
-            model: alias.to_string(),
-            model_sha256: sha256.to_string(),
-            build: build.to_string(),
-            n_vocab: info.n_vocab,
-            tokenizer_fingerprint: info.tokenizer_fingerprint.clone(),
-            mode: self.windowing.mode().to_string(),
-            windows: plan.windows.len(),
-            targets: scored.token_nll.len(),
-            token_stream_sha256: plan.token_stream_sha256.clone(),
+        ref_alias: &'a str,
+        sha: &'a str,
+        plan: &'a ScoringPlan,
+        settings: &'a Settings,
+        build: &'a str,
+    ) -> ScoresKey<'a> {
+        ScoresKey {
+            alias: ref_alias,
+            model_sha256: sha,
+            plan,
+            settings,
+            build,
+            windowing: format!("{:?}", self.windowing),
         }
     }
 
@@ -488,41 +526,57 @@ impl ScoredText {
     ) -> Result<Arc<Scored>> {
         let (rv, rmodel) = cx.load_reference((ref_alias, ref_at), Vocab::of(model.info()))?;
         self.check_context(&*rmodel)?;
-        let rplan = self.identical_plan(ref_at, src, &*rmodel, model, plan)?;
-        let build = cx.build_label();
+        let rplan = self.identical_plan(cx, ref_at, src, &*rmodel, model, plan)?;
+        let build = cx.identity_of(ref_alias);
         let settings = self.settings(cx.threads);
-        let key = ScoresKey {
-            alias: ref_alias,
-            model_sha256: &rv.file.sha256,
-            plan: &rplan,
-            settings: &settings,
-            build: &build,
-            windowing: format!("{:?}", self.windowing),
-        };
+        let key = self.scores_key(ref_alias, &rv.file.sha256, &rplan, &settings, &build);
         cx.references.scores(&key, &|| {
-            let scored = score_plan(&*rmodel, &rplan, self.n_batch, cx.threads)?;
-            let header = self.record_header(
-                ref_alias,
-                &rv.file.sha256,
-                &build,
-                &*rmodel,
-                &rplan,
-                &scored,
-            );
+            let obs = self.observation(cx, rmodel.clone(), &rplan);
+            let mut b = ScoresBuild::new(self, ref_alias, &rv.file.sha256, &build, &rmodel, &rplan);
+            observe_one(&obs, &mut b)?;
+            let (header, scored) = b.scored()?;
             Ok((header, scored))
         })
+    }
+
+    /// The reference's scores of the case's windows as work for a shared
+    /// decode of the reference model (None when the store holds them).
+    pub fn reference_scores_work(
+        &self,
+        cx: &RunContext,
+        ref_alias: &str,
+    ) -> Result<Option<RefWork>> {
+        let src = self.pin.read_text()?;
+        let (rv, rmodel) = cx.load(ref_alias)?;
+        self.check_context(&*rmodel)?;
+        let rplan = Arc::new(self.plan_for(cx, &src, &*rmodel)?);
+        let build = cx.identity_of(ref_alias);
+        let settings = self.settings(cx.threads);
+        let key = self.scores_key(ref_alias, &rv.file.sha256, &rplan, &settings, &build);
+        let (id, path) = cx.references.scores_product(&key);
+        if cx.references.holds(&id, &path) {
+            return Ok(None);
+        }
+        let b = ScoresBuild::new(self, ref_alias, &rv.file.sha256, &build, &rmodel, &rplan);
+        Ok(Some(RefWork {
+            key: id,
+            path,
+            observation: self.observation(cx, rmodel, &rplan),
+            consumer: Box::new(b),
+        }))
     }
 
     /// The reference's plan, which must score the candidate's tokens.
     pub fn identical_plan(
         &self,
+        cx: &RunContext,
         ref_at: &Location,
         src: &str,
         reference: &dyn LoadedModel,
         candidate: &dyn LoadedModel,
         plan: &ScoringPlan,
     ) -> Result<ScoringPlan> {
-        let rplan = self.plan_for(src, reference)?;
+        let rplan = self.plan_for(cx, src, reference)?;
         if rplan.token_stream_sha256 != plan.token_stream_sha256 {
             return Err(Error::input(format!(
                 "{ref_at}: reference: `{}` and `{}` do not score identical tokens \
@@ -541,17 +595,12 @@ impl ScoredText {
     pub fn reference_record(&self, cx: &RunContext, alias: &str) -> Result<String> {
         let src = self.pin.read_text()?;
         let (verified, model) = cx.load(alias)?;
-        let plan = self.plan_for(&src, &*model)?;
-        let scored = score_plan(&*model, &plan, self.n_batch, cx.threads)?;
-        let build = cx.build_label();
-        let header = self.record_header(
-            alias,
-            &verified.file.sha256,
-            &build,
-            &*model,
-            &plan,
-            &scored,
-        );
+        let plan = self.plan_for(cx, &src, &*model)?;
+        let build = cx.identity_of(alias);
+        let obs = self.observation(cx, model.clone(), &plan);
+        let mut b = ScoresBuild::new(self, alias, &verified.file.sha256, &build, &model, &plan);
+        observe_one(&obs, &mut b)?;
+        let (header, scored) = b.scored()?;
         Ok(crate::execute::record::record_jsonl(
             &header, &plan, &scored,
         ))
@@ -567,6 +616,101 @@ impl ScoredText {
             &rscored.token_nll,
             (b.block, b.resamples, b.seed),
         ));
+    }
+}
+
+/// A reference's scores of a plan (its reference record), built as a
+/// consumer of the reference's observation.
+pub struct ScoresBuild {
+    scorer: PlanScorer,
+    header: RecordHeader,
+    key: (String, String, Settings, String, String),
+}
+
+impl ScoresBuild {
+    /// A builder of `alias`'s scores of `plan`.
+    pub fn new(
+        text: &ScoredText,
+        alias: &str,
+        sha256: &str,
+        build: &str,
+        model: &Arc<dyn LoadedModel>,
+        plan: &ScoringPlan,
+    ) -> Self {
+        let info = model.info();
+        ScoresBuild {
+            scorer: PlanScorer::new(Arc::new(plan.clone()), info.n_vocab),
+            header: RecordHeader {
+                quantgate_reference_record: 1,
+                model: alias.to_string(),
+                model_sha256: sha256.to_string(),
+                build: build.to_string(),
+                n_vocab: info.n_vocab,
+                tokenizer_fingerprint: info.tokenizer_fingerprint.clone(),
+                mode: text.windowing.mode().to_string(),
+                windows: plan.windows.len(),
+                targets: plan.targets(),
+                token_stream_sha256: plan.token_stream_sha256.clone(),
+            },
+            key: (
+                alias.to_string(),
+                sha256.to_string(),
+                text.settings(0),
+                build.to_string(),
+                format!("{:?}", text.windowing),
+            ),
+        }
+    }
+
+    /// The record header and the scores.
+    pub fn scored(self) -> Result<(RecordHeader, Scored)> {
+        Ok((self.header, self.scorer.finish()?))
+    }
+}
+
+impl Consumer for ScoresBuild {
+    fn absorb(&mut self, r: &Row<'_>, _: Mapped) -> Result<()> {
+        self.scorer.take(r).map(|_| ())
+    }
+}
+
+impl ScoresBuild {
+    /// The scores, put in the store (file and memo) for later readers.
+    pub fn store(self, cx: &RunContext) -> Result<Arc<Scored>> {
+        self.store_with(cx, false)
+    }
+
+    /// [`ScoresBuild::store`], or with `best_effort` the scores even when
+    /// they cannot be kept (said on stderr: later runs decode again).
+    pub fn store_with(self, cx: &RunContext, best_effort: bool) -> Result<Arc<Scored>> {
+        let (alias, sha, settings, build, windowing) = self.key.clone();
+        let plan = self.scorer.plan().clone();
+        let (header, scored) = self.scored()?;
+        let key = ScoresKey {
+            alias: &alias,
+            model_sha256: &sha,
+            plan: &plan,
+            settings: &settings,
+            build: &build,
+            windowing,
+        };
+        if !best_effort {
+            return cx.references.put_scores(&key, &header, scored);
+        }
+        let kept = scored.clone();
+        cx.references.put_scores(&key, &header, scored).or_else(|e| {
+            eprintln!(
+                "quantgate: the scores of `{alias}` could not be kept ({}); later runs decode them again",
+                e.message
+            );
+            Ok(Arc::new(kept))
+        })
+    }
+}
+
+impl RefBuild for ScoresBuild {
+    fn finish(self: Box<Self>, cx: &RunContext) -> Result<()> {
+        self.store(cx).map(|_| ())
     }
 }
 

@@ -13,17 +13,21 @@ use crate::core::error::{Error, Result};
 use crate::core::parse::{case_table, parse_toml, Diagnostics};
 use crate::core::{Artifact, Case, Outcome, Sampler, Settings};
 use crate::engine::{LoadedModel, Token, TokenId, Window};
+use crate::execute::observe::{mapped, Consumer, Mapped, Observation, Row};
+use crate::execute::qgref::CacheHeader;
 use crate::execute::reference::{rows_header, RefRows, Vocab};
 use crate::execute::RunContext;
 use crate::kinds::digit_rows::{DigitRow, DigitRows};
+use crate::kinds::reference_rows::RowsBuild;
+use crate::kinds::{Finish, RefWork, Start};
 use crate::kinds::digit_text::{
     ids_sha256, piece_text, prompt_text, settings_for, tokenize, unit_tokens, Common, ExpectFile, Expected,
     Follow, Prompt, Template,
 };
 use crate::kinds::Kind;
 use crate::measure::forecast;
-use crate::measure::kld::{compare, compress_row, RefPosition, DEFAULT_MAX_KEPT, DEFAULT_TAIL};
-use crate::measure::{quantile, row_stats, row_stats_exps};
+use crate::measure::kld::{compare, RefPosition, DEFAULT_MAX_KEPT, DEFAULT_TAIL};
+use crate::measure::quantile;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -236,8 +240,49 @@ impl Kind for TeacherForcing {
         m
     }
 
-    fn run(&self, cx: &RunContext, case: &Case, alias: &str, out: &mut Outcome) -> Result<()> {
-        run_teacher_forcing(cx, case, self, alias, out)
+    fn observation(&self) -> Option<String> {
+        Some(self.declared())
+    }
+
+    /// The one pass, and the sampled recitations (a few dozen tokens each).
+    fn weight(&self) -> usize {
+        self.expected.token_budget() + self.samplers.iter().map(|s| 24 * s.samples).sum::<usize>()
+    }
+
+    fn reference_observation(&self) -> Option<String> {
+        self.reference.as_ref().map(|_| self.declared())
+    }
+
+    fn reference_work(&self, cx: &RunContext, case: &Case) -> Result<Option<RefWork>> {
+        let Some((ref_alias, _)) = &self.reference else {
+            return Ok(None);
+        };
+        let (_, rmodel) = cx.load(ref_alias)?;
+        let rloc = locate(cx, &*rmodel, self, case)?;
+        let ids: Vec<TokenId> = rloc.tokens.iter().map(|t| t.id).collect();
+        let settings = settings_for(cx, &*rmodel, case, ids.len(), self.min_rows)?;
+        let (window, unit_of_row) = tf_window(&rloc, &ids);
+        let header = tf_rows_header(cx, ref_alias, &ids_sha256(&ids), &settings, &unit_of_row, rmodel.info().n_vocab)?;
+        let obs = Observation::new(rmodel.clone(), settings, vec![window.clone()]);
+        Ok(tf_rows_build(header, &window, &unit_of_row, &*rmodel).work(cx, obs))
+    }
+
+    fn start(&self, cx: &RunContext, case: &Case, alias: &str, out: &mut Outcome) -> Result<Start> {
+        start_teacher_forcing(cx, case, self, alias, out)
+    }
+}
+
+impl TeacherForcing {
+    /// The observation as the case declares it: the template, prompt,
+    /// expected text and padding that make the one teacher-forced pass.
+    fn declared(&self) -> String {
+        format!(
+            "teacher-forcing {:?} prompt {:?} then {:?} min_rows={}",
+            self.template,
+            self.prompt.text,
+            format!("{}{}", self.expected.lead, self.expected.body()),
+            self.min_rows
+        )
     }
 }
 
@@ -268,14 +313,32 @@ fn ref_margin(r: &RefPosition, target: u32) -> f64 {
     r.lp_true - r.lp(best_other)
 }
 
-/// Run a `teacher_forcing` case.
-fn run_teacher_forcing(
+/// The one window of a teacher-forced text, and the row before each
+/// located unit's token (row → unit).
+fn tf_window(loc: &Located, ids: &[TokenId]) -> (Window, BTreeMap<usize, usize>) {
+    let mut unit_of_row: BTreeMap<usize, usize> = BTreeMap::new();
+    for (k, (_, tok)) in loc.units.iter().enumerate() {
+        if let Some(i) = tok {
+            unit_of_row.insert(i - 1, k);
+        }
+    }
+    let first_row = unit_of_row.keys().next().copied().unwrap_or(ids.len() - 1);
+    let window = Window {
+        tokens: ids.to_vec(),
+        logits_from: first_row,
+    };
+    (window, unit_of_row)
+}
+
+/// Start a `teacher_forcing` case: load, locate the units, take the
+/// reference's rows from the store; the rows are read by [`TfTrial`].
+fn start_teacher_forcing(
     cx: &RunContext,
     case: &Case,
     t: &TeacherForcing,
     alias: &str,
     out: &mut Outcome,
-) -> Result<()> {
+) -> Result<Start> {
     let t0 = Instant::now();
     let (verified, model) = cx.load(alias)?;
     out.timings.prepare = t0.elapsed();
@@ -288,18 +351,8 @@ fn run_teacher_forcing(
     out.timings.tokenize = t0.elapsed();
     let settings = settings_for(cx, &*model, case, ids.len(), t.min_rows)?;
     out.settings = Some(settings.clone());
-    // Rows to keep: the row before each located unit's token.
-    let mut unit_of_row: BTreeMap<usize, usize> = BTreeMap::new();
-    for (k, (_, tok)) in loc.units.iter().enumerate() {
-        if let Some(i) = tok {
-            unit_of_row.insert(i - 1, k);
-        }
-    }
-    let first_row = unit_of_row.keys().next().copied().unwrap_or(ids.len() - 1);
-    let window = Window {
-        tokens: ids.clone(),
-        logits_from: first_row,
-    };
+    let (window, unit_of_row) = tf_window(&loc, &ids);
+    let t0 = Instant::now();
     let reference = match &t.reference {
         Some(r) => Some(tf_reference(
             cx,
@@ -314,119 +367,225 @@ fn run_teacher_forcing(
         )?),
         None => None,
     };
-    let samplers: Vec<&SamplerSpec> = t.samplers.iter().collect();
-    let mut rows: Vec<Option<DigitRow>> = vec![None; loc.units.len()];
-    let mut exps = Vec::new();
-    let mut refs_used = 0usize;
-    let t0 = Instant::now();
-    model
-        .score(
-            &settings,
-            std::slice::from_ref(&window),
-            &mut |_, pos, row| {
-                let Some(&k) = unit_of_row.get(&pos) else {
-                    return Ok(());
-                };
-                let target = ids[pos + 1] as usize;
-                let st = row_stats_exps(row, &mut exps);
-                let top = st.argmax;
-                let (rank, margin) = rank_and_margin(row, target);
-                let (kl, matches, rmargin) = match &reference {
-                    Some(refs) => {
-                        let r = &refs.rows[refs_used];
-                        refs_used += 1;
-                        let c = compare(r, row, &st, &exps, target, false);
-                        (c.kl, c.ref_top == top as u32, ref_margin(r, target as u32))
-                    }
-                    None => (f64::NAN, false, f64::NAN),
-                };
-                let tok = &loc.tokens[pos + 1];
-                rows[k] = Some(DigitRow {
+    out.timings.decode += t0.elapsed();
+    let obs = Observation::new(model.clone(), settings.clone(), vec![window]);
+    let n_units = loc.units.len();
+    Ok(Start::Observe(
+        obs,
+        Box::new(TfTrial {
+            t: t.clone(),
+            case: case.clone(),
+            alias: alias.to_string(),
+            model,
+            settings,
+            loc,
+            ids,
+            unit_of_row,
+            reference,
+            rows: vec![None; n_units],
+        }),
+    ))
+}
+
+/// A teacher-forcing trial reading the rows of its one pass.
+struct TfTrial {
+    t: TeacherForcing,
+    case: Case,
+    alias: String,
+    model: Arc<dyn LoadedModel>,
+    settings: Settings,
+    loc: Located,
+    ids: Vec<TokenId>,
+    unit_of_row: BTreeMap<usize, usize>,
+    reference: Option<Arc<RefRows>>,
+    rows: Vec<Option<DigitRow>>,
+}
+
+impl Consumer for TfTrial {
+    fn wants_exps(&self) -> bool {
+        self.reference.is_some()
+    }
+
+    /// A unit's row: rank, margin, the comparison with the reference row and
+    /// the samplers' chances, on any thread.
+    fn map(&self, r: &Row<'_>) -> Result<Mapped> {
+        let (pos, row, st) = (r.pos, r.logits, r.stats);
+        let Some(&k) = self.unit_of_row.get(&pos) else {
+            return Ok(None);
+        };
+        let target = self.ids[pos + 1] as usize;
+        let top = st.argmax;
+        let (rank, margin) = rank_and_margin(row, target);
+        let (kl, matches, rmargin) = match &self.reference {
+            Some(refs) => {
+                // The reference holds the units' rows in position order.
+                let at = self.unit_of_row.range(..pos).count();
+                let rp = &refs.rows[at];
+                let c = compare(rp, row, st, r.exps, target, false);
+                (c.kl, c.ref_top == top as u32, ref_margin(rp, target as u32))
+            }
+            None => (f64::NAN, false, f64::NAN),
+        };
+        let tok = &self.loc.tokens[pos + 1];
+        let units = &self.t.expected.units;
+        Ok(Some(Box::new(DigitRow {
+            unit: k as u32,
+            char_offset: self.loc.units[k].0 as u32,
+            token_index: (pos + 1) as i32,
+            token_id: tok.id,
+            piece: String::from_utf8_lossy(&tok.piece).into_owned(),
+            own_token: String::from_utf8_lossy(&tok.piece).trim() == units[k],
+            logprob: st.logprob(row, target),
+            rank,
+            margin,
+            top1_token: top as TokenId,
+            top1_piece: piece_text(&*self.model, top as TokenId),
+            kl_vs_ref: kl,
+            top1_matches_ref: matches,
+            ref_margin: rmargin,
+            ref_odds_percentile: f64::NAN,
+            p_pick: self
+                .t
+                .samplers
+                .iter()
+                .map(|s| forecast::p_pick(row, &s.sampler, target))
+                .collect(),
+        })))
+    }
+
+    fn absorb(&mut self, r: &Row<'_>, m: Mapped) -> Result<()> {
+        if let Some(&k) = self.unit_of_row.get(&r.pos) {
+            let row = mapped::<DigitRow>(m)
+                .ok_or_else(|| Error::harness("a unit's row was not measured"))?;
+            self.rows[k] = Some(row);
+        }
+        Ok(())
+    }
+}
+
+impl Finish for TfTrial {
+    fn finish(self: Box<Self>, _cx: &RunContext, out: &mut Outcome) -> Result<()> {
+        let TfTrial {
+            t,
+            case,
+            alias,
+            model,
+            settings,
+            loc,
+            unit_of_row,
+            reference,
+            rows,
+            ..
+        } = *self;
+        let t0 = Instant::now();
+        let samplers: Vec<&SamplerSpec> = t.samplers.iter().collect();
+        let measured = rows.iter().flatten().count();
+        if measured == 0 {
+            return Err(Error::input(format!(
+                "{}: no unit of the expected text starts a token of `{alias}`: nothing to score \
+                 (the tokenizer merges the units with their neighbours)",
+                case.path.display()
+            )));
+        }
+        if measured != unit_of_row.len() {
+            return Err(Error::harness(format!(
+                "{}: scored {measured} of {} located units",
+                case.path.display(),
+                unit_of_row.len()
+            )));
+        }
+        // A unit without a token of its own keeps a row, with nothing scored.
+        let mut rows: Vec<DigitRow> = rows
+            .into_iter()
+            .enumerate()
+            .map(|(k, r)| {
+                r.unwrap_or_else(|| DigitRow {
                     unit: k as u32,
                     char_offset: loc.units[k].0 as u32,
-                    token_index: (pos + 1) as i32,
-                    token_id: tok.id,
-                    piece: String::from_utf8_lossy(&tok.piece).into_owned(),
-                    own_token: String::from_utf8_lossy(&tok.piece).trim() == t.expected.units[k],
-                    logprob: st.logprob(row, target),
-                    rank,
-                    margin,
-                    top1_token: top as TokenId,
-                    top1_piece: piece_text(&*model, top as TokenId),
-                    kl_vs_ref: kl,
-                    top1_matches_ref: matches,
-                    ref_margin: rmargin,
+                    token_index: -1,
+                    token_id: -1,
+                    piece: String::new(),
+                    own_token: false,
+                    logprob: f64::NAN,
+                    rank: -1,
+                    margin: f64::NAN,
+                    top1_token: -1,
+                    top1_piece: String::new(),
+                    kl_vs_ref: f64::NAN,
+                    top1_matches_ref: false,
+                    ref_margin: f64::NAN,
                     ref_odds_percentile: f64::NAN,
-                    p_pick: samplers
-                        .iter()
-                        .map(|s| forecast::p_pick(row, &s.sampler, target))
-                        .collect(),
-                });
-                Ok(())
-            },
-        )
-        .map_err(|e| e.context(case.path.display()))?;
-    out.timings.decode += t0.elapsed();
-    let t0 = Instant::now();
-    let measured = rows.iter().flatten().count();
-    if measured == 0 {
-        return Err(Error::input(format!(
-            "{}: no unit of the expected text starts a token of `{alias}`: nothing to score \
-             (the tokenizer merges the units with their neighbours)",
-            case.path.display()
-        )));
-    }
-    if measured != unit_of_row.len() {
-        return Err(Error::harness(format!(
-            "{}: scored {measured} of {} located units",
-            case.path.display(),
-            unit_of_row.len()
-        )));
-    }
-    // A unit without a token of its own keeps a row, with nothing scored.
-    let mut rows: Vec<DigitRow> = rows
-        .into_iter()
-        .enumerate()
-        .map(|(k, r)| {
-            r.unwrap_or_else(|| DigitRow {
-                unit: k as u32,
-                char_offset: loc.units[k].0 as u32,
-                token_index: -1,
-                token_id: -1,
-                piece: String::new(),
-                own_token: false,
-                logprob: f64::NAN,
-                rank: -1,
-                margin: f64::NAN,
-                top1_token: -1,
-                top1_piece: String::new(),
-                kl_vs_ref: f64::NAN,
-                top1_matches_ref: false,
-                ref_margin: f64::NAN,
-                ref_odds_percentile: f64::NAN,
-                p_pick: vec![f64::NAN; samplers.len()],
+                    p_pick: vec![f64::NAN; samplers.len()],
+                })
             })
-        })
-        .collect();
-    tf_metrics(t, &loc, &mut rows, reference.is_some(), out);
-    if !samplers.is_empty() {
-        sampling(case, t, &*model, &loc, &rows, &settings, out)?;
+            .collect();
+        tf_metrics(&t, &loc, &mut rows, reference.is_some(), out);
+        out.timings.measure += t0.elapsed();
+        if !samplers.is_empty() {
+            sampling(&case, &t, &*model, &loc, &rows, &settings, out)?;
+        }
+        let t0 = Instant::now();
+        let rows = DigitRows {
+            rows,
+            samplers: samplers.iter().map(|s| s.name.clone()).collect(),
+            reference: reference.is_some(),
+        };
+        // The per-digit plot beside the rows.
+        let first_flip = out.metrics.get("first_flip").map(|f| *f as usize);
+        let title = format!("{}::{alias}", case.name);
+        out.artifacts.push(Artifact {
+            extension: "svg",
+            body: rows.svg(&title, first_flip),
+        });
+        out.rows = Some(Arc::new(rows.table()));
+        out.timings.measure += t0.elapsed();
+        Ok(())
     }
-    let rows = DigitRows {
-        rows,
-        samplers: samplers.iter().map(|s| s.name.clone()).collect(),
-        reference: reference.is_some(),
-    };
-    // The per-digit plot beside the rows.
-    let first_flip = out.metrics.get("first_flip").map(|f| *f as usize);
-    let title = format!("{}::{alias}", case.name);
-    out.artifacts.push(Artifact {
-        extension: "svg",
-        body: rows.svg(&title, first_flip),
-    });
-    out.rows = Some(Arc::new(rows.table()));
-    out.timings.measure += t0.elapsed();
-    Ok(())
+}
+
+/// The `.qgref` header of a reference's rows at the units' positions.
+fn tf_rows_header(
+    cx: &RunContext,
+    ref_alias: &str,
+    stream: &str,
+    settings: &Settings,
+    unit_of_row: &BTreeMap<usize, usize>,
+    n_vocab: usize,
+) -> Result<CacheHeader> {
+    let ref_sha = cx.pinned_sha256(ref_alias)?;
+    let rows_wanted: Vec<usize> = unit_of_row.keys().copied().collect();
+    Ok(rows_header(
+        ref_sha,
+        stream,
+        format!("teacher-forcing rows {rows_wanted:?}"),
+        settings,
+        cx.identity_of(ref_alias),
+        DEFAULT_TAIL,
+        DEFAULT_MAX_KEPT,
+        rows_wanted.len(),
+        n_vocab,
+    ))
+}
+
+/// The builder of a reference's rows at the units' positions.
+fn tf_rows_build(
+    header: CacheHeader,
+    window: &Window,
+    unit_of_row: &BTreeMap<usize, usize>,
+    reference: &dyn LoadedModel,
+) -> RowsBuild {
+    let wanted = unit_of_row
+        .keys()
+        .map(|&pos| (0, pos, window.tokens[pos + 1] as usize))
+        .collect();
+    let ri = reference.info();
+    RowsBuild::new(
+        header,
+        wanted,
+        (DEFAULT_TAIL, DEFAULT_MAX_KEPT),
+        ri.n_vocab,
+        ri.tokenizer_fingerprint.clone(),
+    )
 }
 
 /// The reference's rows at the units' positions, through the reference store.
@@ -443,23 +602,11 @@ fn tf_reference(
     stream: &str,
 ) -> Result<Arc<RefRows>> {
     let ci = model.info();
-    let ref_sha = cx.pinned_sha256(ref_alias).map_err(|e| e.context(ref_at))?;
-    let rows_wanted: Vec<usize> = unit_of_row.keys().copied().collect();
-    let header = rows_header(
-        ref_sha,
-        stream,
-        format!("teacher-forcing rows {rows_wanted:?}"),
-        settings,
-        cx.build_label(),
-        DEFAULT_TAIL,
-        DEFAULT_MAX_KEPT,
-        rows_wanted.len(),
-        ci.n_vocab,
-    );
+    let header = tf_rows_header(cx, ref_alias, stream, settings, unit_of_row, ci.n_vocab)
+        .map_err(|e| e.context(ref_at))?;
     let at = (ref_alias.as_str(), ref_at);
     cx.references.rows(&header, &case.path, at, Vocab::of(ci), &|| {
         let (_, rmodel) = cx.load_reference(at, Vocab::of(ci))?;
-        let ri = rmodel.info();
         let rloc = locate(cx, &*rmodel, t, case)?;
         let rids: Vec<TokenId> = rloc.tokens.iter().map(|t| t.id).collect();
         if rids != window.tokens {
@@ -471,25 +618,8 @@ fn tf_reference(
                 window.tokens.len()
             )));
         }
-        let mut rows = Vec::with_capacity(unit_of_row.len());
-        rmodel.score(
-            settings,
-            std::slice::from_ref(window),
-            &mut |_, pos, row| {
-                if unit_of_row.contains_key(&pos) {
-                    let st = row_stats(row);
-                    rows.push(compress_row(
-                        row,
-                        &st,
-                        window.tokens[pos + 1] as usize,
-                        DEFAULT_TAIL,
-                        DEFAULT_MAX_KEPT,
-                    ));
-                }
-                Ok(())
-            },
-        )?;
-        Ok((ri.n_vocab, ri.tokenizer_fingerprint.clone(), rows))
+        let obs = Observation::new(rmodel.clone(), settings.clone(), vec![window.clone()]);
+        tf_rows_build(header.clone(), window, unit_of_row, &*rmodel).decode(&obs)
     })
 }
 
@@ -678,28 +808,24 @@ fn sampling(
             n_ctx: (loc.prompt_ids.len() + max_new + 8).div_ceil(256) as u32 * 256,
             ..settings.clone()
         };
-        let mut reached = Vec::with_capacity(s.samples);
         let t0 = Instant::now();
-        for k in 0..s.samples {
-            let mut follow = Follow::new(&t.expected, t.template);
-            model
-                .sample(
-                    &plain,
-                    &loc.prompt_ids,
-                    max_new,
-                    &s.sampler,
-                    s.seed.wrapping_add(k as u32),
-                    &mut |gen| {
-                        let Some(&last) = gen.last() else {
-                            return false;
-                        };
-                        let r = follow.push(&piece_text(model, last));
-                        r.complete || r.departs_at.is_some()
-                    },
-                )
-                .map_err(|e| e.context(case.path.display()))?;
-            reached.push(follow.reach().correct as f64);
-        }
+        let seeds: Vec<u32> = (0..s.samples)
+            .map(|k| s.seed.wrapping_add(k as u32))
+            .collect();
+        let mut follows: Vec<Follow> = seeds
+            .iter()
+            .map(|_| Follow::new(&t.expected, t.template))
+            .collect();
+        model
+            .sample_many(&plain, &loc.prompt_ids, max_new, &s.sampler, &seeds, &mut |k, gen| {
+                let Some(&last) = gen.last() else {
+                    return false;
+                };
+                let r = follows[k].push(&piece_text(model, last));
+                r.complete || r.departs_at.is_some()
+            })
+            .map_err(|e| e.context(case.path.display()))?;
+        let reached: Vec<f64> = follows.iter().map(|f| f.reach().correct as f64).collect();
         out.timings.decode += t0.elapsed();
         let n = reached.len() as f64;
         let mean = reached.iter().sum::<f64>() / n;

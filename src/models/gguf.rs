@@ -28,6 +28,11 @@ pub struct GgufHeader {
     /// Where the last tensor's data ends (for a well-formed file whose
     /// tensor types all have a known size: the file's length).
     pub data_end: u64,
+    /// sha256 over every `tokenizer.*` metadata entry but the chat template
+    /// (key, type and value bytes, in file order): the whole tokenizer
+    /// definition — vocabulary, merges, scores, types, special ids, pre-
+    /// tokenizer. Equal hashes, one tokenization (by one llama.cpp build).
+    pub tokenizer_sha256: String,
 }
 
 /// ggml type id → (elements per block, bytes per block), for the types
@@ -112,6 +117,21 @@ struct Reader<R> {
     inner: R,
     pos: u64,
     len: u64,
+    /// While set, every byte read or skipped is hashed into it.
+    hash: Option<sha2::Sha256>,
+}
+
+/// A writer that hashes what it is given (skipped bytes under a hash).
+struct HashSink<'a>(&'a mut sha2::Sha256);
+
+impl std::io::Write for HashSink<'_> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        sha2::Digest::update(self.0, b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 impl<R: Read> Reader<R> {
@@ -132,6 +152,9 @@ impl<R: Read> Reader<R> {
         self.inner
             .read_exact(&mut buf)
             .map_err(|e| format!("{what} at offset {}: {e}", self.pos))?;
+        if let Some(h) = &mut self.hash {
+            sha2::Digest::update(h, &buf);
+        }
         self.pos += n;
         Ok(buf)
     }
@@ -144,8 +167,12 @@ impl<R: Read> Reader<R> {
                 self.left()
             ));
         }
-        let copied = std::io::copy(&mut (&mut self.inner).take(n), &mut std::io::sink())
-            .map_err(|e| format!("{what} at offset {}: {e}", self.pos))?;
+        let mut src = (&mut self.inner).take(n);
+        let copied = match &mut self.hash {
+            Some(h) => std::io::copy(&mut src, &mut HashSink(h)),
+            None => std::io::copy(&mut src, &mut std::io::sink()),
+        }
+        .map_err(|e| format!("{what} at offset {}: {e}", self.pos))?;
         if copied != n {
             return Err(format!("{what} at offset {}: file ended early", self.pos));
         }
@@ -205,6 +232,7 @@ pub fn preflight(path: &Path) -> Result<GgufHeader> {
         inner: BufReader::with_capacity(1 << 16, file),
         pos: 0,
         len,
+        hash: None,
     };
     parse(&mut r)
         .map_err(|m| Error::input(format!("{}: not a usable GGUF file: {m}", path.display())))
@@ -216,6 +244,7 @@ pub fn preflight_bytes(bytes: &[u8]) -> std::result::Result<GgufHeader, String> 
         inner: bytes,
         pos: 0,
         len: bytes.len() as u64,
+        hash: None,
     };
     parse(&mut r)
 }
@@ -257,9 +286,21 @@ fn parse<R: Read>(r: &mut Reader<R>) -> std::result::Result<GgufHeader, String> 
     }
     let mut architecture = None;
     let mut alignment: u64 = 32;
+    let mut tokenizer = sha2::Sha256::default();
     for i in 0..n_kv {
         let key = r.string(&format!("metadata key #{i}"))?;
         let key = String::from_utf8_lossy(&key).into_owned();
+        if key.starts_with("tokenizer.") && key != "tokenizer.chat_template" {
+            sha2::Digest::update(&mut tokenizer, (key.len() as u64).to_le_bytes());
+            sha2::Digest::update(&mut tokenizer, key.as_bytes());
+            r.hash = Some(tokenizer);
+            let value = r
+                .u32(&format!("type of `{key}`"))
+                .and_then(|t| skip_value(r, t, &key, 0));
+            tokenizer = r.hash.take().expect("set above");
+            value?;
+            continue;
+        }
         let t = r.u32(&format!("type of `{key}`"))?;
         if key == "general.architecture" && t == 8 {
             let v = r.string(&format!("value of `{key}`"))?;
@@ -338,6 +379,7 @@ fn parse<R: Read>(r: &mut Reader<R>) -> std::result::Result<GgufHeader, String> 
         architecture,
         tensor_types,
         data_end,
+        tokenizer_sha256: crate::core::fsutil::hex(&sha2::Digest::finalize(tokenizer)),
     })
 }
 
@@ -441,6 +483,69 @@ pub(crate) mod tests {
         // The data section: aligned to 32, one Q8_0 block.
         v.resize(v.len().div_ceil(32) * 32 + 34, 0);
         v
+    }
+
+    /// A header with string KVs and string-array KVs, no tensors.
+    fn header_with(kvs: &[(&str, &[&str])]) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.extend_from_slice(b"GGUF");
+        v.extend_from_slice(&3u32.to_le_bytes());
+        v.extend_from_slice(&0u64.to_le_bytes());
+        v.extend_from_slice(&(kvs.len() as u64).to_le_bytes());
+        let s = |v: &mut Vec<u8>, x: &str| {
+            v.extend_from_slice(&(x.len() as u64).to_le_bytes());
+            v.extend_from_slice(x.as_bytes());
+        };
+        for (k, vals) in kvs {
+            s(&mut v, k);
+            if vals.len() == 1 {
+                v.extend_from_slice(&8u32.to_le_bytes());
+                s(&mut v, vals[0]);
+            } else {
+                v.extend_from_slice(&9u32.to_le_bytes());
+                v.extend_from_slice(&8u32.to_le_bytes());
+                v.extend_from_slice(&(vals.len() as u64).to_le_bytes());
+                for x in *vals {
+                    s(&mut v, x);
+                }
+            }
+        }
+        v
+    }
+
+    /// The tokenizer hash covers the vocabulary, merges and every other
+    /// `tokenizer.*` entry, not the chat template nor other metadata.
+    #[test]
+    fn the_tokenizer_hash_is_the_tokenizer_definition() {
+        let hash =
+            |kvs: &[(&str, &[&str])]| preflight_bytes(&header_with(kvs)).unwrap().tokenizer_sha256;
+        let base: &[(&str, &[&str])] = &[
+            ("general.name", &["a"]),
+            ("tokenizer.ggml.tokens", &["x", "y", "z"]),
+            ("tokenizer.ggml.merges", &["x y", "xy z"]),
+            ("tokenizer.chat_template", &["{{ t }}"]),
+        ];
+        let h = hash(base);
+        let mut other_name = base.to_vec();
+        other_name[0] = ("general.name", &["b"]);
+        assert_eq!(hash(&other_name), h, "general.* is not the tokenizer");
+        let mut other_template = base.to_vec();
+        other_template[3] = ("tokenizer.chat_template", &["{{ u }}"]);
+        assert_eq!(
+            hash(&other_template),
+            h,
+            "the chat template is not the tokenizer"
+        );
+        let mut other_merges = base.to_vec();
+        other_merges[2] = ("tokenizer.ggml.merges", &["y z", "x yz"]);
+        assert_ne!(hash(&other_merges), h, "merges are the tokenizer");
+        let mut other_tokens = base.to_vec();
+        other_tokens[1] = ("tokenizer.ggml.tokens", &["x", "y", "w"]);
+        assert_ne!(hash(&other_tokens), h);
+        // Moving a byte from one token to the next changes the hash.
+        let mut shifted = base.to_vec();
+        shifted[1] = ("tokenizer.ggml.tokens", &["xy", "", "z"]);
+        assert_ne!(hash(&shifted), h);
     }
 
     /// The tiny file cut anywhere in its tensor data: an error naming the

@@ -7,6 +7,7 @@
 //! the matrix is sorted by model, then name.
 
 pub mod discover;
+pub mod groups;
 pub mod parse;
 
 use crate::core::error::{Error, Result};

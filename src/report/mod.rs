@@ -97,8 +97,10 @@ pub fn table(outcomes: &[Outcome]) -> String {
     s
 }
 
-/// Per-model stage timings (seconds), summed over that model's cases.
-pub fn timings(outcomes: &[Outcome]) -> String {
+/// Per-model stage timings (seconds), summed over that model's cases (a
+/// decode shared by several cases counts its share to each), and the
+/// reference work done in shared decodes: (model, seconds, products).
+pub fn timings(outcomes: &[Outcome], reference_work: &[(String, f64, usize)]) -> String {
     let mut by_model: std::collections::BTreeMap<&str, [f64; 7]> = Default::default();
     for o in outcomes {
         let t = &o.timings;
@@ -134,6 +136,13 @@ pub fn timings(outcomes: &[Outcome]) -> String {
             s,
             "{m:<16} {:>8.2} {:>8.2} {:>9.3} {:>8.2} {:>8.3} {:>8.2} {:>9.2}% {:>10}",
             e[0], e[1], e[2], e[3], e[4], e[5], pct, rss
+        );
+    }
+    for (model, secs, n) in reference_work {
+        let _ = writeln!(
+            s,
+            "reference work on {model}: {secs:.2} s ({n} product{})",
+            if *n == 1 { "" } else { "s" }
         );
     }
     s

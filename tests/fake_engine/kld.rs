@@ -73,9 +73,15 @@ impl Fx {
         quantgate::judge::trial(&r, &planned[0], std::path::Path::new("goldens"))
     }
 
+    /// The cache's files (not its `locks/` folder).
     fn cache_files(&self) -> Vec<PathBuf> {
         std::fs::read_dir(self.root.join("cache"))
-            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.is_file())
+                    .collect()
+            })
             .unwrap_or_default()
     }
 }

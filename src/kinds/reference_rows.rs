@@ -1,0 +1,130 @@
+//! What `kld` and `teacher_forcing` share: compact reference rows
+//! ([`RefPosition`]) built from a reference model's observation, as one
+//! consumer of its decode, and put in the reference store. Not a kind.
+//!
+//! Contract: a row is compressed exactly as [`compress_row`] does, for
+//! exactly the positions listed, in order; fewer rows than listed is an
+//! error, never a shorter reference.
+//!
+//! [`compress_row`]: crate::measure::kld::compress_row
+
+use crate::core::error::{Error, Result};
+use crate::execute::observe::{mapped, observe_one, Consumer, Mapped, Observation, Row};
+use crate::execute::qgref::CacheHeader;
+use crate::execute::RunContext;
+use crate::kinds::{RefBuild, RefWork};
+use crate::measure::kld::{compress_row_exps, RefPosition};
+
+/// Builds the reference rows of `header` at the listed positions.
+pub struct RowsBuild {
+    header: CacheHeader,
+    /// (window, position, target) of every row to keep, in decode order.
+    wanted: Vec<(usize, usize, usize)>,
+    tail: f64,
+    max_kept: usize,
+    rows: Vec<RefPosition>,
+    n_vocab: usize,
+    fingerprint: String,
+}
+
+impl RowsBuild {
+    /// Rows of `header` at `wanted` (window, position, target), stored with
+    /// `tail` and `max_kept`, for a reference of `n_vocab` tokens with
+    /// tokenizer `fingerprint`.
+    pub fn new(
+        header: CacheHeader,
+        mut wanted: Vec<(usize, usize, usize)>,
+        (tail, max_kept): (f64, usize),
+        n_vocab: usize,
+        fingerprint: String,
+    ) -> Self {
+        // Decode order (the rows arrive so, and are stored so).
+        wanted.sort_unstable();
+        RowsBuild {
+            rows: Vec::with_capacity(wanted.len()),
+            header,
+            wanted,
+            tail,
+            max_kept,
+            n_vocab,
+            fingerprint,
+        }
+    }
+
+    /// The rows, all of them, or why not.
+    pub fn rows(self) -> Result<(usize, String, Vec<RefPosition>)> {
+        if self.rows.len() != self.wanted.len() {
+            return Err(Error::engine(format!(
+                "reference rows: {} of {} positions decoded",
+                self.rows.len(),
+                self.wanted.len()
+            )));
+        }
+        Ok((self.n_vocab, self.fingerprint, self.rows))
+    }
+
+    /// The rows of `obs`, decoded alone (no shared decode is running).
+    pub fn decode(mut self, obs: &Observation) -> Result<(usize, String, Vec<RefPosition>)> {
+        observe_one(obs, &mut self)?;
+        self.rows()
+    }
+
+    /// As reference work for a shared decode of `obs`.
+    pub fn work(self, cx: &RunContext, obs: Observation) -> Option<RefWork> {
+        let (key, path) = cx.references.rows_product(&self.header);
+        if cx.references.holds(&key, &path) {
+            return None;
+        }
+        Some(RefWork {
+            key,
+            path,
+            observation: obs,
+            consumer: Box::new(self),
+        })
+    }
+}
+
+impl Consumer for RowsBuild {
+    fn wants_exps(&self) -> bool {
+        true
+    }
+
+    /// The compression, on any thread.
+    fn map(&self, r: &Row<'_>) -> Result<Mapped> {
+        let Ok(i) = self
+            .wanted
+            .binary_search_by(|&(w, pos, _)| (w, pos).cmp(&(r.window, r.pos)))
+        else {
+            return Ok(None);
+        };
+        let target = self.wanted[i].2;
+        Ok(Some(Box::new(compress_row_exps(
+            r.logits,
+            r.stats,
+            r.exps,
+            target,
+            self.tail,
+            self.max_kept,
+        ))))
+    }
+
+    fn absorb(&mut self, r: &Row<'_>, m: Mapped) -> Result<()> {
+        let Some(&(w, pos, _)) = self.wanted.get(self.rows.len()) else {
+            return Ok(());
+        };
+        if (w, pos) == (r.window, r.pos) {
+            let row = mapped::<RefPosition>(m)
+                .ok_or_else(|| Error::harness("a wanted reference row was not compressed"))?;
+            self.rows.push(row);
+        }
+        Ok(())
+    }
+}
+
+impl RefBuild for RowsBuild {
+    fn finish(self: Box<Self>, cx: &RunContext) -> Result<()> {
+        let header = self.header.clone();
+        let (n_vocab, fingerprint, rows) = self.rows()?;
+        cx.references.put_rows(&header, n_vocab, fingerprint, rows)
+    }
+}
