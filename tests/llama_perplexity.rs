@@ -42,9 +42,44 @@ fn tool() -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
-/// (running PPL after each chunk, final PPL, final ±) as printed.
-/// The tool's log for `args`.
+/// The tool's log for `args` on `model` and `text`. The tool is
+/// deterministic for one binary, model, text, input files and arguments, so
+/// its answer is kept in `<cache>/tool-runs/` (sealed, with the files it
+/// wrote) and given again when all of those are the same: the checks still
+/// compare quantgate's numbers with the tool's, without rerunning the tool.
+/// An argument naming an existing file is an input (keyed by its sha256); a
+/// path that does not exist yet is an output (kept, and restored).
 fn run_tool(tool: &str, model: &Path, text: &Path, args: &[&str]) -> String {
+    use quantgate::core::fsutil::{read_sealed, sha256_file, write_sealed};
+    let sha = |p: &Path| sha256_file(p, |_| {}).unwrap().0;
+    let mut key = format!("{}|{}|{}", sha(Path::new(tool)), sha(model), sha(text));
+    let mut outputs = Vec::new();
+    for a in args {
+        let p = Path::new(a);
+        if a.contains('/') && p.is_file() {
+            key.push_str(&format!("|file:{}", sha(p)));
+        } else if a.contains('/') {
+            key.push_str(&format!("|out{}", outputs.len()));
+            outputs.push(p.to_path_buf());
+        } else {
+            key.push_str(&format!("|{a}"));
+        }
+    }
+    let dir = quantgate::models::cache_dir()
+        .join("tool-runs")
+        .join(quantgate::core::fsutil::sha256_bytes(key.as_bytes()));
+    let kept = |name: &str| read_sealed(&dir.join(name)).ok().flatten();
+    if let Some(log) = kept("log") {
+        let files: Option<Vec<Vec<u8>>> = (0..outputs.len())
+            .map(|k| kept(&format!("out{k}")))
+            .collect();
+        if let Some(files) = files {
+            for (p, bytes) in outputs.iter().zip(files) {
+                std::fs::write(p, bytes).unwrap();
+            }
+            return String::from_utf8(log).unwrap();
+        }
+    }
     let out = Command::new(tool)
         .args([
             "-m",
@@ -58,7 +93,56 @@ fn run_tool(tool: &str, model: &Path, text: &Path, args: &[&str]) -> String {
     let log =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{log}");
+    for (k, p) in outputs.iter().enumerate() {
+        write_sealed(&dir.join(format!("out{k}")), std::fs::read(p).unwrap()).unwrap();
+    }
+    write_sealed(&dir.join("log"), log.clone().into_bytes()).unwrap();
     log
+}
+
+/// quantgate's scores of `plan` on `model` (windowed as `windowing`, passes
+/// of `n_batch`) as the reference store keeps them for every case: read
+/// back and checked when an earlier run kept them, else scored and kept.
+fn kept_scores(
+    engine: &LlamaEngine,
+    v: &quantgate::models::Verified,
+    model: &Arc<dyn quantgate::engine::LoadedModel>,
+    plan: &quantgate::execute::windows::ScoringPlan,
+    windowing: &Windowing,
+    n_batch: u32,
+) -> Arc<quantgate::execute::windows::Scored> {
+    let alias = v.file.alias.as_str();
+    let store = ReferenceStore::new(quantgate::models::cache_dir().join("reference"));
+    let mut settings = quantgate::core::Settings::new(plan.n_ctx, 2);
+    settings.n_batch = n_batch;
+    let build = engine.model_identity(alias);
+    let key = ScoresKey {
+        alias,
+        model_sha256: &v.file.sha256,
+        plan,
+        settings: &settings,
+        build: &build,
+        windowing: format!("{windowing:?}"),
+    };
+    store
+        .scores(&key, &|| {
+            let scored = score_plan(model.clone(), plan, n_batch, 2)?;
+            let info = model.info();
+            let header = RecordHeader {
+                quantgate_reference_record: 1,
+                model: alias.to_string(),
+                model_sha256: v.file.sha256.clone(),
+                build: build.clone(),
+                n_vocab: info.n_vocab,
+                tokenizer_fingerprint: info.tokenizer_fingerprint.clone(),
+                mode: windowing.mode().to_string(),
+                windows: plan.windows.len(),
+                targets: plan.targets(),
+                token_stream_sha256: plan.token_stream_sha256.clone(),
+            };
+            Ok((header, scored))
+        })
+        .unwrap()
 }
 
 /// The engine, and the registry's `aliases` fetched or derived and verified.
@@ -158,36 +242,7 @@ fn perplexity_equals_llama_perplexity() {
             skip: 0,
         };
         let plan = plan_windows(&ids, &windowing, bos).unwrap();
-        let store = ReferenceStore::new(quantgate::models::cache_dir().join("reference"));
-        let settings = quantgate::core::Settings::new(512, 2);
-        let build = engine.model_identity(alias);
-        let key = ScoresKey {
-            alias,
-            model_sha256: &v.file.sha256,
-            plan: &plan,
-            settings: &settings,
-            build: &build,
-            windowing: format!("{windowing:?}"),
-        };
-        let obs = store
-            .scores(&key, &|| {
-                let scored = score_plan(model.clone(), &plan, 512, 2)?;
-                let info = model.info();
-                let header = RecordHeader {
-                    quantgate_reference_record: 1,
-                    model: alias.to_string(),
-                    model_sha256: v.file.sha256.clone(),
-                    build: build.clone(),
-                    n_vocab: info.n_vocab,
-                    tokenizer_fingerprint: info.tokenizer_fingerprint.clone(),
-                    mode: windowing.mode().to_string(),
-                    windows: plan.windows.len(),
-                    targets: plan.targets(),
-                    token_stream_sha256: plan.token_stream_sha256.clone(),
-                };
-                Ok((header, scored))
-            })
-            .unwrap();
+        let obs = kept_scores(&engine, v, &model, &plan, &windowing, 512);
         assert_running_matches(&obs.windows, &running, alias);
         let m = perplexity_metrics(&obs.windows);
         assert!(
@@ -249,21 +304,17 @@ fn strided_mode_equals_ppl_stride() {
         .iter()
         .map(|t| t.id)
         .collect();
-    let plan = plan_windows(
-        &ids,
-        &Windowing::Strided {
-            n_ctx: 256,
-            stride: 128,
-            chunks: Some(12),
-        },
-        None,
-    )
-    .unwrap();
+    let strided = Windowing::Strided {
+        n_ctx: 256,
+        stride: 128,
+        chunks: Some(12),
+    };
+    let plan = plan_windows(&ids, &strided, None).unwrap();
     // Context 256 + 64 = 320, padded by llama.cpp to 512, the tool's chunk;
     // n_batch = min(-b, -c) = 256, as the tool sets it before enlarging the context.
     assert_eq!(plan.n_ctx, 512);
     assert!(log.contains("Calculation chunk = 512"), "{log}");
-    let obs = score_plan(model.clone(), &plan, 256, 2).unwrap();
+    let obs = kept_scores(&engine, v, &model, &plan, &strided, 256);
     assert!(obs.windows.iter().all(|w| w.count == 128));
     assert_running_matches(&obs.windows, &printed, "strided");
     let (sum, n) = obs
@@ -352,8 +403,7 @@ fn kld_equals_llama_perplexity_kl_divergence() {
     )
     .unwrap();
     let (registry, planned) = quantgate::plan::plan(&dir.join("suites"), &[], &[]).unwrap();
-    let mut runner = quantgate::execute::RunContext::new(registry, engine.clone(), 2);
-    runner.references.dir = dir.join("cache");
+    let runner = quantgate::execute::RunContext::new(registry, engine.clone(), 2);
     // Both cases score the same windows of Q8_0: one decode.
     let (outcomes, _) = quantgate::judge::run_plan(
         &runner,
