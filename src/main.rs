@@ -42,9 +42,12 @@ enum Command {
         /// Print per-model stage timings.
         #[arg(long)]
         timings: bool,
-        /// llama.cpp threads (default: all cores).
+        /// llama.cpp threads of each job (default: the cores, shared by the jobs).
         #[arg(long)]
         threads: Option<u32>,
+        /// Groups of cases (one decode each) run at once (default 1).
+        #[arg(long, default_value_t = 1)]
+        jobs: usize,
         /// The goldens directory a preregistered case's history is checked
         /// against (default: `goldens` beside the suites directory).
         #[arg(long)]
@@ -152,6 +155,7 @@ fn main() -> ExitCode {
             out,
             timings,
             threads,
+            jobs,
             goldens,
             allow_empty,
             no_cache,
@@ -202,7 +206,7 @@ fn main() -> ExitCode {
             let runner = RunContext::new(
                 registry,
                 Arc::new(LlamaEngine::new()),
-                threads.unwrap_or_else(|| threads_per_trial(1)),
+                threads.unwrap_or_else(|| threads_per_trial(jobs.max(1))),
             );
             if let Some(dir) = &out {
                 quantgate::core::fsutil::clean_stale_temps(dir);
@@ -217,6 +221,7 @@ fn main() -> ExitCode {
                 &planned,
                 &goldens,
                 cache,
+                jobs.max(1),
                 &mut |names, provides| match names {
                     [] => eprintln!("quantgate: reference work for {provides} trials"),
                     [one] => eprintln!("quantgate: running {one}"),

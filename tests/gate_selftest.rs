@@ -36,6 +36,7 @@ fn q3_and_q2_fail_the_delta_nll_and_kld_gates_with_readable_messages() {
         &planned,
         std::path::Path::new("goldens"),
         false,
+        1,
         &mut |_, _| {},
         &mut |_| {},
     );

@@ -410,6 +410,7 @@ fn kld_equals_llama_perplexity_kl_divergence() {
         &planned,
         std::path::Path::new("goldens"),
         false,
+        1,
         &mut |_, _| {},
         &mut |_| {},
     );

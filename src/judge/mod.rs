@@ -35,45 +35,107 @@ pub fn trial(cx: &RunContext, p: &Planned, goldens: &Path) -> Outcome {
 }
 
 /// Run every planned trial, grouped by observation (`plan::groups`), each
-/// group after the groups whose references it reads: `progress` hears each
-/// group's test names (none for reference work alone) and how many trials
-/// it builds references for, `done` each outcome as it is judged. The
-/// outcomes in plan order, and the reference work per model (model,
-/// seconds, products built).
+/// group after the groups whose references it reads, `jobs` groups at a
+/// time (each on `cx`'s threads): `progress` hears each group's test names
+/// (none for reference work alone) and how many trials it builds references
+/// for, `done` each outcome as it is judged. The outcomes in plan order, and
+/// the reference work per model (model, seconds, products built).
 pub fn run_plan(
     cx: &RunContext,
     planned: &[Planned],
     goldens: &Path,
     cache: bool,
-    progress: &mut dyn FnMut(&[&str], usize),
-    done: &mut dyn FnMut(&Outcome),
+    jobs: usize,
+    progress: &mut (dyn FnMut(&[&str], usize) + Send),
+    done: &mut (dyn FnMut(&Outcome) + Send),
 ) -> (Vec<Outcome>, Vec<(String, f64, usize)>) {
+    use std::sync::{Condvar, Mutex};
     let everything = vec![true; planned.len()];
     let groups = crate::plan::groups::groups(planned, &everything, true);
-    let mut by_index: Vec<Option<Outcome>> = vec![None; planned.len()];
-    let mut reference_work = Vec::new();
-    for g in &groups {
-        let run: Vec<&Planned> = g.trials.iter().map(|&i| &planned[i]).collect();
-        let provides: Vec<&Planned> = g.provides.iter().map(|&i| &planned[i]).collect();
-        let names: Vec<&str> = run.iter().map(|p| p.name.as_str()).collect();
-        progress(&names, provides.len());
+    /// Per group: 0 waiting, 1 running, 2 done.
+    struct Board<'a> {
+        state: Vec<u8>,
+        by_index: Vec<Option<Outcome>>,
+        reference_work: Vec<(String, f64, usize)>,
+        progress: &'a mut (dyn FnMut(&[&str], usize) + Send),
+        done: &'a mut (dyn FnMut(&Outcome) + Send),
+    }
+    let board = Mutex::new(Board {
+        state: vec![0; groups.len()],
+        by_index: vec![None; planned.len()],
+        reference_work: Vec::new(),
+        progress,
+        done,
+    });
+    let changed = Condvar::new();
+    let work = || loop {
+        let g = {
+            let mut b = board.lock().unwrap_or_else(|p| p.into_inner());
+            loop {
+                let ready = (0..groups.len())
+                    .find(|&g| b.state[g] == 0 && groups[g].after.iter().all(|&a| b.state[a] == 2));
+                match ready {
+                    Some(g) => {
+                        b.state[g] = 1;
+                        let names: Vec<&str> = groups[g]
+                            .trials
+                            .iter()
+                            .map(|&i| planned[i].name.as_str())
+                            .collect();
+                        (b.progress)(&names, groups[g].provides.len());
+                        break g;
+                    }
+                    None if b.state.iter().all(|&s| s != 0) => return,
+                    None => b = changed.wait(b).unwrap_or_else(|p| p.into_inner()),
+                }
+            }
+        };
+        // A panicking group must not leave the other jobs waiting for it:
+        // the guard stops them all, and the scope passes the panic on.
+        struct Abort<'b, 'c>(&'b Mutex<Board<'c>>, &'b Condvar);
+        impl Drop for Abort<'_, '_> {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    let mut b = self.0.lock().unwrap_or_else(|p| p.into_inner());
+                    b.state.iter_mut().for_each(|s| *s = 2);
+                    self.1.notify_all();
+                }
+            }
+        }
+        let _abort = Abort(&board, &changed);
+        let grp = &groups[g];
+        let run: Vec<&Planned> = grp.trials.iter().map(|&i| &planned[i]).collect();
+        let provides: Vec<&Planned> = grp.provides.iter().map(|&i| &planned[i]).collect();
         let (outs, work) = trials(cx, &run, &provides, goldens, cache);
+        let mut b = board.lock().unwrap_or_else(|p| p.into_inner());
         for f in &work.failed {
             eprintln!("quantgate: reference work failed: {f}");
         }
         if !work.built.is_empty() {
-            reference_work.push((
-                g.model.clone(),
+            b.reference_work.push((
+                grp.model.clone(),
                 work.reference.as_secs_f64(),
                 work.built.len(),
             ));
         }
-        for (&i, o) in g.trials.iter().zip(outs) {
-            done(&o);
-            by_index[i] = Some(o);
+        for (&i, o) in grp.trials.iter().zip(outs) {
+            (b.done)(&o);
+            b.by_index[i] = Some(o);
         }
+        b.state[g] = 2;
+        changed.notify_all();
+    };
+    if jobs <= 1 {
+        work();
+    } else {
+        std::thread::scope(|s| {
+            for _ in 0..jobs {
+                s.spawn(work);
+            }
+        });
     }
-    (by_index.into_iter().flatten().collect(), reference_work)
+    let b = board.into_inner().unwrap_or_else(|p| p.into_inner());
+    (b.by_index.into_iter().flatten().collect(), b.reference_work)
 }
 
 /// What a group run did besides its trials: the reference work.

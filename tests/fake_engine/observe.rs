@@ -160,6 +160,7 @@ fn a_shared_decode_gives_every_trial_its_outcome_alone_bitwise() {
         &planned,
         Path::new("goldens"),
         false,
+        1,
         &mut |names, provides| {
             heard.push((names.iter().map(|n| n.to_string()).collect(), provides))
         },
@@ -190,6 +191,7 @@ fn a_shared_decode_gives_every_trial_its_outcome_alone_bitwise() {
         &planned,
         Path::new("goldens"),
         false,
+        1,
         &mut |_, _| {},
         &mut |_| {},
     );
@@ -198,5 +200,40 @@ fn a_shared_decode_gives_every_trial_its_outcome_alone_bitwise() {
         assert_eq!(bits(a), bits(t), "{}::{}", a.case, a.model);
     }
     assert_eq!(decodes.load(Ordering::Relaxed), 1);
+    // Three jobs at once, fresh cache: the same outcomes and decodes, each
+    // reading group started only after the reference work it reads.
+    let _ = std::fs::remove_dir_all(root.join("cache"));
+    let (cx, _, decodes) = runner(&root);
+    let heard = std::sync::Mutex::new(Vec::new());
+    let (parallel, work) = quantgate::judge::run_plan(
+        &cx,
+        &planned,
+        Path::new("goldens"),
+        false,
+        3,
+        &mut |names, provides| {
+            heard.lock().unwrap().push((
+                names.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
+                provides,
+            ))
+        },
+        &mut |_| {},
+    );
+    assert_eq!(work.len(), 1, "{work:?}");
+    for (a, t) in parallel.iter().zip(&together) {
+        assert_eq!((&a.case, &a.model), (&t.case, &t.model));
+        assert_eq!(bits(a), bits(t), "{}::{}", a.case, a.model);
+    }
+    assert_eq!(decodes.load(Ordering::Relaxed), 4);
+    let heard = heard.into_inner().unwrap();
+    let first_kld = heard
+        .iter()
+        .position(|(n, _)| n.iter().any(|n| n.starts_with("kld::")))
+        .expect("the kld group ran");
+    let reference = heard
+        .iter()
+        .position(|(_, p)| *p > 0)
+        .expect("reference work ran");
+    assert!(reference < first_kld, "{heard:?}");
     let _ = std::fs::remove_dir_all(&root);
 }
