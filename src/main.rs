@@ -82,6 +82,16 @@ enum Command {
         #[arg(long, global = true, default_value = "goldens")]
         goldens: PathBuf,
     },
+    /// What GGUF files are: bytes, parameters, bits per weight, tensor types,
+    /// architecture, context, vocabulary, tokenizer, quantization provenance.
+    Inspect {
+        /// GGUF files (a split file by any of its parts) or registry aliases.
+        #[arg(required = true)]
+        targets: Vec<String>,
+        /// Print a JSON array, one object per target.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the token ids of a text file, one per line (to pin as a `[tokens]` file).
     Tokenize {
         /// The text file.
@@ -430,6 +440,58 @@ fn main() -> ExitCode {
                 }
                 Err(e) => fail(&e),
             }
+        }
+        Command::Inspect { targets, json } => {
+            let mut registry = None;
+            let mut all = Vec::new();
+            let mut code = ExitCode::SUCCESS;
+            for t in &targets {
+                let path = std::path::Path::new(t);
+                let resolved = if path.exists() || t.ends_with(".gguf") || t.contains('/') {
+                    Ok((t.clone(), path.to_path_buf(), None))
+                } else {
+                    let reg = match &registry {
+                        Some(r) => Ok(r),
+                        None => Registry::load(&cli.suites.join("models.toml"))
+                            .map(|r| &*registry.insert(r)),
+                    };
+                    reg.and_then(|reg| {
+                        let label = quantgate::engine::Engine::build(&LlamaEngine::new()).label();
+                        let threads = threads_per_trial(1);
+                        let q = |s: &std::path::Path, d: &std::path::Path, q: &str| {
+                            quantgate::engine::llama::quantize(s, d, q, threads)
+                        };
+                        ensure(reg, t, &label, &q)
+                            .map(|v| (t.clone(), v.file.path.clone(), Some(v.file.sha256)))
+                    })
+                };
+                let inspected = resolved.and_then(|(label, path, sha)| {
+                    quantgate::models::inspect::inspect(&path, true).map(|i| (label, sha, i))
+                });
+                match inspected {
+                    Ok((label, sha, i)) if json => {
+                        let mut v = i.to_json();
+                        v["target"] = label.into();
+                        v["sha256"] = sha.into();
+                        all.push(v);
+                    }
+                    Ok((label, sha, i)) => {
+                        print!("{}", i.render(&label));
+                        if let Some(sha) = sha {
+                            println!("  sha256         {sha} (pinned, verified)");
+                        }
+                        println!();
+                    }
+                    Err(e) => code = fail(&e),
+                }
+            }
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&all).expect("JSON of plain values")
+                );
+            }
+            code
         }
         Command::Models { action } => {
             let registry = match Registry::load(&cli.suites.join("models.toml")) {

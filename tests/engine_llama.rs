@@ -304,3 +304,48 @@ fn samples_from_one_prompt_equal_samples_each_alone() {
             .any(|w| w[0] != w[1][..w[0].len().min(w[1].len())]));
     }
 }
+
+/// `inspect` reads the header only; llama.cpp's loader counts the tensors it
+/// loaded. On every fixture of the registry the parameter count, the tensor
+/// bytes (so the bits per weight), the vocabulary, the training context and
+/// the tokenizer fingerprint agree, and every tensor type has ggml's name.
+#[test]
+fn inspect_agrees_with_llama_cpps_loader_on_every_fixture() {
+    let reg =
+        Registry::load(&quantgate::harness::project_root().join("suites/models.toml")).unwrap();
+    let engine = LlamaEngine::new();
+    let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 1);
+    for alias in reg.models.keys() {
+        let v = ensure(&reg, alias, &engine.build().label(), &q).unwrap();
+        let i = quantgate::models::inspect::inspect(&v.file.path, true).unwrap();
+        let (params, size) = quantgate::engine::llama::loader_size(&v.file.path).unwrap();
+        assert_eq!(i.params, params, "{alias}: parameters");
+        assert_eq!(i.tensor_bytes, Some(size), "{alias}: tensor bytes");
+        let bpw = size as f64 * 8.0 / params as f64;
+        assert_eq!(i.bpw(), Some(bpw), "{alias}: bits per weight");
+        assert!(i.tensor_bytes.unwrap() < i.bytes, "{alias}: header bytes");
+        assert_eq!(i.bytes, v.bytes, "{alias}: file bytes");
+        let loaded = engine.load(&v.file).unwrap();
+        assert_eq!(i.n_vocab, Some(loaded.info().n_vocab as u64), "{alias}");
+        assert_eq!(
+            i.context_length,
+            Some(i128::from(loaded.info().n_ctx_train)),
+            "{alias}"
+        );
+        assert_eq!(
+            i.tokenizer_fingerprint.as_deref(),
+            Some(loaded.info().tokenizer_fingerprint.as_str()),
+            "{alias}: the vocabulary-only load fingerprints as the engine does"
+        );
+        assert!(
+            i.types
+                .iter()
+                .all(|t| !t.name.starts_with("type") && t.total.bytes.is_some()),
+            "{alias}: {:?}",
+            i.types
+        );
+        let sum: u64 = i.types.iter().map(|t| t.total.elements).sum();
+        assert_eq!(sum, params, "{alias}: the histogram covers every tensor");
+        assert!(i.file_type.is_some_and(|(_, n)| n.is_some()), "{alias}");
+    }
+}

@@ -268,6 +268,10 @@ pub struct Outcome {
     /// Files the kind rendered beside the rows (plots).
     #[serde(skip)]
     pub artifacts: Vec<Artifact>,
+    /// The metrics the terminal table shows (the kind's headline and every
+    /// gated metric); empty: all of them.
+    #[serde(skip)]
+    pub headline: Vec<String>,
 }
 
 impl Outcome {
@@ -291,6 +295,7 @@ impl Outcome {
             texts: BTreeMap::new(),
             rows: None,
             artifacts: Vec::new(),
+            headline: Vec::new(),
         }
     }
 

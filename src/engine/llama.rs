@@ -83,6 +83,94 @@ pub fn ggml_version() -> String {
     }
 }
 
+/// The tokenizer fingerprint of a loaded model: every token's text, the
+/// special ids and the BOS/EOS policy, hashed.
+fn fingerprint(model: &LlamaModel) -> String {
+    let vocab = model.vocab();
+    let mut h = Sha256::new();
+    for id in 0..vocab.n_tokens().max(0) {
+        let text = vocab
+            .text(LlamaToken::new(id))
+            .map(|c| c.to_bytes().to_vec())
+            .unwrap_or_default();
+        h.update((text.len() as u64).to_le_bytes());
+        h.update(&text);
+    }
+    for special in [vocab.bos(), vocab.eos(), vocab.eot()] {
+        h.update(special.0.to_le_bytes());
+    }
+    h.update([
+        u8::from(vocab.should_add_bos()),
+        u8::from(vocab.should_add_eos()),
+    ]);
+    crate::core::fsutil::hex(&h.finalize())
+}
+
+/// A ggml tensor type, as ggml itself describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GgmlType {
+    /// ggml's name (`Q4_K`, `MXFP4`, …).
+    pub name: String,
+    /// Elements per block.
+    pub block: u64,
+    /// Bytes per block.
+    pub bytes: u64,
+}
+
+/// What ggml says of type `id`; None for an id it does not know or has
+/// retired (a block size of 0).
+pub fn ggml_type(id: u32) -> Option<GgmlType> {
+    if id >= llama_cpp_sys_2::GGML_TYPE_COUNT as u32 {
+        return None;
+    }
+    let t = id as llama_cpp_sys_2::ggml_type;
+    // SAFETY: `t` is below GGML_TYPE_COUNT, the length of ggml's static type
+    // table these read; the name is a static NUL-terminated string.
+    let (name, block, bytes) = unsafe {
+        let name = llama_cpp_sys_2::ggml_type_name(t);
+        (
+            (!name.is_null()).then(|| CStr::from_ptr(name).to_string_lossy().into_owned()),
+            llama_cpp_sys_2::ggml_blck_size(t),
+            llama_cpp_sys_2::ggml_type_size(t),
+        )
+    };
+    let block = u64::try_from(block).ok().filter(|&b| b > 0)?;
+    Some(GgmlType {
+        name: name?,
+        block,
+        bytes: bytes as u64,
+    })
+}
+
+/// The tokenizer fingerprint of the file at `path`, from a vocabulary-only
+/// load (no weights read): the one [`Engine::load`] records.
+pub fn vocab_fingerprint(path: &Path) -> Result<String> {
+    let backend = backend()?;
+    let params = LlamaModelParams::default().with_vocab_only(true);
+    let model = LlamaModel::load_from_file(backend, path, &params).map_err(|e| {
+        Error::input(format!(
+            "{}: llama.cpp could not load the vocabulary: {e}",
+            path.display()
+        ))
+    })?;
+    Ok(fingerprint(&model))
+}
+
+/// What llama.cpp's loader reports of the file at `path` (weights on the
+/// CPU): its parameter count and its tensors' bytes, whose ratio is the
+/// bits per weight llama.cpp prints.
+pub fn loader_size(path: &Path) -> Result<(u64, u64)> {
+    let backend = backend()?;
+    let params = LlamaModelParams::default().with_n_gpu_layers(0);
+    let model = LlamaModel::load_from_file(backend, path, &params).map_err(|e| {
+        Error::input(format!(
+            "{}: llama.cpp could not load the model: {e}",
+            path.display()
+        ))
+    })?;
+    Ok((model.n_params(), model.size()))
+}
+
 impl Engine for LlamaEngine {
     fn load(&self, file: &ModelFile) -> Result<Arc<dyn LoadedModel>> {
         let backend = backend()?;
@@ -96,30 +184,13 @@ impl Engine for LlamaEngine {
         let vocab = model.vocab();
         let n_vocab = usize::try_from(vocab.n_tokens())
             .map_err(|_| file.error("negative vocabulary size"))?;
-        let mut h = Sha256::new();
-        for id in 0..n_vocab as i32 {
-            let t = LlamaToken::new(id);
-            let text = vocab
-                .text(t)
-                .map(|c| c.to_bytes().to_vec())
-                .unwrap_or_default();
-            h.update((text.len() as u64).to_le_bytes());
-            h.update(&text);
-        }
-        for special in [vocab.bos(), vocab.eos(), vocab.eot()] {
-            h.update(special.0.to_le_bytes());
-        }
-        h.update([
-            u8::from(vocab.should_add_bos()),
-            u8::from(vocab.should_add_eos()),
-        ]);
         let info = ModelInfo {
             file: file.clone(),
             n_vocab,
             n_ctx_train: model.n_ctx_train(),
             add_bos: vocab.should_add_bos(),
             bos: vocab.bos().0,
-            tokenizer_fingerprint: crate::core::fsutil::hex(&h.finalize()),
+            tokenizer_fingerprint: fingerprint(&model),
         };
         Ok(Arc::new(Loaded { model, info }))
     }
@@ -629,6 +700,55 @@ pub fn ftype(name: &str) -> Option<llama_cpp_sys_2::llama_ftype> {
         "Q2_K" => s::LLAMA_FTYPE_MOSTLY_Q2_K,
         _ => return None,
     })
+}
+
+/// llama.cpp's name for a `general.file_type` value (its `LLAMA_FTYPE_*`
+/// constants without the prefix), None for a value this build does not know.
+pub fn ftype_name(id: i128) -> Option<&'static str> {
+    use llama_cpp_sys_2 as s;
+    const NAMES: &[(llama_cpp_sys_2::llama_ftype, &str)] = &[
+        (s::LLAMA_FTYPE_ALL_F32, "F32"),
+        (s::LLAMA_FTYPE_MOSTLY_F16, "F16"),
+        (s::LLAMA_FTYPE_MOSTLY_Q4_0, "Q4_0"),
+        (s::LLAMA_FTYPE_MOSTLY_Q4_1, "Q4_1"),
+        (s::LLAMA_FTYPE_MOSTLY_Q8_0, "Q8_0"),
+        (s::LLAMA_FTYPE_MOSTLY_Q5_0, "Q5_0"),
+        (s::LLAMA_FTYPE_MOSTLY_Q5_1, "Q5_1"),
+        (s::LLAMA_FTYPE_MOSTLY_Q2_K, "Q2_K"),
+        (s::LLAMA_FTYPE_MOSTLY_Q3_K_S, "Q3_K_S"),
+        (s::LLAMA_FTYPE_MOSTLY_Q3_K_M, "Q3_K_M"),
+        (s::LLAMA_FTYPE_MOSTLY_Q3_K_L, "Q3_K_L"),
+        (s::LLAMA_FTYPE_MOSTLY_Q4_K_S, "Q4_K_S"),
+        (s::LLAMA_FTYPE_MOSTLY_Q4_K_M, "Q4_K_M"),
+        (s::LLAMA_FTYPE_MOSTLY_Q5_K_S, "Q5_K_S"),
+        (s::LLAMA_FTYPE_MOSTLY_Q5_K_M, "Q5_K_M"),
+        (s::LLAMA_FTYPE_MOSTLY_Q6_K, "Q6_K"),
+        (s::LLAMA_FTYPE_MOSTLY_IQ2_XXS, "IQ2_XXS"),
+        (s::LLAMA_FTYPE_MOSTLY_IQ2_XS, "IQ2_XS"),
+        (s::LLAMA_FTYPE_MOSTLY_Q2_K_S, "Q2_K_S"),
+        (s::LLAMA_FTYPE_MOSTLY_IQ3_XS, "IQ3_XS"),
+        (s::LLAMA_FTYPE_MOSTLY_IQ3_XXS, "IQ3_XXS"),
+        (s::LLAMA_FTYPE_MOSTLY_IQ1_S, "IQ1_S"),
+        (s::LLAMA_FTYPE_MOSTLY_IQ4_NL, "IQ4_NL"),
+        (s::LLAMA_FTYPE_MOSTLY_IQ3_S, "IQ3_S"),
+        (s::LLAMA_FTYPE_MOSTLY_IQ3_M, "IQ3_M"),
+        (s::LLAMA_FTYPE_MOSTLY_IQ2_S, "IQ2_S"),
+        (s::LLAMA_FTYPE_MOSTLY_IQ2_M, "IQ2_M"),
+        (s::LLAMA_FTYPE_MOSTLY_IQ4_XS, "IQ4_XS"),
+        (s::LLAMA_FTYPE_MOSTLY_IQ1_M, "IQ1_M"),
+        (s::LLAMA_FTYPE_MOSTLY_BF16, "BF16"),
+        (s::LLAMA_FTYPE_MOSTLY_TQ1_0, "TQ1_0"),
+        (s::LLAMA_FTYPE_MOSTLY_TQ2_0, "TQ2_0"),
+        (s::LLAMA_FTYPE_MOSTLY_MXFP4_MOE, "MXFP4_MOE"),
+        (s::LLAMA_FTYPE_MOSTLY_NVFP4, "NVFP4"),
+        (s::LLAMA_FTYPE_MOSTLY_Q1_0, "Q1_0"),
+        (s::LLAMA_FTYPE_MOSTLY_Q2_0, "Q2_0"),
+
+    ];
+    NAMES
+        .iter()
+        .find(|(v, _)| i128::from(*v) == id)
+        .map(|(_, n)| *n)
 }
 
 /// Quant type names [`ftype`] accepts.

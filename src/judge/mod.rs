@@ -395,6 +395,16 @@ fn conclude(cx: &RunContext, p: &Planned, s: Started, cache: bool, t0: Instant) 
         Ok(parsed) => {
             out.error = None;
             out.gates = judge(&parsed.case.gates, &out.metrics);
+            let headline = parsed.kind.headline();
+            if !headline.is_empty() {
+                out.headline = headline.iter().map(|m| m.to_string()).collect();
+                for g in &parsed.case.gates {
+                    let m = g.gated_metric();
+                    if !out.headline.contains(&m) {
+                        out.headline.push(m);
+                    }
+                }
+            }
             out.status = if out.gates.iter().all(|g| g.passed) {
                 Status::Pass
             } else {

@@ -172,6 +172,21 @@ impl Kind for Kld {
         m
     }
 
+    fn headline(&self) -> Vec<&'static str> {
+        vec![
+            "kld_mean",
+            "kld_p99",
+            "kld_max",
+            "dp_rms",
+            "same_top",
+            "same_top_wilson95_lo",
+            "same_top_wilson95_hi",
+            "ppl_ratio",
+            "delta_nll_mean",
+            "positions",
+        ]
+    }
+
     fn pins(&self) -> Vec<Pin> {
         std::iter::once(self.text.pin.clone())
             .chain(self.import.clone())

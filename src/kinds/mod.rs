@@ -31,6 +31,12 @@ pub trait Kind: Send + Sync + std::fmt::Debug {
     /// exactly with its golden, a float within a tolerance).
     fn metrics(&self) -> Vec<Metric>;
 
+    /// The few metrics the terminal table shows, in order (the rest are in
+    /// `--json` and the goldens); empty: all of them.
+    fn headline(&self) -> Vec<&'static str> {
+        Vec::new()
+    }
+
     /// Why `metric` is not among this case's metrics when another case of
     /// the kind would produce it (appended to the gate error).
     fn why_not(&self, _metric: &str) -> Option<&'static str> {

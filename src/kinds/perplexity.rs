@@ -124,6 +124,20 @@ impl Kind for Perplexity {
         window_metrics(self.reference.is_some() || self.record.is_some())
     }
 
+    fn headline(&self) -> Vec<&'static str> {
+        vec![
+            "ppl",
+            "ppl_se",
+            "ppl_ratio",
+            "delta_nll_mean",
+            "delta_nll_ci95_lo",
+            "delta_nll_ci95_hi",
+            "windows_better",
+            "windows",
+            "tokens_scored",
+        ]
+    }
+
     fn why_not(&self, metric: &str) -> Option<&'static str> {
         PAIRED_METRICS
             .contains(&metric)

@@ -240,6 +240,18 @@ impl Kind for TeacherForcing {
         m
     }
 
+    fn headline(&self) -> Vec<&'static str> {
+        vec![
+            "units",
+            "first_flip",
+            "flips",
+            "p_true_mean",
+            "logprob_mean",
+            "kl_mean",
+            "top1_matches_ref_rate",
+        ]
+    }
+
     fn observation(&self) -> Option<String> {
         Some(self.declared())
     }

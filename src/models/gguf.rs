@@ -33,84 +33,68 @@ pub struct GgufHeader {
     /// definition — vocabulary, merges, scores, types, special ids, pre-
     /// tokenizer. Equal hashes, one tokenization (by one llama.cpp build).
     pub tokenizer_sha256: String,
+    /// Per tensor type (ggml's name): tensors, elements, bytes (None when
+    /// ggml does not know the type's size).
+    pub types: BTreeMap<String, TypeTotal>,
+    /// Elements of every tensor: the parameter count llama.cpp reports.
+    pub n_params: u64,
+    /// Scalar and string metadata outside `tokenizer.*` (strings over 4 KiB
+    /// kept as their length only), and the length of each array.
+    pub meta: BTreeMap<String, Meta>,
+    /// `tokenizer.ggml.tokens`' length: the vocabulary size.
+    pub n_vocab: Option<u64>,
+    /// Whether `tokenizer.chat_template` is present.
+    pub chat_template: bool,
 }
 
-/// ggml type id → (elements per block, bytes per block), for the types
-/// whose layout is fixed by the GGUF format (ggml's `type_traits`); None
-/// for others (their data range is then checked for its first byte only).
+/// One tensor type's share of a file.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TypeTotal {
+    /// Tensors of the type.
+    pub tensors: u64,
+    /// Their elements (parameters).
+    pub elements: u64,
+    /// Their data bytes, when ggml knows the type's block size.
+    pub bytes: Option<u64>,
+}
+
+/// A metadata value, as far as `inspect` shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Meta {
+    /// An integer or bool (GGUF types 0–7, 10, 11).
+    Int(i128),
+    /// A float (types 6, 12).
+    Float(f64),
+    /// A string of at most 4 KiB.
+    Str(String),
+    /// A longer string: its byte length.
+    LongStr(u64),
+    /// An array: its length.
+    Array(u64),
+}
+
+impl std::fmt::Display for Meta {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Meta::Int(v) => write!(f, "{v}"),
+            Meta::Float(v) => write!(f, "{v}"),
+            Meta::Str(v) => write!(f, "{v}"),
+            Meta::LongStr(n) => write!(f, "({n}-byte string)"),
+            Meta::Array(n) => write!(f, "({n}-element array)"),
+        }
+    }
+}
+
+/// ggml type id → (elements per block, bytes per block), from ggml itself;
+/// None for an id ggml does not know (the data range of such a tensor is
+/// then checked for its first byte only).
 pub fn ggml_type_size(id: u32) -> Option<(u64, u64)> {
-    Some(match id {
-        0 => (1, 4),      // F32
-        1 => (1, 2),      // F16
-        2 => (32, 18),    // Q4_0
-        3 => (32, 20),    // Q4_1
-        6 => (32, 22),    // Q5_0
-        7 => (32, 24),    // Q5_1
-        8 => (32, 34),    // Q8_0
-        9 => (32, 36),    // Q8_1
-        10 => (256, 84),  // Q2_K
-        11 => (256, 110), // Q3_K
-        12 => (256, 144), // Q4_K
-        13 => (256, 176), // Q5_K
-        14 => (256, 210), // Q6_K
-        15 => (256, 292), // Q8_K
-        16 => (256, 66),  // IQ2_XXS
-        17 => (256, 74),  // IQ2_XS
-        18 => (256, 98),  // IQ3_XXS
-        19 => (256, 50),  // IQ1_S
-        20 => (32, 18),   // IQ4_NL
-        21 => (256, 110), // IQ3_S
-        22 => (256, 82),  // IQ2_S
-        23 => (256, 136), // IQ4_XS
-        24 => (1, 1),     // I8
-        25 => (1, 2),     // I16
-        26 => (1, 4),     // I32
-        27 => (1, 8),     // I64
-        28 => (1, 8),     // F64
-        29 => (256, 56),  // IQ1_M
-        30 => (1, 2),     // BF16
-        _ => return None,
-    })
+    crate::engine::llama::ggml_type(id).map(|t| (t.block, t.bytes))
 }
 
-/// ggml type id → name (the ids are part of the GGUF format).
+/// ggml type id → ggml's name for it (`typeNN` for an id it does not know).
 pub fn ggml_type_name(id: u32) -> String {
-    let name = match id {
-        0 => "F32",
-        1 => "F16",
-        2 => "Q4_0",
-        3 => "Q4_1",
-        6 => "Q5_0",
-        7 => "Q5_1",
-        8 => "Q8_0",
-        9 => "Q8_1",
-        10 => "Q2_K",
-        11 => "Q3_K",
-        12 => "Q4_K",
-        13 => "Q5_K",
-        14 => "Q6_K",
-        15 => "Q8_K",
-        16 => "IQ2_XXS",
-        17 => "IQ2_XS",
-        18 => "IQ3_XXS",
-        19 => "IQ1_S",
-        20 => "IQ4_NL",
-        21 => "IQ3_S",
-        22 => "IQ2_S",
-        23 => "IQ4_XS",
-        24 => "I8",
-        25 => "I16",
-        26 => "I32",
-        27 => "I64",
-        28 => "F64",
-        29 => "IQ1_M",
-        30 => "BF16",
-        34 => "TQ1_0",
-        35 => "TQ2_0",
-        39 => "MXFP4",
-        _ => return format!("type{id}"),
-    };
-    name.to_string()
+    crate::engine::llama::ggml_type(id).map_or_else(|| format!("type{id}"), |t| t.name)
 }
 
 struct Reader<R> {
@@ -287,38 +271,49 @@ fn parse<R: Read>(r: &mut Reader<R>) -> std::result::Result<GgufHeader, String> 
     let mut architecture = None;
     let mut alignment: u64 = 32;
     let mut tokenizer = sha2::Sha256::default();
+    let mut meta = BTreeMap::new();
+    let mut n_vocab = None;
+    let mut chat_template = false;
     for i in 0..n_kv {
         let key = r.string(&format!("metadata key #{i}"))?;
         let key = String::from_utf8_lossy(&key).into_owned();
+        if key == "tokenizer.chat_template" {
+            chat_template = true;
+        }
         if key.starts_with("tokenizer.") && key != "tokenizer.chat_template" {
             sha2::Digest::update(&mut tokenizer, (key.len() as u64).to_le_bytes());
             sha2::Digest::update(&mut tokenizer, key.as_bytes());
             r.hash = Some(tokenizer);
             let value = r
                 .u32(&format!("type of `{key}`"))
-                .and_then(|t| skip_value(r, t, &key, 0));
+                .and_then(|t| read_value(r, t, &key));
             tokenizer = r.hash.take().expect("set above");
-            value?;
-            continue;
-        }
-        let t = r.u32(&format!("type of `{key}`"))?;
-        if key == "general.architecture" && t == 8 {
-            let v = r.string(&format!("value of `{key}`"))?;
-            architecture = Some(String::from_utf8_lossy(&v).into_owned());
-            continue;
-        }
-        if key == "general.alignment" && t == 4 {
-            alignment = u64::from(r.u32(&format!("value of `{key}`"))?);
-            if !alignment.is_power_of_two() {
-                return Err(format!(
-                    "`general.alignment` is {alignment}, not a power of two"
-                ));
+            if let (Meta::Array(n), "tokenizer.ggml.tokens") = (value?, key.as_str()) {
+                n_vocab = Some(n);
             }
             continue;
         }
-        skip_value(r, t, &key, 0)?;
+        let t = r.u32(&format!("type of `{key}`"))?;
+        let value = read_value(r, t, &key)?;
+        match (&value, key.as_str()) {
+            (Meta::Str(v), "general.architecture") => architecture = Some(v.clone()),
+            (Meta::Int(v), "general.alignment") if t == 4 => {
+                alignment = *v as u64;
+                if !alignment.is_power_of_two() {
+                    return Err(format!(
+                        "`general.alignment` is {alignment}, not a power of two"
+                    ));
+                }
+            }
+            _ => {}
+        }
+        if !key.starts_with("tokenizer.") {
+            meta.insert(key, value);
+        }
     }
     let mut tensor_types = BTreeMap::new();
+    let mut types: BTreeMap<String, TypeTotal> = BTreeMap::new();
+    let mut n_params: u64 = 0;
     // (name, first byte after the data section start, bytes)
     let mut extents: Vec<(String, u64, Option<u64>)> = Vec::new();
     for i in 0..n_tensors {
@@ -347,9 +342,18 @@ fn parse<R: Read>(r: &mut Reader<R>) -> std::result::Result<GgufHeader, String> 
         }
         let t = r.u32(&format!("type of tensor #{i}"))?;
         let offset = r.u64(&format!("data offset of tensor #{i}"))?;
-        *tensor_types.entry(ggml_type_name(t)).or_insert(0u64) += 1;
+        let type_name = ggml_type_name(t);
+        *tensor_types.entry(type_name.clone()).or_insert(0u64) += 1;
         let bytes =
             ggml_type_size(t).and_then(|(block, size)| elems.div_ceil(block).checked_mul(size));
+        n_params = n_params.saturating_add(elems);
+        let total: &mut TypeTotal = types.entry(type_name).or_default();
+        if total.tensors == 0 {
+            total.bytes = Some(0);
+        }
+        total.tensors += 1;
+        total.elements = total.elements.saturating_add(elems);
+        total.bytes = total.bytes.zip(bytes).map(|(a, b)| a.saturating_add(b));
         extents.push((name, offset, bytes));
     }
     // Every tensor's data must lie within the file: a file cut short (its
@@ -380,6 +384,63 @@ fn parse<R: Read>(r: &mut Reader<R>) -> std::result::Result<GgufHeader, String> 
         tensor_types,
         data_end,
         tokenizer_sha256: crate::core::fsutil::hex(&sha2::Digest::finalize(tokenizer)),
+        types,
+        n_params,
+        meta,
+        n_vocab,
+        chat_template,
+    })
+}
+
+/// Read one value of GGUF type `t`: a scalar or a string of at most 4 KiB
+/// as itself, a longer string as its length, an array as its length (its
+/// elements skipped, bounded as in [`skip_value`]).
+fn read_value<R: Read>(r: &mut Reader<R>, t: u32, key: &str) -> std::result::Result<Meta, String> {
+    let what = format!("value of `{key}`");
+    let int = |b: &[u8], signed: bool| -> i128 {
+        let mut a = [0u8; 16];
+        a[..b.len()].copy_from_slice(b);
+        if signed && b.last().is_some_and(|x| x & 0x80 != 0) {
+            a[b.len()..].fill(0xff);
+        }
+        i128::from_le_bytes(a)
+    };
+    Ok(match t {
+        0 | 7 => Meta::Int(int(&r.bytes(1, &what)?, false)),
+        1 => Meta::Int(int(&r.bytes(1, &what)?, true)),
+        2 => Meta::Int(int(&r.bytes(2, &what)?, false)),
+        3 => Meta::Int(int(&r.bytes(2, &what)?, true)),
+        4 => Meta::Int(int(&r.bytes(4, &what)?, false)),
+        5 => Meta::Int(int(&r.bytes(4, &what)?, true)),
+        10 => Meta::Int(int(&r.bytes(8, &what)?, false)),
+        11 => Meta::Int(int(&r.bytes(8, &what)?, true)),
+        6 => Meta::Float(f64::from(f32::from_le_bytes(
+            r.bytes(4, &what)?.try_into().expect("4 bytes"),
+        ))),
+        12 => Meta::Float(f64::from_le_bytes(
+            r.bytes(8, &what)?.try_into().expect("8 bytes"),
+        )),
+        8 => {
+            let n = r.u64(&what)?;
+            if n <= 4096 {
+                Meta::Str(String::from_utf8_lossy(&r.bytes(n, &what)?).into_owned())
+            } else {
+                r.skip(n, &what)?;
+                Meta::LongStr(n)
+            }
+        }
+        9 => {
+            let et = r.u32(&format!("array type of `{key}`"))?;
+            let n = r.u64(&format!("array length of `{key}`"))?;
+            skip_array(r, et, n, key, 0)?;
+            Meta::Array(n)
+        }
+        _ => {
+            return Err(format!(
+                "`{key}`: unknown value type {t} at offset {}",
+                r.pos
+            ))
+        }
     })
 }
 
@@ -400,23 +461,7 @@ fn skip_value<R: Read>(
             }
             let et = r.u32(&format!("array type of `{key}`"))?;
             let n = r.u64(&format!("array length of `{key}`"))?;
-            if let Some(size) = scalar_size(et) {
-                let total = n
-                    .checked_mul(size)
-                    .ok_or_else(|| format!("`{key}`: array of {n} elements overflows"))?;
-                return r.skip(total, &format!("array `{key}`"));
-            }
-            // Each string or array element takes at least 8 bytes.
-            if n.checked_mul(8).is_none_or(|need| need > r.left()) {
-                return Err(format!(
-                    "`{key}`: array claims {n} elements, more than the {} bytes left can hold",
-                    r.left()
-                ));
-            }
-            for _ in 0..n {
-                skip_value(r, et, key, depth + 1)?;
-            }
-            Ok(())
+            skip_array(r, et, n, key, depth)
         }
         _ => Err(format!(
             "`{key}`: unknown value type {t} at offset {}",
@@ -425,18 +470,41 @@ fn skip_value<R: Read>(
     }
 }
 
-/// Sum of a GGUF's bytes, all parts of a split file (`-00001-of-00003.gguf`)
-/// added up; a missing part is an error.
-pub fn gguf_total_bytes(path: &Path) -> Result<u64> {
+/// Skip the `n` elements of type `et` of an array at nesting `depth`.
+fn skip_array<R: Read>(
+    r: &mut Reader<R>,
+    et: u32,
+    n: u64,
+    key: &str,
+    depth: u32,
+) -> std::result::Result<(), String> {
+    if let Some(size) = scalar_size(et) {
+        let total = n
+            .checked_mul(size)
+            .ok_or_else(|| format!("`{key}`: array of {n} elements overflows"))?;
+        return r.skip(total, &format!("array `{key}`"));
+    }
+    // Each string or array element takes at least 8 bytes.
+    if n.checked_mul(8).is_none_or(|need| need > r.left()) {
+        return Err(format!(
+            "`{key}`: array claims {n} elements, more than the {} bytes left can hold",
+            r.left()
+        ));
+    }
+    for _ in 0..n {
+        skip_value(r, et, key, depth + 1)?;
+    }
+    Ok(())
+}
+
+/// The files of a GGUF: all parts of a split file
+/// (`<stem>-00001-of-00003.gguf`, any part named), in order, else the file.
+/// Whether a part exists is for the caller to find out.
+pub fn gguf_parts(path: &Path) -> Vec<std::path::PathBuf> {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let size = |p: &Path| {
-        std::fs::metadata(p)
-            .map(|m| m.len())
-            .map_err(|e| Error::input(format!("{}: {e}", p.display())))
-    };
     // <stem>-NNNNN-of-MMMMM.gguf
     let split = name.strip_suffix(".gguf").and_then(|s| {
         let (head, total) = s.rsplit_once("-of-")?;
@@ -445,12 +513,22 @@ pub fn gguf_total_bytes(path: &Path) -> Result<u64> {
         (total.len() == 5).then(|| (stem.to_string(), n))
     });
     let Some((stem, n)) = split else {
-        return size(path);
+        return vec![path.to_path_buf()];
     };
     let dir = path.parent().unwrap_or(Path::new("."));
+    (1..=n)
+        .map(|i| dir.join(format!("{stem}-{i:05}-of-{n:05}.gguf")))
+        .collect()
+}
+
+/// Sum of a GGUF's bytes, all parts of a split file (`-00001-of-00003.gguf`)
+/// added up; a missing part is an error.
+pub fn gguf_total_bytes(path: &Path) -> Result<u64> {
     let mut total = 0u64;
-    for i in 1..=n {
-        total += size(&dir.join(format!("{stem}-{i:05}-of-{n:05}.gguf")))?;
+    for p in gguf_parts(path) {
+        total += std::fs::metadata(&p)
+            .map(|m| m.len())
+            .map_err(|e| Error::input(format!("{}: {e}", p.display())))?;
     }
     Ok(total)
 }

@@ -8,6 +8,7 @@
 
 mod fetch;
 pub mod gguf;
+pub mod inspect;
 
 use crate::core::error::{Error, Result};
 use crate::core::fsutil;

@@ -21,6 +21,29 @@ fn fmt_num(v: f64) -> String {
     }
 }
 
+/// An outcome's metrics for the table: its headline ones present, in
+/// order, and how many more `--json` holds; all of them without a headline.
+fn headline(o: &Outcome) -> String {
+    let shown: Vec<(&str, f64)> = if o.headline.is_empty() {
+        o.metrics.iter().map(|(k, v)| (k.as_str(), *v)).collect()
+    } else {
+        o.headline
+            .iter()
+            .filter_map(|k| o.metrics.get(k).map(|v| (k.as_str(), *v)))
+            .collect()
+    };
+    let mut s = shown
+        .iter()
+        .map(|(k, v)| format!("{k}={}", fmt_num(*v)))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let more = o.metrics.len() - shown.len();
+    if more > 0 {
+        let _ = write!(s, " (+{more} more in --json)");
+    }
+    s
+}
+
 /// The results table.
 pub fn table(outcomes: &[Outcome]) -> String {
     let width = outcomes
@@ -45,11 +68,7 @@ pub fn table(outcomes: &[Outcome]) -> String {
             more.extend(lines);
             first
         } else {
-            o.metrics
-                .iter()
-                .map(|(k, v)| format!("{k}={}", fmt_num(*v)))
-                .collect::<Vec<_>>()
-                .join(" ")
+            headline(o)
         };
         let _ = writeln!(
             s,
@@ -199,5 +218,24 @@ mod tests {
             assert!(t.contains(want), "{want} missing:\n{t}");
         }
         assert!(t.contains("0 passed, 0 failed, 1 errors"), "{t}");
+    }
+
+    #[test]
+    fn the_table_shows_the_headline_and_counts_the_rest() {
+        let build = crate::engine::Engine::build(&crate::engine::fake::FakeEngine::new());
+        let mut o = Outcome::new("kld/x", "m", build);
+        o.status = Status::Pass;
+        for (k, v) in [("kld_mean", 0.5), ("kld_p99", 2.0), ("dp_p05", 0.1), ("gated", 1.0)] {
+            o.metrics.insert(k.into(), v);
+        }
+        let all = table(std::slice::from_ref(&o));
+        assert!(all.contains("dp_p05=0.1") && !all.contains("more in --json"), "{all}");
+        o.headline = vec!["kld_mean".into(), "absent".into(), "kld_p99".into(), "gated".into()];
+        let t = table(&[o]);
+        assert!(
+            t.contains("kld_mean=0.500000 kld_p99=2 gated=1 (+1 more in --json)"),
+            "{t}"
+        );
+        assert!(!t.contains("dp_p05"), "{t}");
     }
 }
