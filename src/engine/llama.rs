@@ -109,7 +109,7 @@ fn fingerprint(model: &LlamaModel) -> String {
 /// A ggml tensor type, as ggml itself describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GgmlType {
-    /// ggml's name (`Q4_K`, `MXFP4`, …).
+    /// ggml's name, upper-cased as in its `GGML_TYPE_*` enum (`Q4_K`, `MXFP4`, …).
     pub name: String,
     /// Elements per block.
     pub block: u64,
@@ -120,7 +120,7 @@ pub struct GgmlType {
 /// What ggml says of type `id`; None for an id it does not know or has
 /// retired (a block size of 0).
 pub fn ggml_type(id: u32) -> Option<GgmlType> {
-    if id >= llama_cpp_sys_2::GGML_TYPE_COUNT as u32 {
+    if id >= llama_cpp_sys_2::GGML_TYPE_COUNT {
         return None;
     }
     let t = id as llama_cpp_sys_2::ggml_type;
@@ -136,7 +136,8 @@ pub fn ggml_type(id: u32) -> Option<GgmlType> {
     };
     let block = u64::try_from(block).ok().filter(|&b| b > 0)?;
     Some(GgmlType {
-        name: name?,
+        // ggml spells them `q4_K`, `bf16`: upper-cased, its enum's names.
+        name: name?.to_ascii_uppercase(),
         block,
         bytes: bytes as u64,
     })
@@ -743,7 +744,6 @@ pub fn ftype_name(id: i128) -> Option<&'static str> {
         (s::LLAMA_FTYPE_MOSTLY_NVFP4, "NVFP4"),
         (s::LLAMA_FTYPE_MOSTLY_Q1_0, "Q1_0"),
         (s::LLAMA_FTYPE_MOSTLY_Q2_0, "Q2_0"),
-
     ];
     NAMES
         .iter()

@@ -13,7 +13,7 @@ use std::io::{BufReader, Read};
 use std::path::Path;
 
 /// What the header says.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct GgufHeader {
     /// Format version (2 or 3).
     pub version: u32,
@@ -639,6 +639,31 @@ pub(crate) mod tests {
                 "{cut}: {e}"
             );
         }
+    }
+
+    /// Names and block layouts come from ggml: the GGUF format's fixed
+    /// ones, types newer than any hand-kept table, retired and unknown ids.
+    #[test]
+    fn tensor_types_are_ggmls_own() {
+        for (id, name, block, bytes) in [
+            (0, "F32", 1, 4),
+            (1, "F16", 1, 2),
+            (2, "Q4_0", 32, 18),
+            (8, "Q8_0", 32, 34),
+            (10, "Q2_K", 256, 84),
+            (12, "Q4_K", 256, 144),
+            (14, "Q6_K", 256, 210),
+            (23, "IQ4_XS", 256, 136),
+            (30, "BF16", 1, 2),
+            (35, "TQ2_0", 256, 66),
+            (39, "MXFP4", 32, 17),
+        ] {
+            assert_eq!(ggml_type_name(id), name, "{id}");
+            assert_eq!(ggml_type_size(id), Some((block, bytes)), "{name}");
+        }
+        assert_eq!(ggml_type_size(4), None, "Q4_2 is retired");
+        assert_eq!(ggml_type_name(10_000), "type10000");
+        assert_eq!(ggml_type_size(u32::MAX), None);
     }
 
     #[test]

@@ -131,10 +131,18 @@ impl Inspection {
         line("tokenizer.*", format!("sha256 {}", self.tokenizer_sha256));
         line(
             "chat template",
-            if self.chat_template { "present" } else { "none" }.into(),
+            if self.chat_template {
+                "present"
+            } else {
+                "none"
+            }
+            .into(),
         );
         if self.quantize.is_empty() {
-            line("quantize", "no quantize.* entries (no imatrix recorded)".into());
+            line(
+                "quantize",
+                "no quantize.* entries (no imatrix recorded)".into(),
+            );
         }
         for (k, v) in &self.quantize {
             line("quantize", format!("{k} = {v}"));
@@ -167,7 +175,7 @@ fn group(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -190,7 +198,11 @@ pub fn inspect(path: &Path, fingerprint: bool) -> Result<Inspection> {
                     "{}: {e}{}",
                     p.display(),
                     if parts.len() > 1 {
-                        format!(" (part of the {}-part file {})", parts.len(), path.display())
+                        format!(
+                            " (part of the {}-part file {})",
+                            parts.len(),
+                            path.display()
+                        )
                     } else {
                         String::new()
                     }
@@ -265,8 +277,7 @@ pub fn inspect(path: &Path, fingerprint: bool) -> Result<Inspection> {
         bytes,
         architecture: h.architecture.clone(),
         name: str_of("general.name"),
-        file_type: int_of("general.file_type")
-            .map(|id| (id, crate::engine::llama::ftype_name(id))),
+        file_type: int_of("general.file_type").map(|id| (id, crate::engine::llama::ftype_name(id))),
         params,
         tensor_bytes,
         types: rows,
