@@ -225,12 +225,25 @@ mod tests {
         let build = crate::engine::Engine::build(&crate::engine::fake::FakeEngine::new());
         let mut o = Outcome::new("kld/x", "m", build);
         o.status = Status::Pass;
-        for (k, v) in [("kld_mean", 0.5), ("kld_p99", 2.0), ("dp_p05", 0.1), ("gated", 1.0)] {
+        for (k, v) in [
+            ("kld_mean", 0.5),
+            ("kld_p99", 2.0),
+            ("dp_p05", 0.1),
+            ("gated", 1.0),
+        ] {
             o.metrics.insert(k.into(), v);
         }
         let all = table(std::slice::from_ref(&o));
-        assert!(all.contains("dp_p05=0.1") && !all.contains("more in --json"), "{all}");
-        o.headline = vec!["kld_mean".into(), "absent".into(), "kld_p99".into(), "gated".into()];
+        assert!(
+            all.contains("dp_p05=0.1") && !all.contains("more in --json"),
+            "{all}"
+        );
+        o.headline = vec![
+            "kld_mean".into(),
+            "absent".into(),
+            "kld_p99".into(),
+            "gated".into(),
+        ];
         let t = table(&[o]);
         assert!(
             t.contains("kld_mean=0.500000 kld_p99=2 gated=1 (+1 more in --json)"),
