@@ -34,6 +34,20 @@ pub struct Group {
 }
 
 impl Group {
+    /// An empty group of `model` and `observation`, appended to `groups`;
+    /// its index.
+    fn push(groups: &mut Vec<Group>, model: &str, observation: Option<String>) -> usize {
+        groups.push(Group {
+            model: model.to_string(),
+            observation,
+            trials: Vec::new(),
+            provides: Vec::new(),
+            after: Vec::new(),
+            weight: 0,
+        });
+        groups.len() - 1
+    }
+
     /// A group with no trial of its own: only reference work.
     pub fn reference_only(&self) -> bool {
         self.trials.is_empty()
@@ -63,28 +77,8 @@ pub fn groups(planned: &[Planned], selected: &[bool], share: bool) -> Vec<Group>
         let g = match declared {
             Some(d) => *by_key
                 .entry((p.model.clone(), d.clone()))
-                .or_insert_with(|| {
-                    out.push(Group {
-                        model: p.model.clone(),
-                        observation: Some(d),
-                        trials: Vec::new(),
-                        provides: Vec::new(),
-                        after: Vec::new(),
-                        weight: 0,
-                    });
-                    out.len() - 1
-                }),
-            None => {
-                out.push(Group {
-                    model: p.model.clone(),
-                    observation: None,
-                    trials: Vec::new(),
-                    provides: Vec::new(),
-                    after: Vec::new(),
-                    weight: 0,
-                });
-                out.len() - 1
-            }
+                .or_insert_with(|| Group::push(&mut out, &p.model, Some(d))),
+            None => Group::push(&mut out, &p.model, None),
         };
         let w = p.case.as_ref().map_or(0, |c| c.kind.weight());
         out[g].weight = out[g].weight.max(w);
@@ -104,17 +98,7 @@ pub fn groups(planned: &[Planned], selected: &[bool], share: bool) -> Vec<Group>
             };
             let g = *by_key
                 .entry((reference.clone(), d.clone()))
-                .or_insert_with(|| {
-                    out.push(Group {
-                        model: reference.clone(),
-                        observation: Some(d),
-                        trials: Vec::new(),
-                        provides: Vec::new(),
-                        after: Vec::new(),
-                        weight: 0,
-                    });
-                    out.len() - 1
-                });
+                .or_insert_with(|| Group::push(&mut out, reference, Some(d)));
             out[g].provides.push(i);
             out[g].weight = out[g].weight.max(parsed.kind.weight());
             if g != own && !out[own].after.contains(&g) {
