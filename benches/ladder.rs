@@ -18,6 +18,9 @@
 //! 0.95×). `QG_BENCH_QUANTGATE=path` times another quantgate binary (an
 //! older build, for a before/after).
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use quantgate::engine::llama::LlamaEngine;
 use quantgate::engine::Engine;
 use quantgate::models::{ensure, Registry};
@@ -48,19 +51,6 @@ fn run(cmd: &mut Command, what: &str) -> f64 {
     secs
 }
 
-fn tool_path(repo: &Path) -> String {
-    let out = Command::new("bash")
-        .arg(repo.join("scripts/build-llama-perplexity.sh"))
-        .output()
-        .expect("run scripts/build-llama-perplexity.sh");
-    assert!(
-        out.status.success(),
-        "building llama-perplexity failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
-}
-
 fn main() -> ExitCode {
     if std::env::args().any(|a| a == "--list") {
         return ExitCode::SUCCESS;
@@ -72,7 +62,7 @@ fn main() -> ExitCode {
         .unwrap_or(1);
     let qg = std::env::var("QG_BENCH_QUANTGATE")
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_quantgate").to_string());
-    let tool = tool_path(&repo);
+    let tool = common::llama_perplexity_tool();
     let reg = Registry::load(&repo.join("suites/models.toml")).unwrap();
     let engine = LlamaEngine::new();
     let label = engine.build().label();

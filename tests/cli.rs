@@ -52,11 +52,11 @@ fn case(n_ctx: u32, gate: &str) -> String {
     )
 }
 
-fn run(root: &Path, args: &[&str]) -> (i32, String, String) {
+/// `quantgate --suites ROOT ARGS…`: exit code, stdout, stderr.
+fn quantgate(root: &Path, args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_quantgate"))
         .arg("--suites")
         .arg(root)
-        .args(["run", "--threads", "1"])
         .args(args)
         .output()
         .unwrap();
@@ -65,6 +65,11 @@ fn run(root: &Path, args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// `quantgate run --threads 1 ARGS…` on the suites at ROOT.
+fn run(root: &Path, args: &[&str]) -> (i32, String, String) {
+    quantgate(root, &[&["run", "--threads", "1"], args].concat())
 }
 
 #[test]
@@ -647,20 +652,7 @@ fn a_path_pattern_resolves_under_the_suites_root_first() {
 /// that is not a GGUF exits 2 naming it.
 #[test]
 fn inspect_prints_bits_per_weight_and_tensor_types() {
-    let inspect = |root: &Path, args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_quantgate"))
-            .arg("--suites")
-            .arg(root)
-            .arg("inspect")
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let inspect = |root: &Path, args: &[&str]| quantgate(root, &[&["inspect"], args].concat());
     let root = suites("inspect");
     let fixture = fixture_path();
     let (code, out, err) = inspect(&root, &["tiny"]);

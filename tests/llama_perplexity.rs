@@ -7,6 +7,8 @@
 //! (read back and checked when an earlier run kept them, scored otherwise):
 //! the very numbers every perplexity case reads.
 
+mod common;
+
 use quantgate::engine::llama::LlamaEngine;
 use quantgate::engine::{BosPolicy, Engine, ModelPool};
 use quantgate::execute::record::RecordHeader;
@@ -28,19 +30,6 @@ fn repo() -> std::path::PathBuf {
 /// The tests here each run two multi-threaded llama.cpp processes' worth of
 /// work; one at a time keeps threads ≤ cores (OpenMP collapses otherwise).
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn tool() -> String {
-    let out = Command::new("bash")
-        .arg(repo().join("scripts/build-llama-perplexity.sh"))
-        .output()
-        .expect("run scripts/build-llama-perplexity.sh");
-    assert!(
-        out.status.success(),
-        "building llama-perplexity failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
-}
 
 /// The tool's log for `args` on `model` and `text`. The tool is
 /// deterministic for one binary, model, text, input files and arguments, so
@@ -219,7 +208,7 @@ fn same_printed(ours: f64, printed: f64, decimals: i32) -> bool {
 #[test]
 fn perplexity_equals_llama_perplexity() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let tool = tool();
+    let tool = common::llama_perplexity_tool();
     let (engine, verified) = models(&["smollm2-f16", "smollm2-q2_k"]);
     let pool = ModelPool::new(engine.clone());
     let text_path = repo().join("suites/data/wikitext-2-test.txt");
@@ -266,7 +255,7 @@ fn perplexity_equals_llama_perplexity() {
 #[test]
 fn strided_mode_equals_ppl_stride() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let tool = tool();
+    let tool = common::llama_perplexity_tool();
     let (engine, verified) = models(&["smollm2-f16"]);
     let v = &verified[0];
     let text_path = repo().join("suites/data/wikitext-2-test.txt");
@@ -352,7 +341,7 @@ fn printed_after(log: &str, label: &str) -> f64 {
 #[test]
 fn kld_equals_llama_perplexity_kl_divergence() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let tool = tool();
+    let tool = common::llama_perplexity_tool();
     let (engine, verified) = models(&["smollm2-f16", "smollm2-q8_0"]);
     let (f16, q8) = (&verified[0], &verified[1]);
     let dir = std::env::temp_dir().join(format!("qg-kld-tool-{}", std::process::id()));

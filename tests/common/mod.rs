@@ -147,3 +147,18 @@ pub fn exact_log_softmax(row: &[f32]) -> Vec<f64> {
     let lse = m + s.ln();
     row.iter().map(|&v| f64::from(v) - lse).collect()
 }
+
+/// The `llama-perplexity` binary `scripts/build-llama-perplexity.sh` builds
+/// (once; later calls print its path) from the pinned llama.cpp sources.
+pub fn llama_perplexity_tool() -> String {
+    let out = std::process::Command::new("bash")
+        .arg(quantgate::harness::project_root().join("scripts/build-llama-perplexity.sh"))
+        .output()
+        .expect("run scripts/build-llama-perplexity.sh");
+    assert!(
+        out.status.success(),
+        "building llama-perplexity failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
