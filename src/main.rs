@@ -556,9 +556,9 @@ fn main() -> ExitCode {
                             Ok(v) => {
                                 let types: Vec<String> = v
                                     .header
-                                    .tensor_types
+                                    .types
                                     .iter()
-                                    .map(|(t, n)| format!("{t}×{n}"))
+                                    .map(|(t, n)| format!("{t}×{}", n.tensors))
                                     .collect();
                                 println!(
                                     "{a:<18} ok {} {} bytes [{}]",

@@ -23,8 +23,6 @@ pub struct GgufHeader {
     pub n_kv: u64,
     /// `general.architecture`, when present.
     pub architecture: Option<String>,
-    /// Tensor count per ggml type name, as written in the file.
-    pub tensor_types: BTreeMap<String, u64>,
     /// Where the last tensor's data ends (for a well-formed file whose
     /// tensor types all have a known size: the file's length).
     pub data_end: u64,
@@ -33,8 +31,8 @@ pub struct GgufHeader {
     /// definition — vocabulary, merges, scores, types, special ids, pre-
     /// tokenizer. Equal hashes, one tokenization (by one llama.cpp build).
     pub tokenizer_sha256: String,
-    /// Per tensor type (ggml's name): tensors, elements, bytes (None when
-    /// ggml does not know the type's size).
+    /// Per tensor type (ggml's name, `typeNN` for one it does not know):
+    /// tensors, elements, bytes (None when ggml does not know the type's size).
     pub types: BTreeMap<String, TypeTotal>,
     /// Elements of every tensor: the parameter count llama.cpp reports.
     pub n_params: u64,
@@ -48,7 +46,7 @@ pub struct GgufHeader {
 }
 
 /// One tensor type's share of a file.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TypeTotal {
     /// Tensors of the type.
     pub tensors: u64,
@@ -56,6 +54,29 @@ pub struct TypeTotal {
     pub elements: u64,
     /// Their data bytes, when ggml knows the type's block size.
     pub bytes: Option<u64>,
+}
+
+impl Default for TypeTotal {
+    /// No tensor: no elements and (known to be) no bytes.
+    fn default() -> Self {
+        TypeTotal {
+            tensors: 0,
+            elements: 0,
+            bytes: Some(0),
+        }
+    }
+}
+
+impl TypeTotal {
+    /// Add `other`'s tensors to these (bytes unknown once either's are).
+    pub fn add(&mut self, other: &TypeTotal) {
+        self.tensors += other.tensors;
+        self.elements = self.elements.saturating_add(other.elements);
+        self.bytes = self
+            .bytes
+            .zip(other.bytes)
+            .map(|(a, b)| a.saturating_add(b));
+    }
 }
 
 /// A metadata value, as far as `inspect` shows it.
@@ -311,7 +332,6 @@ fn parse<R: Read>(r: &mut Reader<R>) -> std::result::Result<GgufHeader, String> 
             meta.insert(key, value);
         }
     }
-    let mut tensor_types = BTreeMap::new();
     let mut types: BTreeMap<String, TypeTotal> = BTreeMap::new();
     let mut n_params: u64 = 0;
     // (name, first byte after the data section start, bytes)
@@ -342,18 +362,14 @@ fn parse<R: Read>(r: &mut Reader<R>) -> std::result::Result<GgufHeader, String> 
         }
         let t = r.u32(&format!("type of tensor #{i}"))?;
         let offset = r.u64(&format!("data offset of tensor #{i}"))?;
-        let type_name = ggml_type_name(t);
-        *tensor_types.entry(type_name.clone()).or_insert(0u64) += 1;
         let bytes =
             ggml_type_size(t).and_then(|(block, size)| elems.div_ceil(block).checked_mul(size));
         n_params = n_params.saturating_add(elems);
-        let total: &mut TypeTotal = types.entry(type_name).or_default();
-        if total.tensors == 0 {
-            total.bytes = Some(0);
-        }
-        total.tensors += 1;
-        total.elements = total.elements.saturating_add(elems);
-        total.bytes = total.bytes.zip(bytes).map(|(a, b)| a.saturating_add(b));
+        types.entry(ggml_type_name(t)).or_default().add(&TypeTotal {
+            tensors: 1,
+            elements: elems,
+            bytes,
+        });
         extents.push((name, offset, bytes));
     }
     // Every tensor's data must lie within the file: a file cut short (its
@@ -381,7 +397,6 @@ fn parse<R: Read>(r: &mut Reader<R>) -> std::result::Result<GgufHeader, String> 
         n_tensors,
         n_kv,
         architecture,
-        tensor_types,
         data_end,
         tokenizer_sha256: crate::core::fsutil::hex(&sha2::Digest::finalize(tokenizer)),
         types,
@@ -671,7 +686,7 @@ pub(crate) mod tests {
         let h = preflight_bytes(&tiny_header()).unwrap();
         assert_eq!(h.version, 3);
         assert_eq!(h.architecture.as_deref(), Some("llama"));
-        assert_eq!(h.tensor_types.get("Q8_0"), Some(&1));
+        assert_eq!(h.types.get("Q8_0").map(|t| t.tensors), Some(1));
     }
 
     #[test]

@@ -213,13 +213,7 @@ pub fn inspect(path: &Path, fingerprint: bool) -> Result<Inspection> {
         let h = preflight(p)?;
         params = params.saturating_add(h.n_params);
         for (name, t) in &h.types {
-            let e = types.entry(name.clone()).or_insert_with(|| TypeTotal {
-                bytes: Some(0),
-                ..TypeTotal::default()
-            });
-            e.tensors += t.tensors;
-            e.elements = e.elements.saturating_add(t.elements);
-            e.bytes = e.bytes.zip(t.bytes).map(|(a, b)| a.saturating_add(b));
+            types.entry(name.clone()).or_default().add(t);
         }
         if first.is_none() {
             first = Some(h);
