@@ -4,7 +4,6 @@ use quantgate::core::{Error, Status};
 use quantgate::engine::llama::LlamaEngine;
 use quantgate::execute::{threads_per_trial, RunContext};
 use quantgate::models::{cache_dir, ensure, Registry};
-use quantgate::plan::plan;
 use quantgate::report;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -30,9 +29,15 @@ enum Command {
     Run {
         /// Case files, directories or globs (relative to the suites directory).
         patterns: Vec<String>,
-        /// Only these model aliases.
+        /// Only these model aliases; or GGUF files (paths, globs, a split
+        /// file by its first part), pinned in `<suites>/models.lock`, which
+        /// every selected case then runs on instead of its own models.
         #[arg(long = "model")]
         models: Vec<String>,
+        /// The reference (an alias or a GGUF file) of every selected case
+        /// that names one, instead of its own.
+        #[arg(long)]
+        reference: Option<String>,
         /// Write one JSON object per case × model to FILE.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -60,6 +65,21 @@ enum Command {
         /// the result cache (nor recording them there).
         #[arg(long)]
         no_cache: bool,
+        /// Layers to offload to the GPU: a number or `all` (default: all on
+        /// a GPU build, none on CPU; env QUANTGATE_N_GPU_LAYERS).
+        #[arg(long)]
+        n_gpu_layers: Option<String>,
+        /// KV cache type: f16 (default), f32, bf16, q8_0, q4_0, q4_1,
+        /// iq4_nl, q5_0, q5_1 (quantized ones need --flash-attn on; env
+        /// QUANTGATE_KV_TYPE).
+        #[arg(long)]
+        kv_type: Option<String>,
+        /// Flash attention: off (default) or on (env QUANTGATE_FLASH_ATTN).
+        #[arg(long)]
+        flash_attn: Option<String>,
+        /// Also write the ladder report (report.md, report.csv, report.html) to DIR.
+        #[arg(long)]
+        report: Option<PathBuf>,
     },
     /// List registry models with status, bytes and sha256; `models fetch` fetches/derives them.
     Models {
@@ -91,6 +111,22 @@ enum Command {
         /// Print a JSON array, one object per target.
         #[arg(long)]
         json: bool,
+    },
+    /// The ladder report (report.md, report.csv, report.html): from `--json`
+    /// files of `quantgate run`, else from the result cache (the newest
+    /// result of each selected case × model, e.g. after `cargo test`).
+    Report {
+        /// Case files, directories or globs (with the result cache).
+        patterns: Vec<String>,
+        /// Only these model aliases (with the result cache).
+        #[arg(long = "model")]
+        models: Vec<String>,
+        /// `--json` files of `quantgate run` to report on.
+        #[arg(long)]
+        json: Vec<PathBuf>,
+        /// Where to write the report.
+        #[arg(long, default_value = "report")]
+        out: PathBuf,
     },
     /// Print the token ids of a text file, one per line (to pin as a `[tokens]` file).
     Tokenize {
@@ -144,6 +180,107 @@ enum ModelsAction {
         /// Aliases.
         aliases: Vec<String>,
     },
+    /// Pin local GGUF files (paths or globs) in `<suites>/models.lock`, or
+    /// pin every entry of the lock again: the only way a pinned file's
+    /// new bytes are accepted.
+    Pin {
+        /// Files or globs (default: every file the lock pins).
+        paths: Vec<String>,
+    },
+}
+
+/// Write the ladder report of `outcomes` into `dir` and say where; its Markdown.
+fn write_report(
+    dir: &std::path::Path,
+    outcomes: &[quantgate::core::Outcome],
+    registry: &Registry,
+    label: &str,
+) -> Result<String, Error> {
+    use quantgate::report::ladder;
+    let facts = |m: &str| ladder::facts_of(registry, label, m);
+    let views = ladder::views(outcomes, &facts);
+    let files = ladder::write(dir, &views, outcomes)?;
+    eprintln!(
+        "quantgate: report ({} view(s)): {}",
+        views.len(),
+        files
+            .iter()
+            .map(|f| f.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok(ladder::markdown(&views))
+}
+
+/// Fix the engine options: each flag, else its environment variable.
+fn engine_options(
+    n_gpu_layers: &Option<String>,
+    kv_type: &Option<String>,
+    flash_attn: &Option<String>,
+) -> Result<(), Error> {
+    let env = |k: &'static str| std::env::var(k).ok().filter(|v| !v.is_empty()).map(|v| (v, k));
+    let pick = |flag: &Option<String>, name: &'static str, var: &'static str| {
+        flag.clone().map(|v| (v, name)).or_else(|| env(var))
+    };
+    let n = pick(n_gpu_layers, "--n-gpu-layers", "QUANTGATE_N_GPU_LAYERS");
+    let kv = pick(kv_type, "--kv-type", "QUANTGATE_KV_TYPE");
+    let fa = pick(flash_attn, "--flash-attn", "QUANTGATE_FLASH_ATTN");
+    fn r<'a>(o: &'a Option<(String, &'static str)>) -> Option<(&'a str, &'a str)> {
+        o.as_ref().map(|(v, k)| (v.as_str(), *k))
+    }
+    quantgate::core::EngineOptions::parse(r(&n), r(&kv), r(&fa))
+        .and_then(quantgate::core::EngineOptions::install)
+}
+
+/// The `--model` files and `--reference` of `quantgate run`, pinned and
+/// resolved to aliases.
+fn overrides(
+    suites: &std::path::Path,
+    models: &[String],
+    reference: Option<&str>,
+) -> Result<quantgate::plan::parse::Overrides, Error> {
+    use quantgate::models::local;
+    let specs: Vec<&String> = models.iter().filter(|m| local::is_path_spec(m)).collect();
+    if specs.is_empty() && reference.is_none_or(|r| !local::is_path_spec(r)) {
+        return Ok(quantgate::plan::parse::Overrides {
+            models: None,
+            reference: reference.map(str::to_string),
+        });
+    }
+    let registry_file = suites.join("models.toml");
+    let own = Registry::load(&registry_file)?.own_aliases();
+    let cwd = std::path::Path::new(".");
+    let pin_spec = |spec: &str| {
+        let files = local::expand(spec, cwd).map_err(|e| e.context("--model"))?;
+        local::pin(&registry_file, &own, &files, false)
+    };
+    let mut run_on = Vec::new();
+    for m in models {
+        if local::is_path_spec(m) {
+            run_on.extend(pin_spec(m)?);
+        } else {
+            run_on.push(m.clone());
+        }
+    }
+    let reference = match reference {
+        Some(r) if local::is_path_spec(r) => {
+            let a = pin_spec(r)?;
+            if a.len() != 1 {
+                return Err(Error::input(format!(
+                    "--reference {r}: names {} models; name one",
+                    a.len()
+                )));
+            }
+            Some(a[0].clone())
+        }
+        r => r.map(str::to_string),
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    run_on.retain(|a| seen.insert(a.clone()));
+    Ok(quantgate::plan::parse::Overrides {
+        models: (!specs.is_empty()).then_some(run_on),
+        reference,
+    })
 }
 
 fn fail(e: &Error) -> ExitCode {
@@ -161,6 +298,7 @@ fn main() -> ExitCode {
         Command::Run {
             patterns,
             models,
+            reference,
             json,
             out,
             timings,
@@ -169,7 +307,14 @@ fn main() -> ExitCode {
             goldens,
             allow_empty,
             no_cache,
+            n_gpu_layers,
+            kv_type,
+            flash_attn,
+            report: report_dir,
         } => {
+            if let Err(e) = engine_options(&n_gpu_layers, &kv_type, &flash_attn) {
+                return fail(&e);
+            }
             // Output paths are checked before anything runs.
             if let Some(p) = json.as_ref().filter(|p| p.is_dir()) {
                 return fail(&Error::input(format!(
@@ -197,10 +342,15 @@ fn main() -> ExitCode {
                 let root = cli.suites.parent().unwrap_or(std::path::Path::new(""));
                 root.join("goldens")
             });
-            let (registry, planned) = match plan(&cli.suites, &patterns, &models) {
-                Ok(p) => p,
+            let overrides = match overrides(&cli.suites, &models, reference.as_deref()) {
+                Ok(o) => o,
                 Err(e) => return fail(&e),
             };
+            let (registry, planned) =
+                match quantgate::plan::plan_with(&cli.suites, &patterns, &models, &overrides) {
+                    Ok(p) => p,
+                    Err(e) => return fail(&e),
+                };
             if planned.is_empty() && !allow_empty {
                 return fail(&Error::input(format!(
                     "nothing to run: {} with --model {} selects no case × model (a case runs \
@@ -247,6 +397,13 @@ fn main() -> ExitCode {
                 },
             );
             print!("{}", report::table(&outcomes));
+            if let Some(dir) = &report_dir {
+                let label = quantgate::engine::Engine::build(&LlamaEngine::new()).label();
+                if let Err(e) = write_report(dir, &outcomes, runner.registry(), &label) {
+                    eprintln!("error: {}", e.message);
+                    write_failed = true;
+                }
+            }
             if timings {
                 print!("\n{}", report::timings(&outcomes, &reference_work));
             }
@@ -403,6 +560,66 @@ fn main() -> ExitCode {
                 }
             }
         },
+        Command::Report {
+            patterns,
+            models,
+            json,
+            out,
+        } => {
+            let label = quantgate::engine::Engine::build(&LlamaEngine::new()).label();
+            let outcomes: Result<Vec<quantgate::core::Outcome>, Error> = if !json.is_empty() {
+                json.iter().try_fold(Vec::new(), |mut all, f| {
+                    let text = std::fs::read_to_string(f)
+                        .map_err(|e| Error::input(format!("--json {}: {e}", f.display())))?;
+                    let v: Vec<quantgate::core::Outcome> = serde_json::from_str(&text)
+                        .map_err(|e| {
+                            Error::input(format!(
+                                "--json {}: not a `quantgate run --json` file: {e}",
+                                f.display()
+                            ))
+                        })?;
+                    all.extend(v);
+                    Ok(all)
+                })
+            } else {
+                quantgate::plan::plan(&cli.suites, &patterns, &models).and_then(|(reg, planned)| {
+                    let runner =
+                        RunContext::new(reg, Arc::new(LlamaEngine::new()), threads_per_trial(1));
+                    let mut found = Vec::new();
+                    let mut missing = Vec::new();
+                    for p in &planned {
+                        match quantgate::judge::cache::latest(&runner, p) {
+                            Some(o) => found.push(o),
+                            None => missing.push(p.name.clone()),
+                        }
+                    }
+                    if !missing.is_empty() {
+                        return Err(Error::input(format!(
+                            "no verified result in the result cache ({}) for {} of {} selected tests \
+                             (run them first, or select fewer): {}",
+                            cache_dir().join("results").display(),
+                            missing.len(),
+                            planned.len(),
+                            missing.join(", ")
+                        )));
+                    }
+                    Ok(found)
+                })
+            };
+            let registry = Registry::load(&cli.suites.join("models.toml"));
+            match (outcomes, registry) {
+                (Ok(outcomes), Ok(registry)) => {
+                    match write_report(&out, &outcomes, &registry, &label) {
+                        Ok(md) => {
+                            print!("{md}");
+                            ExitCode::SUCCESS
+                        }
+                        Err(e) => fail(&e),
+                    }
+                }
+                (Err(e), _) | (_, Err(e)) => fail(&e),
+            }
+        }
         Command::Tokenize {
             file,
             model,
@@ -526,10 +743,18 @@ fn main() -> ExitCode {
                         } else if let Some(d) = &m.derive {
                             format!("derive {} from {}", d.quant, d.from)
                         } else {
-                            m.path
+                            let file = m
+                                .path
                                 .as_ref()
                                 .map(|p| p.display().to_string())
-                                .unwrap_or_default()
+                                .unwrap_or_default();
+                            match (&m.pinned_in, m.parts.len()) {
+                                (Some(_), 0) => format!("{file} (pinned in models.lock)"),
+                                (Some(_), n) => {
+                                    format!("{file} ({n} parts, pinned in models.lock)")
+                                }
+                                (None, _) => file,
+                            }
                         };
                         println!(
                             "{alias:<18} {:<8} {:>12}  {:<64}  {source}",
@@ -539,6 +764,41 @@ fn main() -> ExitCode {
                         );
                     }
                     ExitCode::SUCCESS
+                }
+                Some(ModelsAction::Pin { paths }) => {
+                    use quantgate::models::local;
+                    let registry_file = cli.suites.join("models.toml");
+                    let files = if paths.is_empty() {
+                        match local::Lock::beside(&registry_file) {
+                            Ok(l) => Ok(l.entries.values().map(|p| p.path.clone()).collect()),
+                            Err(e) => Err(e),
+                        }
+                    } else {
+                        paths.iter().try_fold(Vec::new(), |mut all, p| {
+                            all.extend(local::expand(p, std::path::Path::new("."))?);
+                            Ok(all)
+                        })
+                    };
+                    let pinned = files.and_then(|files| {
+                        local::pin(&registry_file, &registry.own_aliases(), &files, true)
+                            .map(|a| (a, files))
+                    });
+                    match pinned {
+                        Ok((aliases, files)) => {
+                            let lock = local::Lock::beside(&registry_file);
+                            for (a, f) in aliases.iter().zip(&files) {
+                                let p = lock.as_ref().ok().and_then(|l| l.entries.get(a));
+                                println!(
+                                    "{a:<24} {} {} bytes {}",
+                                    p.map(|p| p.sha256.as_str()).unwrap_or("-"),
+                                    p.map(|p| p.bytes).unwrap_or(0),
+                                    f.display()
+                                );
+                            }
+                            ExitCode::SUCCESS
+                        }
+                        Err(e) => fail(&e),
+                    }
                 }
                 Some(ModelsAction::Fetch { aliases }) => {
                     let aliases = if aliases.is_empty() {

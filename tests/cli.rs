@@ -686,3 +686,173 @@ fn inspect_prints_bits_per_weight_and_tensor_types() {
     assert!(err.contains("notes.gguf") && err.contains("HTML"), "{err}");
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// The registry's file for `alias`, fetched or derived if needed.
+fn registry_file(alias: &str) -> PathBuf {
+    let reg = Registry::load(&repo().join("suites/models.toml")).unwrap();
+    let engine = LlamaEngine::new();
+    let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 2);
+    ensure(&reg, alias, &engine.build().label(), &q)
+        .unwrap()
+        .file
+        .path
+}
+
+/// A publisher's path: a folder of their own GGUFs (the ladder's files
+/// under other names, one of them split in 3 parts as `gguf-split` writes
+/// them), one command, gate verdicts and the report; nothing edited by
+/// hand. The files are pinned in `models.lock` beside the suite; the split
+/// model loads as one and scores bitwise as the unsplit file does; a
+/// rerun keeps the lock as it is; a file changed afterwards is an error
+/// naming both hashes.
+#[test]
+fn a_folder_of_own_ggufs_is_gated_and_reported_in_one_command() {
+    let root = std::env::temp_dir().join(format!("qg-publisher-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let (suites, mine, report) = (root.join("suites"), root.join("mine"), root.join("report"));
+    std::fs::create_dir_all(suites.join("release")).unwrap();
+    std::fs::create_dir_all(&mine).unwrap();
+    // Only the registry's own aliases: the user's files need no entry.
+    std::fs::copy(
+        repo().join("suites/models.toml"),
+        suites.join("models.toml"),
+    )
+    .unwrap();
+    for (alias, name) in [
+        ("smollm2-f16", "acme-135m-F16.gguf"),
+        ("smollm2-q8_0", "acme-135m-Q8_0.gguf"),
+        ("smollm2-q2_k", "acme-135m-Q2_K.gguf"),
+    ] {
+        std::fs::copy(registry_file(alias), mine.join(name)).unwrap();
+    }
+    let parts = quantgate::engine::llama::split_gguf(
+        &registry_file("smollm2-q4_k_m"),
+        &mine,
+        "acme-135m-Q4_K_M",
+        3,
+    )
+    .unwrap();
+    assert_eq!(parts.len(), 3);
+    let wiki = repo().join("suites/data/wikitext-2-test.txt");
+    let window = "[window]\nmode = \"llama-perplexity\"\nn_ctx = 256\nchunks = 3\n";
+    std::fs::write(
+        suites.join("release/ppl.toml"),
+        format!(
+            "kind = \"perplexity\"\nmodels = [\"smollm2-q8_0\"]\nreference = \"smollm2-f16\"\n\
+             [text]\npath = \"{}\"\nsha256 = \"{WIKI_SHA}\"\n{window}\
+             [[gate]]\nmetric = \"delta_nll_mean\"\nmax = 0.05\n",
+            wiki.display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        suites.join("release/kld.toml"),
+        format!(
+            "kind = \"kld\"\nmodels = [\"smollm2-q8_0\"]\nreference = \"smollm2-f16\"\n\
+             [text]\npath = \"{}\"\nsha256 = \"{WIKI_SHA}\"\n{window}\
+             [[gate]]\nmetric = \"kld_mean\"\nmax = 0.1\n",
+            wiki.display()
+        ),
+    )
+    .unwrap();
+    let glob = format!("{}/*.gguf", mine.display());
+    let reference = mine.join("acme-135m-F16.gguf").display().to_string();
+    let json = root.join("out.json");
+    let args = [
+        "run",
+        "release",
+        "--threads",
+        "2",
+        "--model",
+        &glob,
+        "--model",
+        "smollm2-q4_k_m",
+        "--reference",
+        &reference,
+        "--json",
+        json.to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+    ];
+    let (code, stdout, stderr) = quantgate(&suites, &args);
+    // Q2_K is over the ΔNLL gate: a failed gate, exit 1, and everyone else passes.
+    assert_eq!(code, 1, "{stdout}\n{stderr}");
+    for alias in ["acme-135m-F16", "acme-135m-Q8_0", "acme-135m-Q4_K_M", "acme-135m-Q2_K"] {
+        assert!(stderr.contains(&format!("pinned `{alias}`")), "{stderr}");
+    }
+    let lock_path = suites.join("models.lock");
+    let lock_text = std::fs::read_to_string(&lock_path).unwrap();
+    let lock = quantgate::models::local::Lock::load(&lock_path).unwrap();
+    assert_eq!(lock.entries.len(), 4, "{lock_text}");
+    let split = &lock.entries["acme-135m-Q4_K_M"];
+    assert_eq!(split.parts.len(), 3);
+    let part_bytes: u64 = parts
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum();
+    assert_eq!(split.bytes, part_bytes);
+    let outcomes: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(outcomes.len(), 10, "2 cases × (4 files + smollm2-q4_k_m)");
+    let get = |case: &str, model: &str| {
+        outcomes
+            .iter()
+            .find(|o| o["case"] == case && o["model"] == model)
+            .unwrap_or_else(|| panic!("{case}::{model} missing"))
+            .clone()
+    };
+    for case in ["release/ppl", "release/kld"] {
+        // The split file is the same model: its numbers are the unsplit file's, bitwise.
+        assert_eq!(
+            get(case, "acme-135m-Q4_K_M")["metrics"],
+            get(case, "smollm2-q4_k_m")["metrics"],
+            "{case}"
+        );
+        assert_eq!(get(case, "acme-135m-Q8_0")["status"], "pass", "{case}");
+        assert_eq!(
+            get(case, "acme-135m-F16")["metrics"]["delta_nll_mean"],
+            0.0,
+            "the reference against itself"
+        );
+    }
+    let q2 = get("release/ppl", "acme-135m-Q2_K");
+    assert_eq!(q2["status"], "fail");
+    assert!(q2["metrics"]["delta_nll_mean"].as_f64().unwrap() > 0.05);
+    // The report: one view (one reference), every model a row, largest first.
+    let md = std::fs::read_to_string(report.join("report.md")).unwrap();
+    assert_eq!(md.matches("## Reference acme-135m-F16").count(), 1, "{md}");
+    let rows: Vec<&str> = md.lines().filter(|l| l.starts_with("| acme") || l.starts_with("| smollm2")).collect();
+    assert_eq!(rows.len(), 5, "{md}");
+    assert!(rows[0].starts_with("| acme-135m-F16 "), "{md}");
+    assert!(rows[4].starts_with("| acme-135m-Q2_K ") && rows[4].contains("**FAIL** release/ppl: delta_nll_mean"), "{md}");
+    let csv = std::fs::read_to_string(report.join("report.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 6, "{csv}");
+    let html = std::fs::read_to_string(report.join("report.html")).unwrap();
+    assert_eq!(html.matches("<svg").count(), 4, "two frontiers, ΔNLL per window, KL distribution");
+    // Unchanged rerun: nothing pinned again, the lock is byte-identical.
+    let (code, _, stderr) = quantgate(&suites, &args);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(!stderr.contains("pinned `"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&lock_path).unwrap(), lock_text);
+    // A part changed afterwards (one byte of its tensor data): both hashes, exit 2.
+    let third = &parts[2];
+    let mut bytes = std::fs::read(third).unwrap();
+    let at = bytes.len() - 100;
+    bytes[at] ^= 0x55;
+    std::fs::write(third, &bytes).unwrap();
+    let now = quantgate::core::fsutil::sha256_bytes(&bytes);
+    let (code, stdout, stderr) = quantgate(&suites, &args);
+    assert_eq!(code, 2, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(&split.parts[2].sha256) && stdout.contains(&now)
+            || stderr.contains(&split.parts[2].sha256) && stderr.contains(&now),
+        "both hashes named:\n{stdout}\n{stderr}"
+    );
+    assert_eq!(std::fs::read_to_string(&lock_path).unwrap(), lock_text, "never re-pinned silently");
+    // `models pin` is the way to accept it.
+    let (code, out, err) = quantgate(&suites, &["models", "pin", third.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let repinned = quantgate::models::local::Lock::load(&lock_path).unwrap();
+    assert_eq!(repinned.entries["acme-135m-Q4_K_M"].parts[2].sha256, now);
+    let _ = std::fs::remove_dir_all(&root);
+}

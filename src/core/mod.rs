@@ -14,4 +14,4 @@ pub use error::{Error, ErrorKind, Result};
 pub use outcome::{
     Artifact, Column, Decision, GateResult, Outcome, StageTimings, Status, Table, Verdict,
 };
-pub use settings::{Decoding, EngineBuild, Sampler, Settings};
+pub use settings::{Decoding, EngineBuild, EngineOptions, Sampler, Settings};

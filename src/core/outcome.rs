@@ -248,6 +248,13 @@ pub struct Outcome {
     pub case_sha256: Option<String>,
     /// Scored token stream sha256.
     pub token_stream_sha256: Option<String>,
+    /// The case's reference model alias, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
+    /// Series the report plots, not compared with goldens (per-window
+    /// ΔNLL: `delta_nll_per_window`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub series: BTreeMap<String, Vec<f64>>,
     /// Engine settings.
     pub settings: Option<Settings>,
     /// Engine build.
@@ -288,6 +295,8 @@ impl Outcome {
             model_sha256: None,
             case_sha256: None,
             token_stream_sha256: None,
+            reference: None,
+            series: BTreeMap::new(),
             settings: None,
             build,
             timings: StageTimings::default(),

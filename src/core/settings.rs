@@ -1,7 +1,125 @@
 //! Engine settings and the engine build: the facts that change numbers,
 //! recorded with every result, golden and cache key. Shared by every stage.
 
+use crate::core::error::{Error, Result};
 use serde::Serialize;
+use std::sync::OnceLock;
+
+/// The engine options of a whole run, set by the command line
+/// (`--n-gpu-layers`, `--kv-type`, `--flash-attn`) or the environment
+/// (`QUANTGATE_N_GPU_LAYERS`, `QUANTGATE_KV_TYPE`, `QUANTGATE_FLASH_ATTN`,
+/// as `cargo test` and its workers see it): what a model too big for the
+/// defaults needs. Each is part of [`Settings`], so of every cache key and
+/// golden's settings line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineOptions {
+    /// Layers offloaded to the GPU; `None`: the build's default (every
+    /// layer on a GPU build, none on a CPU build; the build's backend is in
+    /// every key).
+    pub n_gpu_layers: Option<u32>,
+    /// K and V cache element type (llama.cpp's `-ctk`/`-ctv` names).
+    pub kv_type: String,
+    /// Flash attention (off by default: `auto` turns it on for CPU, and it
+    /// changes the numbers).
+    pub flash_attn: bool,
+}
+
+/// The KV cache types llama.cpp accepts (`-ctk`, `-ctv`).
+pub const KV_TYPES: &[&str] = &[
+    "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1",
+];
+
+static OPTIONS: OnceLock<EngineOptions> = OnceLock::new();
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            n_gpu_layers: None,
+            kv_type: "f16".into(),
+            flash_attn: false,
+        }
+    }
+}
+
+impl EngineOptions {
+    /// Options from the three values as given (`what` says where each came
+    /// from, for messages): `n_gpu_layers` a number or `all`, `kv_type` one
+    /// of [`KV_TYPES`], `flash_attn` `on` or `off`.
+    pub fn parse(
+        n_gpu_layers: Option<(&str, &str)>,
+        kv_type: Option<(&str, &str)>,
+        flash_attn: Option<(&str, &str)>,
+    ) -> Result<EngineOptions> {
+        let mut o = EngineOptions::default();
+        if let Some((v, what)) = n_gpu_layers {
+            o.n_gpu_layers = Some(match v {
+                "all" => 999,
+                v => v.parse().map_err(|_| {
+                    Error::input(format!("{what}: `{v}` is not a number of layers or `all`"))
+                })?,
+            });
+        }
+        if let Some((v, what)) = kv_type {
+            if !KV_TYPES.contains(&v) {
+                return Err(Error::input(format!(
+                    "{what}: `{v}` is not one of {}",
+                    KV_TYPES.join(", ")
+                )));
+            }
+            o.kv_type = v.to_string();
+        }
+        if let Some((v, what)) = flash_attn {
+            o.flash_attn = match v {
+                "on" => true,
+                "off" => false,
+                v => return Err(Error::input(format!("{what}: `{v}` is not on or off"))),
+            };
+        }
+        if !["f32", "f16", "bf16"].contains(&o.kv_type.as_str()) && !o.flash_attn {
+            return Err(Error::input(format!(
+                "{}: a quantized V cache (`{}`) needs flash attention in llama.cpp; turn it on \
+                 (--flash-attn on, QUANTGATE_FLASH_ATTN=on)",
+                kv_type.map_or("kv type", |k| k.1),
+                o.kv_type
+            )));
+        }
+        Ok(o)
+    }
+
+    /// Options from `QUANTGATE_N_GPU_LAYERS`, `QUANTGATE_KV_TYPE`,
+    /// `QUANTGATE_FLASH_ATTN`.
+    pub fn from_env() -> Result<EngineOptions> {
+        let var = |k: &'static str| std::env::var(k).ok().filter(|v| !v.is_empty()).map(|v| (v, k));
+        let (n, kv, fa) = (
+            var("QUANTGATE_N_GPU_LAYERS"),
+            var("QUANTGATE_KV_TYPE"),
+            var("QUANTGATE_FLASH_ATTN"),
+        );
+        fn r<'a>(o: &'a Option<(String, &'static str)>) -> Option<(&'a str, &'a str)> {
+            o.as_ref().map(|(v, k)| (v.as_str(), *k))
+        }
+        EngineOptions::parse(r(&n), r(&kv), r(&fa))
+    }
+
+    /// Fix this process's options (before any setting is made); an error
+    /// when other options were fixed already.
+    pub fn install(o: EngineOptions) -> Result<()> {
+        let now = OPTIONS.get_or_init(|| o.clone());
+        if *now != o {
+            return Err(Error::input(format!(
+                "engine options already fixed as {now:?}, not {o:?}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// This process's options: those installed, else the environment's
+    /// (a bad value there panics, so a test fails rather than running under
+    /// settings nobody asked for; the harness and the CLI check it first).
+    pub fn current() -> &'static EngineOptions {
+        OPTIONS.get_or_init(|| EngineOptions::from_env().unwrap_or_else(|e| panic!("{}", e.message)))
+    }
+}
 
 /// Engine settings that change numbers; recorded with every result.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
@@ -16,6 +134,10 @@ pub struct Settings {
     pub flash_attn: bool,
     /// KV cache element type.
     pub kv_type: String,
+    /// Layers offloaded to a GPU when asked for (see [`EngineOptions`]);
+    /// absent: the build's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_gpu_layers: Option<u32>,
     /// Every `llama_decode` gets at least this many rows, rounded up to a
     /// multiple of 4 (padding after the last real token, removed from the
     /// cache at once); 0 = no padding. Logits depend on the micro-batch shape,
@@ -26,14 +148,17 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// Defaults: n_batch 512, flash attention off, f16 KV cache.
+    /// n_batch 512 (at most n_ctx), no padding, and this process's
+    /// [`EngineOptions`] (by default flash attention off, f16 KV cache).
     pub fn new(n_ctx: u32, threads: u32) -> Self {
+        let o = EngineOptions::current();
         Settings {
             threads,
             n_ctx,
             n_batch: 512.min(n_ctx.max(1)),
-            flash_attn: false,
-            kv_type: "f16".into(),
+            flash_attn: o.flash_attn,
+            kv_type: o.kv_type.clone(),
+            n_gpu_layers: o.n_gpu_layers,
             min_rows: 0,
         }
     }
@@ -41,12 +166,15 @@ impl Settings {
     /// The settings line of golden headers and cache keys.
     pub fn describe(&self) -> String {
         format!(
-            "n_ctx={} n_batch={} n_ubatch={} flash_attn={} kv={}{}",
+            "n_ctx={} n_batch={} n_ubatch={} flash_attn={} kv={}{}{}",
             self.n_ctx,
             self.n_batch,
             self.n_batch,
             if self.flash_attn { "on" } else { "off" },
             self.kv_type,
+            self.n_gpu_layers
+                .map(|n| format!(" n_gpu_layers={n}"))
+                .unwrap_or_default(),
             if self.min_rows > 0 {
                 format!(" min_rows={}", self.min_rows)
             } else {

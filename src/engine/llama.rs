@@ -172,6 +172,27 @@ pub fn loader_size(path: &Path) -> Result<(u64, u64)> {
     Ok((model.n_params(), model.size()))
 }
 
+/// llama.cpp's KV cache type for a name of [`crate::core::settings::KV_TYPES`].
+fn kv_type(name: &str) -> Result<KvCacheType> {
+    Ok(match name {
+        "f32" => KvCacheType::F32,
+        "f16" => KvCacheType::F16,
+        "bf16" => KvCacheType::BF16,
+        "q8_0" => KvCacheType::Q8_0,
+        "q4_0" => KvCacheType::Q4_0,
+        "q4_1" => KvCacheType::Q4_1,
+        "iq4_nl" => KvCacheType::IQ4_NL,
+        "q5_0" => KvCacheType::Q5_0,
+        "q5_1" => KvCacheType::Q5_1,
+        other => {
+            return Err(Error::input(format!(
+                "KV cache type `{other}` is not one of {}",
+                crate::core::settings::KV_TYPES.join(", ")
+            )))
+        }
+    })
+}
+
 impl Engine for LlamaEngine {
     fn load(&self, file: &ModelFile) -> Result<Arc<dyn LoadedModel>> {
         let backend = backend()?;
@@ -179,7 +200,13 @@ impl Engine for LlamaEngine {
             .path
             .to_str()
             .ok_or_else(|| file.error("path is not UTF-8"))?;
-        let params = LlamaModelParams::default();
+        // Layers on the GPU: as asked, else every layer on a GPU build and
+        // none on a CPU build (the build's backend is in every key).
+        let o = crate::core::EngineOptions::current();
+        let ngl = o
+            .n_gpu_layers
+            .unwrap_or(if compute_backend() == "cpu" { 0 } else { 999 });
+        let params = LlamaModelParams::default().with_n_gpu_layers(ngl);
         let model = LlamaModel::load_from_file(backend, Path::new(path), &params)
             .map_err(|e| file.error(format!("llama.cpp could not load the model: {e}")))?;
         let vocab = model.vocab();
@@ -240,8 +267,8 @@ impl Loaded {
             } else {
                 llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_DISABLED
             })
-            .with_type_k(KvCacheType::F16)
-            .with_type_v(KvCacheType::F16);
+            .with_type_k(kv_type(&settings.kv_type)?)
+            .with_type_v(kv_type(&settings.kv_type)?);
         let _guard = CONTEXT_LOCK.lock().unwrap_or_else(|p| p.into_inner());
         let ctx = self
             .model
@@ -789,4 +816,102 @@ pub fn quantize(src: &Path, dst: &Path, quant: &str, threads: u32) -> Result<()>
         )));
     }
     Ok(())
+}
+
+/// Split the GGUF at `src` into `n` files `<dir>/<stem>-0000i-of-0000n.gguf`
+/// as llama.cpp's `gguf-split --split-max-tensors` writes them: the first part
+/// holds every metadata entry, each part `split.no`, `split.count` and
+/// `split.tensors.count`, and the tensors in order, ⌈tensors / n⌉ per part,
+/// their data copied byte for byte. Returns the parts in order.
+pub fn split_gguf(src: &Path, dir: &Path, stem: &str, n: u16) -> Result<Vec<std::path::PathBuf>> {
+    use llama_cpp_sys_2 as sys;
+    use std::ffi::CString;
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let cstr = |s: &str| CString::new(s).map_err(|_| Error::input(format!("`{s}` contains NUL")));
+    let src_c = cstr(&src.to_string_lossy())?;
+    let mut meta: *mut sys::ggml_context = std::ptr::null_mut();
+    // SAFETY: a valid path and out-pointer; no_alloc reads the header only.
+    let g = unsafe {
+        sys::gguf_init_from_file(
+            src_c.as_ptr(),
+            sys::gguf_init_params {
+                no_alloc: true,
+                ctx: &mut meta,
+            },
+        )
+    };
+    if g.is_null() {
+        return Err(Error::input(format!("{}: not a GGUF file ggml can read", src.display())));
+    }
+    let result = (|| {
+        // SAFETY: `g` and `meta` are valid until freed below.
+        let (n_tensors, data_offset) =
+            unsafe { (sys::gguf_get_n_tensors(g), sys::gguf_get_data_offset(g)) };
+        if n == 0 || i64::from(n) > n_tensors {
+            return Err(Error::input(format!(
+                "{}: cannot split {n_tensors} tensors into {n} parts",
+                src.display()
+            )));
+        }
+        let per = (n_tensors as usize).div_ceil(n as usize);
+        let mut input = std::fs::File::open(src).map_err(|e| Error::io(src, e))?;
+        let (k_no, k_count, k_tensors) = (
+            cstr("split.no")?,
+            cstr("split.count")?,
+            cstr("split.tensors.count")?,
+        );
+        let mut parts = Vec::new();
+        for i in 0..n {
+            let ids: Vec<i64> =
+                ((i as usize * per) as i64..(((i as usize + 1) * per) as i64).min(n_tensors)).collect();
+            let path = dir.join(format!("{stem}-{:05}-of-{n:05}.gguf", i + 1));
+            let path_c = cstr(&path.to_string_lossy())?;
+            // SAFETY: `out` is a fresh context freed below; tensors come from `meta`.
+            let (ok, align) = unsafe {
+                let out = sys::gguf_init_empty();
+                if i == 0 {
+                    sys::gguf_set_kv(out, g);
+                }
+                sys::gguf_set_val_u16(out, k_no.as_ptr(), i);
+                sys::gguf_set_val_u16(out, k_count.as_ptr(), n);
+                sys::gguf_set_val_i32(out, k_tensors.as_ptr(), n_tensors as i32);
+                for &t in &ids {
+                    let name = sys::gguf_get_tensor_name(g, t);
+                    sys::gguf_add_tensor(out, sys::ggml_get_tensor(meta, name));
+                }
+                let ok = sys::gguf_write_to_file(out, path_c.as_ptr(), true);
+                let align = sys::gguf_get_alignment(out);
+                sys::gguf_free(out);
+                (ok, align)
+            };
+            if !ok {
+                return Err(Error::io(&path, std::io::Error::other("gguf_write_to_file failed")));
+            }
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .map_err(|e| Error::io(&path, e))?;
+            for &t in &ids {
+                // SAFETY: valid context and tensor id.
+                let (off, size) =
+                    unsafe { (sys::gguf_get_tensor_offset(g, t), sys::gguf_get_tensor_size(g, t)) };
+                input
+                    .seek(SeekFrom::Start((data_offset + off) as u64))
+                    .map_err(|e| Error::io(src, e))?;
+                let mut buf = vec![0u8; size];
+                input.read_exact(&mut buf).map_err(|e| Error::io(src, e))?;
+                buf.resize(size.next_multiple_of(align), 0);
+                f.write_all(&buf).map_err(|e| Error::io(&path, e))?;
+            }
+            f.sync_all().map_err(|e| Error::io(&path, e))?;
+            parts.push(path);
+        }
+        Ok(parts)
+    })();
+    // SAFETY: freed once, after their last use.
+    unsafe {
+        sys::gguf_free(g);
+        sys::ggml_free(meta);
+    }
+    result
 }

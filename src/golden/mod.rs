@@ -271,7 +271,7 @@ pub fn check(
         )
     } else {
         format!(
-            "golden {shown} was recorded with other inputs (another case version or model file), not compared value by value:\n{}\n",
+            "golden {shown} was recorded with other inputs (another case version, model file or engine settings), not compared value by value:\n{}\n",
             changed_inputs.join("\n")
         )
     };

@@ -41,7 +41,8 @@ impl Inputs {
     }
 
     /// Inputs whose change makes the golden another experiment, not a drift.
-    pub const IDENTITY: &'static [&'static str] = &["case_sha256", "model_sha256", "prereg_sha256"];
+    pub const IDENTITY: &'static [&'static str] =
+        &["case_sha256", "model_sha256", "prereg_sha256", "settings"];
 }
 
 /// A YAML scalar as insta's emitter writes it: plain unless it needs

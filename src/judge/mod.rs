@@ -328,6 +328,7 @@ fn start(cx: &RunContext, p: &Planned, goldens: &Path, cache: bool) -> Started {
     };
     let case = &parsed.case;
     s.out.case_sha256 = Some(case.content_sha256.clone());
+    s.out.reference = case.reference.as_ref().map(|r| r.0.clone());
     // A preregistered rule is verified before any model runs, and again
     // for a cached result.
     if let Some((path, _)) = &case.prereg {
@@ -341,7 +342,10 @@ fn start(cx: &RunContext, p: &Planned, goldens: &Path, cache: bool) -> Started {
     }
     if cache {
         if let Some(o) = cache::read(cx, p) {
-            s.out = o;
+            s.out = Outcome {
+                reference: s.out.reference.take(),
+                ..o
+            };
             s.cached = true;
             return s;
         }

@@ -609,6 +609,16 @@ impl ScoredText {
     /// The paired metrics of a candidate against its reference's scores.
     pub fn add_paired(&self, out: &mut Outcome, scored: &Scored, rscored: &Scored) {
         let b = self.bootstrap;
+        let per_window = |w: &crate::measure::WindowNll| w.nll_sum / w.count as f64;
+        out.series.insert(
+            "delta_nll_per_window".into(),
+            scored
+                .windows
+                .iter()
+                .zip(&rscored.windows)
+                .map(|(c, r)| per_window(c) - per_window(r))
+                .collect(),
+        );
         out.metrics.extend(paired_metrics(
             &scored.windows,
             &rscored.windows,

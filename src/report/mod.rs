@@ -6,6 +6,7 @@
 use crate::core::error::Result;
 use crate::core::{Outcome, Status};
 
+pub mod ladder;
 pub mod parquet;
 pub mod prereg;
 use std::fmt::Write as _;

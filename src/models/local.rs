@@ -1,0 +1,526 @@
+//! Local model files named by path (`--model ./out/*.gguf`, `models =
+//! ["path:…"]` in a case), pinned in a lock file beside the registry
+//! (`<suites>/models.lock`), as Cargo.lock pins dependencies.
+//!
+//! Contract: a file is pinned (alias, canonical path, bytes, sha256, and
+//! every part of a split `-00001-of-0000N.gguf` file with its own bytes and
+//! sha256) the first time it is named and the lock holds no entry for it;
+//! afterwards the lock is only read, and every use verifies the file against
+//! it ([`crate::models::ensure`]): a changed file is an error naming both
+//! hashes, never a silent re-pin. Only `quantgate models pin` rewrites an
+//! entry. The lock is written atomically under a `flock`, so concurrent
+//! processes planning the same new files pin them once.
+
+use crate::core::error::{Error, Result};
+use crate::core::fsutil;
+use crate::core::parse::parse_toml;
+use crate::models::gguf::gguf_parts;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// The lock file's name, beside `models.toml`.
+pub const LOCK_FILE: &str = "models.lock";
+
+/// A pinned local model: the file (the first part of a split file), the
+/// bytes and sha256 of the whole (every part, concatenated in order).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pinned {
+    /// Canonical path of the file (of the first part of a split file).
+    pub path: PathBuf,
+    /// Bytes, every part added up.
+    pub bytes: u64,
+    /// sha256 of the bytes (of the parts concatenated in order).
+    pub sha256: String,
+    /// Every part of a split file, in order (empty for a single file).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parts: Vec<Part>,
+}
+
+/// One part of a split GGUF.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Part {
+    /// Canonical path.
+    pub path: PathBuf,
+    /// Bytes.
+    pub bytes: u64,
+    /// sha256.
+    pub sha256: String,
+}
+
+impl Pinned {
+    /// The files of this model, in order, each with its pinned bytes and sha256.
+    pub fn files(&self) -> Vec<Part> {
+        if self.parts.is_empty() {
+            vec![Part {
+                path: self.path.clone(),
+                bytes: self.bytes,
+                sha256: self.sha256.clone(),
+            }]
+        } else {
+            self.parts.clone()
+        }
+    }
+}
+
+/// The lock file: pinned local models by alias.
+#[derive(Debug, Clone, Default)]
+pub struct Lock {
+    /// Where it lives (it may not exist yet).
+    pub path: PathBuf,
+    /// Entries by alias.
+    pub entries: BTreeMap<String, Pinned>,
+}
+
+const HEADER: &str = "\
+# quantgate: local model files, pinned by path (alias, file, bytes, sha256; every
+# part of a split file). Written when a file is first named (`--model PATH`,
+# `models = [\"path:…\"]`), verified on every use, rewritten only by
+# `quantgate models pin`. A file that changes afterwards is an error.
+";
+
+impl Lock {
+    /// The lock beside the registry at `registry`; empty when absent.
+    pub fn beside(registry: &Path) -> Result<Lock> {
+        let path = registry
+            .parent()
+            .unwrap_or(Path::new("."))
+            .join(LOCK_FILE);
+        Lock::load(&path)
+    }
+
+    /// Read and validate the lock at `path`; empty when the file is absent.
+    pub fn load(path: &Path) -> Result<Lock> {
+        let src = match std::fs::read_to_string(path) {
+            Ok(s) => s,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(Lock {
+                    path: path.to_path_buf(),
+                    entries: BTreeMap::new(),
+                })
+            }
+            Err(e) => return Err(Error::io(path, e)),
+        };
+        let entries: BTreeMap<String, Pinned> = parse_toml(path, &src)?;
+        let mut errors = Vec::new();
+        for (alias, p) in &entries {
+            let at = format!("{}: [{alias}]", path.display());
+            if let Some(why) = crate::models::bad_alias(alias) {
+                errors.push(Error::input(format!("{at}: {why}")));
+            }
+            for f in std::iter::once((&p.path, &p.sha256, "")).chain(
+                p.parts
+                    .iter()
+                    .map(|q| (&q.path, &q.sha256, " (a part)"))
+                    .collect::<Vec<_>>(),
+            ) {
+                if !fsutil::is_hex(f.1, 64) {
+                    errors.push(Error::input(format!(
+                        "{at}.sha256{}: `{}` is not 64 lower-case hex digits",
+                        f.2, f.1
+                    )));
+                }
+                if !f.0.is_absolute() {
+                    errors.push(Error::input(format!(
+                        "{at}.path{}: `{}` is not an absolute path",
+                        f.2,
+                        f.0.display()
+                    )));
+                }
+            }
+            if !p.parts.is_empty() {
+                let sum: u64 = p.parts.iter().map(|q| q.bytes).sum();
+                if sum != p.bytes || p.parts[0].path != p.path || p.parts.len() < 2 {
+                    errors.push(Error::input(format!(
+                        "{at}.parts: {} parts of {sum} bytes, the first {}: the entry says {} bytes \
+                         from {}; run `quantgate models pin {}` to pin the file again",
+                        p.parts.len(),
+                        p.parts[0].path.display(),
+                        p.bytes,
+                        p.path.display(),
+                        p.path.display()
+                    )));
+                }
+            }
+        }
+        if !errors.is_empty() {
+            return Err(crate::core::error::join(errors));
+        }
+        Ok(Lock {
+            path: path.to_path_buf(),
+            entries,
+        })
+    }
+
+    fn write(&self) -> Result<()> {
+        let body = toml::to_string(&self.entries)
+            .map_err(|e| Error::input(format!("{}: {e}", self.path.display())))?;
+        fsutil::write_atomic(&self.path, format!("{HEADER}\n{body}").as_bytes())
+    }
+
+    /// The alias pinned to the model file `path` (canonical), if any.
+    pub fn alias_of(&self, path: &Path) -> Option<&str> {
+        self.entries
+            .iter()
+            .find(|(_, p)| p.path == path)
+            .map(|(a, _)| a.as_str())
+    }
+}
+
+/// Whether a `--model` value names files rather than a registry alias: it
+/// holds a `/`, ends with `.gguf`, or starts with `path:`.
+pub fn is_path_spec(s: &str) -> bool {
+    s.starts_with("path:") || s.contains('/') || s.ends_with(".gguf")
+}
+
+/// The model files `spec` names (`path:` stripped; relative to `base`; a
+/// glob in any component), each as the canonical path of its first part
+/// (every part of a split file names the model once), sorted.
+pub fn expand(spec: &str, base: &Path) -> Result<Vec<PathBuf>> {
+    let pattern = spec.strip_prefix("path:").unwrap_or(spec);
+    if pattern.is_empty() {
+        return Err(Error::input(format!("`{spec}`: names no file")));
+    }
+    let full = if Path::new(pattern).is_absolute() {
+        PathBuf::from(pattern)
+    } else {
+        base.join(pattern)
+    };
+    let is_glob = |s: &str| s.contains(['*', '?', '[', '{']);
+    let mut found = Vec::new();
+    if !is_glob(pattern) {
+        if !full.is_file() {
+            return Err(Error::input(format!(
+                "`{spec}`: {} is not a file",
+                full.display()
+            )));
+        }
+        found.push(full);
+    } else {
+        // The literal directories before the first glob component are walked.
+        let mut root = PathBuf::new();
+        let mut rest = Vec::new();
+        for c in full.components() {
+            let s = c.as_os_str().to_string_lossy();
+            if rest.is_empty() && !is_glob(&s) {
+                root.push(c);
+            } else {
+                rest.push(s.into_owned());
+            }
+        }
+        let depth = if rest.iter().any(|r| r.contains("**")) {
+            usize::MAX
+        } else {
+            rest.len()
+        };
+        let glob = globset::GlobBuilder::new(&full.to_string_lossy())
+            .literal_separator(true)
+            .build()
+            .map_err(|e| Error::input(format!("`{spec}`: {e}")))?
+            .compile_matcher();
+        for e in walkdir::WalkDir::new(&root)
+            .min_depth(1)
+            .max_depth(depth)
+            .follow_links(true)
+            .into_iter()
+            .filter_map(|e| e.ok())
+        {
+            if e.file_type().is_file() && glob.is_match(e.path()) {
+                found.push(e.path().to_path_buf());
+            }
+        }
+        if found.is_empty() {
+            return Err(Error::input(format!(
+                "`{spec}`: matches no file under {}",
+                root.display()
+            )));
+        }
+    }
+    let mut out = Vec::new();
+    for f in found {
+        let first = gguf_parts(&f).swap_remove(0);
+        let canon = first.canonicalize().map_err(|e| {
+            Error::input(format!(
+                "`{spec}`: {}: {e}{}",
+                first.display(),
+                if first != f {
+                    format!(" (the first part of the split file {})", f.display())
+                } else {
+                    String::new()
+                }
+            ))
+        })?;
+        out.push(canon);
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// The alias a model file gets: its name without `.gguf` and without a
+/// split suffix (`-00001-of-00003`), every character outside
+/// `[A-Za-z0-9._-]` replaced by `-`.
+pub fn alias_for(path: &Path) -> String {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut stem = name.strip_suffix(".gguf").unwrap_or(&name).to_string();
+    if gguf_parts(path).len() > 1 {
+        if let Some((head, _)) = stem.rsplit_once("-of-") {
+            if let Some((s, _)) = head.rsplit_once('-') {
+                stem = s.to_string();
+            }
+        }
+    }
+    let mut alias: String = stem
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    while alias.starts_with('.') {
+        alias.remove(0);
+    }
+    if alias.is_empty() {
+        alias.push_str("model");
+    }
+    alias
+}
+
+/// Hash the model at `path` (every part of a split file): what the lock pins.
+pub fn measure(path: &Path) -> Result<Pinned> {
+    let parts = gguf_parts(path);
+    let mut total = Sha256::new();
+    let mut bytes = 0u64;
+    let mut pinned_parts = Vec::new();
+    let len: u64 = parts
+        .iter()
+        .map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+        .sum();
+    let bar = super::fetch::bar(len, &format!("sha256 {}", alias_for(path)));
+    for p in &parts {
+        let mut f = std::fs::File::open(p).map_err(|e| {
+            Error::input(format!(
+                "{}: {e}{}",
+                p.display(),
+                if parts.len() > 1 {
+                    format!(" (part of the {}-part file {})", parts.len(), path.display())
+                } else {
+                    String::new()
+                }
+            ))
+        })?;
+        let mut part = Sha256::new();
+        let mut n_part = 0u64;
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = f.read(&mut buf).map_err(|e| Error::io(p, e))?;
+            if n == 0 {
+                break;
+            }
+            part.update(&buf[..n]);
+            total.update(&buf[..n]);
+            n_part += n as u64;
+            bar.inc(n as u64);
+        }
+        bytes += n_part;
+        pinned_parts.push(Part {
+            path: p.clone(),
+            bytes: n_part,
+            sha256: fsutil::hex(&part.finalize()),
+        });
+    }
+    bar.finish_and_clear();
+    Ok(Pinned {
+        path: path.to_path_buf(),
+        bytes,
+        sha256: fsutil::hex(&total.finalize()),
+        parts: if pinned_parts.len() > 1 {
+            pinned_parts
+        } else {
+            Vec::new()
+        },
+    })
+}
+
+/// Pin `files` (canonical model paths, from [`expand`]) in the lock beside
+/// `registry`, and return their aliases in order. A file the lock already
+/// holds keeps its entry (it is verified when used) unless `repin`; a new
+/// file is hashed and added. An alias that a registry entry, another pinned
+/// file, or another of `files` already takes is an error naming both files
+/// (with `repin`, a pinned alias moves to the new file, said on stderr).
+pub fn pin(
+    registry: &Path,
+    registry_aliases: &[String],
+    files: &[PathBuf],
+    repin: bool,
+) -> Result<Vec<String>> {
+    let lock_path = registry
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join(LOCK_FILE);
+    // One writer at a time: processes planning the same new files pin once.
+    let _guard = lock_guard(&lock_path)?;
+    let mut lock = Lock::load(&lock_path)?;
+    let mut changed = false;
+    let mut aliases: Vec<(String, &PathBuf)> = Vec::new();
+    for f in files {
+        let known = lock.alias_of(f).map(str::to_string);
+        let alias = known.clone().unwrap_or_else(|| alias_for(f));
+        if let Some((_, other)) = aliases.iter().find(|(a, p)| *a == alias && *p != f) {
+            return Err(Error::input(format!(
+                "{} and {} both take the alias `{alias}`: rename one of them",
+                other.display(),
+                f.display()
+            )));
+        }
+        if registry_aliases.contains(&alias) {
+            return Err(Error::input(format!(
+                "{}: its alias `{alias}` is already a model in {}: rename the file",
+                f.display(),
+                registry.display()
+            )));
+        }
+        match lock.entries.get(&alias) {
+            Some(p) if p.path == *f && !repin => {}
+            Some(p) if p.path != *f && !repin => {
+                return Err(Error::input(format!(
+                    "{}: its alias `{alias}` is pinned in {} to {}: rename the file, or run \
+                     `quantgate models pin {}` to pin the alias to it",
+                    f.display(),
+                    lock.path.display(),
+                    p.path.display(),
+                    f.display()
+                )))
+            }
+            old => {
+                let new = measure(f)?;
+                if let Some(o) = old {
+                    if *o != new {
+                        eprintln!(
+                            "quantgate: repinned `{alias}`: {} sha256 {} ({} bytes) → {} sha256 {} ({} bytes)",
+                            o.path.display(),
+                            o.sha256,
+                            o.bytes,
+                            new.path.display(),
+                            new.sha256,
+                            new.bytes
+                        );
+                    }
+                } else {
+                    eprintln!(
+                        "quantgate: pinned `{alias}` = {} (sha256 {}, {} bytes) in {}",
+                        f.display(),
+                        new.sha256,
+                        new.bytes,
+                        lock.path.display()
+                    );
+                }
+                changed |= old != Some(&new);
+                lock.entries.insert(alias.clone(), new);
+            }
+        }
+        aliases.push((alias, f));
+    }
+    if changed {
+        lock.write()?;
+    }
+    Ok(aliases.into_iter().map(|(a, _)| a).collect())
+}
+
+/// An exclusive `flock` for writers of the lock at `lock_path`, in the cache
+/// (never beside the user's suites), released when dropped.
+fn lock_guard(lock_path: &Path) -> Result<std::fs::File> {
+    let dir = crate::models::cache_dir().join("locks");
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+    let canon = lock_path
+        .parent()
+        .and_then(|p| p.canonicalize().ok())
+        .unwrap_or_else(|| lock_path.to_path_buf());
+    let path = dir.join(format!(
+        "models-lock-{}.lock",
+        &fsutil::sha256_bytes(canon.to_string_lossy().as_bytes())[..16]
+    ));
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| Error::io(&path, e))?;
+    f.lock().map_err(|e| Error::io(&path, e))?;
+    Ok(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aliases_come_from_file_names() {
+        assert_eq!(alias_for(Path::new("/x/My Model.Q4_K_M.gguf")), "My-Model.Q4_K_M");
+        assert_eq!(
+            alias_for(Path::new("/x/big-q8_0-00001-of-00003.gguf")),
+            "big-q8_0"
+        );
+        assert_eq!(alias_for(Path::new("/x/.hidden.gguf")), "hidden");
+        assert!(is_path_spec("./out/*.gguf") && is_path_spec("path:x") && is_path_spec("a.gguf"));
+        assert!(!is_path_spec("smollm2-q8_0"));
+    }
+
+    /// Globs expand to model files, split parts to their first part; the
+    /// lock pins each once and keeps the entry on the next call; a name
+    /// that matches nothing is an error naming the pattern.
+    #[test]
+    fn globs_pin_each_model_once() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path();
+        std::fs::create_dir_all(dir.join("out")).unwrap();
+        std::fs::write(dir.join("out/a.gguf"), b"aaaa").unwrap();
+        for i in 1..=3 {
+            std::fs::write(
+                dir.join(format!("out/b-{i:05}-of-00003.gguf")),
+                format!("b{i}"),
+            )
+            .unwrap();
+        }
+        std::fs::write(dir.join("out/notes.txt"), b"x").unwrap();
+        let files = expand("out/*.gguf", dir).unwrap();
+        assert_eq!(files.len(), 2, "{files:?}");
+        assert!(files[1].ends_with("b-00001-of-00003.gguf"));
+        let reg = dir.join("models.toml");
+        let aliases = pin(&reg, &[], &files, false).unwrap();
+        assert_eq!(aliases, ["a", "b"]);
+        let lock = Lock::beside(&reg).unwrap();
+        let b = &lock.entries["b"];
+        assert_eq!(b.bytes, 6);
+        assert_eq!(b.parts.len(), 3);
+        assert_eq!(b.sha256, fsutil::sha256_bytes(b"b1b2b3"));
+        assert_eq!(b.parts[2].sha256, fsutil::sha256_bytes(b"b3"));
+        // A changed file keeps its pin (use verifies it); repin takes the new bytes.
+        std::fs::write(dir.join("out/a.gguf"), b"AAAA").unwrap();
+        pin(&reg, &[], &files, false).unwrap();
+        assert_eq!(
+            Lock::beside(&reg).unwrap().entries["a"].sha256,
+            fsutil::sha256_bytes(b"aaaa")
+        );
+        pin(&reg, &[], &files[..1], true).unwrap();
+        assert_eq!(
+            Lock::beside(&reg).unwrap().entries["a"].sha256,
+            fsutil::sha256_bytes(b"AAAA")
+        );
+        // A registry alias is not taken over.
+        let e = pin(&reg, &["a".to_string()], &files, false).unwrap_err();
+        assert!(e.to_string().contains("already a model"), "{e}");
+        let e = expand("out/*.bin", dir).unwrap_err().to_string();
+        assert!(e.contains("out/*.bin") && e.contains("matches no file"), "{e}");
+    }
+}
