@@ -218,7 +218,12 @@ fn engine_options(
     kv_type: &Option<String>,
     flash_attn: &Option<String>,
 ) -> Result<(), Error> {
-    let env = |k: &'static str| std::env::var(k).ok().filter(|v| !v.is_empty()).map(|v| (v, k));
+    let env = |k: &'static str| {
+        std::env::var(k)
+            .ok()
+            .filter(|v| !v.is_empty())
+            .map(|v| (v, k))
+    };
     let pick = |flag: &Option<String>, name: &'static str, var: &'static str| {
         flag.clone().map(|v| (v, name)).or_else(|| env(var))
     };
@@ -571,8 +576,8 @@ fn main() -> ExitCode {
                 json.iter().try_fold(Vec::new(), |mut all, f| {
                     let text = std::fs::read_to_string(f)
                         .map_err(|e| Error::input(format!("--json {}: {e}", f.display())))?;
-                    let v: Vec<quantgate::core::Outcome> = serde_json::from_str(&text)
-                        .map_err(|e| {
+                    let v: Vec<quantgate::core::Outcome> =
+                        serde_json::from_str(&text).map_err(|e| {
                             Error::input(format!(
                                 "--json {}: not a `quantgate run --json` file: {e}",
                                 f.display()

@@ -446,22 +446,7 @@ fn prereg_verify_and_report_on_the_suite() {
 /// the checkout it was compiled in.
 #[test]
 fn the_suites_binary_tests_the_checkout_it_runs_in() {
-    // The `suites` test binary built with this one: the newest beside it.
-    let deps = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    let suites_bin = std::fs::read_dir(&deps)
-        .unwrap()
-        .flatten()
-        .filter(|e| {
-            let n = e.file_name().to_string_lossy().into_owned();
-            n.starts_with("suites-") && !n.contains('.')
-        })
-        .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok())
-        .expect("the suites test binary beside this one")
-        .path();
+    let suites_bin = suites_bin();
     let other = std::env::temp_dir().join(format!("qg-cli-checkout-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&other);
     let suites = other.join("suites");
@@ -496,6 +481,123 @@ fn the_suites_binary_tests_the_checkout_it_runs_in() {
         "{stdout}"
     );
     assert!(!stdout.contains("ppl/delta_nll"), "{stdout}");
+    let _ = std::fs::remove_dir_all(&other);
+}
+
+/// The `suites` test binary built with this one: the newest beside it.
+fn suites_bin() -> PathBuf {
+    let deps = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    std::fs::read_dir(&deps)
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.starts_with("suites-") && !n.contains('.')
+        })
+        .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok())
+        .expect("the suites test binary beside this one")
+        .path()
+}
+
+/// Engine settings are part of a golden's identity: a golden recorded with
+/// flash attention off fails under `QUANTGATE_FLASH_ATTN=on` as "recorded
+/// with other inputs", naming the settings line before and after; the run
+/// itself uses flash attention (its settings line says so); a quantized V
+/// cache without flash attention, or a bad value, fails every test naming
+/// the variable before any model loads.
+#[test]
+fn a_golden_recorded_with_other_engine_settings_is_another_experiment() {
+    let bin = suites_bin();
+    let other = std::env::temp_dir().join(format!("qg-cli-fa-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&other);
+    let suites = other.join("suites");
+    std::fs::create_dir_all(suites.join("ppl")).unwrap();
+    std::fs::copy(
+        repo().join("suites/models.toml"),
+        suites.join("models.toml"),
+    )
+    .unwrap();
+    std::fs::copy(
+        repo().join("suites/data/wikitext-2-test.txt"),
+        suites.join("ppl/t.txt"),
+    )
+    .unwrap();
+    std::fs::write(
+        suites.join("ppl/fa.toml"),
+        format!(
+            "kind = \"perplexity\"\nmodels = [\"smollm2-q8_0\"]\n[text]\npath = \"t.txt\"\nsha256 = \"{WIKI_SHA}\"\n\
+             [window]\nmode = \"llama-perplexity\"\nn_ctx = 64\nchunks = 2\n"
+        ),
+    )
+    .unwrap();
+    let run = |env: &[(&str, &str)]| {
+        let mut c = Command::new(&bin);
+        c.args(["--exact", "ppl/fa::smollm2-q8_0", "--test-threads", "1"])
+            .env("CARGO_MANIFEST_DIR", &other)
+            .env("QUANTGATE_RESULT_CACHE", "off")
+            .env_remove("QUANTGATE_FLASH_ATTN")
+            .env_remove("QUANTGATE_KV_TYPE")
+            .env_remove("QUANTGATE_N_GPU_LAYERS")
+            .env_remove("CI")
+            .current_dir(&other);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let out = c.output().unwrap();
+        (
+            out.status.success(),
+            format!(
+                "{}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let (ok, log) = run(&[("QUANTGATE_UPDATE", "always")]);
+    assert!(ok, "{log}");
+    let golden = other.join("goldens/ppl/fa/smollm2-q8_0.snap");
+    let recorded = std::fs::read_to_string(&golden).unwrap();
+    assert!(
+        recorded.contains("settings: n_ctx=64 n_batch=64 n_ubatch=64 flash_attn=off kv=f16\n"),
+        "{recorded}"
+    );
+    let (ok, log) = run(&[("QUANTGATE_FLASH_ATTN", "on"), ("QUANTGATE_UPDATE", "no")]);
+    assert!(!ok, "{log}");
+    assert!(log.contains("was recorded with other inputs"), "{log}");
+    assert!(
+        log.contains("settings: n_ctx=64 n_batch=64 n_ubatch=64 flash_attn=off kv=f16 → n_ctx=64 n_batch=64 n_ubatch=64 flash_attn=on kv=f16"),
+        "{log}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&golden).unwrap(),
+        recorded,
+        "update mode no writes nothing"
+    );
+    for (env, want) in [
+        (vec![("QUANTGATE_KV_TYPE", "q8_0")], "needs flash attention"),
+        (
+            vec![("QUANTGATE_FLASH_ATTN", "yes")],
+            "QUANTGATE_FLASH_ATTN: `yes` is not on or off",
+        ),
+        (
+            vec![("QUANTGATE_N_GPU_LAYERS", "many")],
+            "QUANTGATE_N_GPU_LAYERS: `many`",
+        ),
+    ] {
+        let (ok, log) = run(&env);
+        assert!(!ok && log.contains(want), "{env:?}: {log}");
+    }
+    // A quantized KV cache with flash attention runs, and is another experiment too.
+    let (ok, log) = run(&[
+        ("QUANTGATE_KV_TYPE", "q8_0"),
+        ("QUANTGATE_FLASH_ATTN", "on"),
+        ("QUANTGATE_UPDATE", "no"),
+    ]);
+    assert!(!ok && log.contains("flash_attn=on kv=q8_0"), "{log}");
     let _ = std::fs::remove_dir_all(&other);
 }
 
@@ -777,7 +879,12 @@ fn a_folder_of_own_ggufs_is_gated_and_reported_in_one_command() {
     let (code, stdout, stderr) = quantgate(&suites, &args);
     // Q2_K is over the ΔNLL gate: a failed gate, exit 1, and everyone else passes.
     assert_eq!(code, 1, "{stdout}\n{stderr}");
-    for alias in ["acme-135m-F16", "acme-135m-Q8_0", "acme-135m-Q4_K_M", "acme-135m-Q2_K"] {
+    for alias in [
+        "acme-135m-F16",
+        "acme-135m-Q8_0",
+        "acme-135m-Q4_K_M",
+        "acme-135m-Q2_K",
+    ] {
         assert!(stderr.contains(&format!("pinned `{alias}`")), "{stderr}");
     }
     let lock_path = suites.join("models.lock");
@@ -821,14 +928,25 @@ fn a_folder_of_own_ggufs_is_gated_and_reported_in_one_command() {
     // The report: one view (one reference), every model a row, largest first.
     let md = std::fs::read_to_string(report.join("report.md")).unwrap();
     assert_eq!(md.matches("## Reference acme-135m-F16").count(), 1, "{md}");
-    let rows: Vec<&str> = md.lines().filter(|l| l.starts_with("| acme") || l.starts_with("| smollm2")).collect();
+    let rows: Vec<&str> = md
+        .lines()
+        .filter(|l| l.starts_with("| acme") || l.starts_with("| smollm2"))
+        .collect();
     assert_eq!(rows.len(), 5, "{md}");
     assert!(rows[0].starts_with("| acme-135m-F16 "), "{md}");
-    assert!(rows[4].starts_with("| acme-135m-Q2_K ") && rows[4].contains("**FAIL** release/ppl: delta_nll_mean"), "{md}");
+    assert!(
+        rows[4].starts_with("| acme-135m-Q2_K ")
+            && rows[4].contains("**FAIL** release/ppl: delta_nll_mean"),
+        "{md}"
+    );
     let csv = std::fs::read_to_string(report.join("report.csv")).unwrap();
     assert_eq!(csv.lines().count(), 6, "{csv}");
     let html = std::fs::read_to_string(report.join("report.html")).unwrap();
-    assert_eq!(html.matches("<svg").count(), 4, "two frontiers, ΔNLL per window, KL distribution");
+    assert_eq!(
+        html.matches("<svg").count(),
+        4,
+        "two frontiers, ΔNLL per window, KL distribution"
+    );
     // Unchanged rerun: nothing pinned again, the lock is byte-identical.
     let (code, _, stderr) = quantgate(&suites, &args);
     assert_eq!(code, 1, "{stderr}");
@@ -848,11 +966,142 @@ fn a_folder_of_own_ggufs_is_gated_and_reported_in_one_command() {
             || stderr.contains(&split.parts[2].sha256) && stderr.contains(&now),
         "both hashes named:\n{stdout}\n{stderr}"
     );
-    assert_eq!(std::fs::read_to_string(&lock_path).unwrap(), lock_text, "never re-pinned silently");
+    assert_eq!(
+        std::fs::read_to_string(&lock_path).unwrap(),
+        lock_text,
+        "never re-pinned silently"
+    );
     // `models pin` is the way to accept it.
     let (code, out, err) = quantgate(&suites, &["models", "pin", third.to_str().unwrap()]);
     assert_eq!(code, 0, "{out}\n{err}");
     let repinned = quantgate::models::local::Lock::load(&lock_path).unwrap();
     assert_eq!(repinned.entries["acme-135m-Q4_K_M"].parts[2].sha256, now);
     let _ = std::fs::remove_dir_all(&root);
+}
+
+/// The HTML report renders in a real browser: headless Chromium (Debian's
+/// `chromium`, as CI installs it; `QUANTGATE_CHROMIUM` names another)
+/// screenshots a report of three models, and every model's colour is drawn
+/// on the page — in the plots, not only the legend — with no network.
+#[test]
+fn the_html_report_renders_its_plots_in_chromium() {
+    use quantgate::core::{Outcome, Status};
+    use quantgate::report::ladder;
+    let chromium =
+        std::env::var("QUANTGATE_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    assert!(
+        Path::new(&chromium).is_file(),
+        "{chromium} is missing: install Debian's chromium (apt-get install chromium), as .ci/run does"
+    );
+    let dir = std::env::temp_dir().join(format!("qg-html-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let build = LlamaEngine::new().build();
+    let mut outcomes = Vec::new();
+    for (i, model) in ["big", "mid", "small"].iter().enumerate() {
+        let s = (i + 1) as f64;
+        for case in ["ppl/x", "kld/x"] {
+            let mut o = Outcome::new(case, model, build.clone());
+            o.status = Status::Pass;
+            o.reference = Some("f16".into());
+            for (k, v) in [
+                ("ppl", 10.0 + s),
+                ("ppl_se", 0.1),
+                ("delta_nll_mean", 0.01 * s),
+                ("delta_nll_ci95_lo", 0.005 * s),
+                ("delta_nll_ci95_hi", 0.015 * s),
+                ("kld_mean", 0.02 * s),
+                ("kld_mean_se", 0.001),
+                ("kld_p01", 1e-4 * s),
+                ("kld_p05", 3e-4 * s),
+                ("kld_p10", 1e-3 * s),
+                ("kld_median", 0.01 * s),
+                ("kld_p90", 0.05 * s),
+                ("kld_p95", 0.08 * s),
+                ("kld_p99", 0.2 * s),
+                ("kld_p999", 0.5 * s),
+                ("kld_max", 1.0 * s),
+            ] {
+                if case == "ppl/x" || k.starts_with("kld") {
+                    o.metrics.insert(k.into(), v);
+                }
+            }
+            if case == "ppl/x" {
+                o.series.insert(
+                    "delta_nll_per_window".into(),
+                    (0..8).map(|w| 0.01 * s + 0.002 * w as f64).collect(),
+                );
+            }
+            outcomes.push(o);
+        }
+    }
+    let facts = |m: &str| ladder::ModelFacts {
+        bytes: Some(match m {
+            "big" => 300,
+            "mid" => 200,
+            _ => 100,
+        }),
+        bpw: Some(match m {
+            "big" => 8.5,
+            "mid" => 6.0,
+            _ => 3.0,
+        }),
+    };
+    let views = ladder::views(&outcomes, &facts);
+    ladder::write(&dir, &views, &outcomes).unwrap();
+    let shot = dir.join("shot.png");
+    let out = Command::new(&chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--hide-scrollbars",
+            "--window-size=1400,1200",
+        ])
+        .arg(format!("--user-data-dir={}", dir.join("profile").display()))
+        .arg(format!("--screenshot={}", shot.display()))
+        .arg(format!("file://{}", dir.join("report.html").display()))
+        .output()
+        .unwrap();
+    assert!(
+        shot.is_file(),
+        "no screenshot: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(&shot).unwrap()));
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    let px = info.color_type.samples();
+    let pixels = buf[..info.buffer_size()].chunks(px);
+    let mut counts = [0usize; 3];
+    let mut white = 0usize;
+    let total = (info.width * info.height) as usize;
+    for p in pixels {
+        if p[0] > 245 && p[1] > 245 && p[2] > 245 {
+            white += 1;
+        }
+        for (i, c) in ladder::PALETTE[..3].iter().enumerate() {
+            let want = u32::from_str_radix(&c[1..], 16).unwrap();
+            let rgb = [(want >> 16) as u8, (want >> 8) as u8, want as u8];
+            if rgb.iter().zip(p).all(|(a, b)| a.abs_diff(*b) <= 8) {
+                counts[i] += 1;
+            }
+        }
+    }
+    // A legend swatch is 10 × 10 pixels, in four plots: 400 pixels of a
+    // model's colour are legends alone; its points, lines and boxes add more.
+    for (i, n) in counts.iter().enumerate() {
+        assert!(
+            *n > 600,
+            "model {i}'s colour is drawn on {n} pixels only: {counts:?}"
+        );
+    }
+    assert!(white < total * 95 / 100, "the page is almost blank");
+    let _ = std::fs::remove_dir_all(&dir);
 }

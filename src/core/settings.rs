@@ -89,7 +89,12 @@ impl EngineOptions {
     /// Options from `QUANTGATE_N_GPU_LAYERS`, `QUANTGATE_KV_TYPE`,
     /// `QUANTGATE_FLASH_ATTN`.
     pub fn from_env() -> Result<EngineOptions> {
-        let var = |k: &'static str| std::env::var(k).ok().filter(|v| !v.is_empty()).map(|v| (v, k));
+        let var = |k: &'static str| {
+            std::env::var(k)
+                .ok()
+                .filter(|v| !v.is_empty())
+                .map(|v| (v, k))
+        };
         let (n, kv, fa) = (
             var("QUANTGATE_N_GPU_LAYERS"),
             var("QUANTGATE_KV_TYPE"),
@@ -117,7 +122,8 @@ impl EngineOptions {
     /// (a bad value there panics, so a test fails rather than running under
     /// settings nobody asked for; the harness and the CLI check it first).
     pub fn current() -> &'static EngineOptions {
-        OPTIONS.get_or_init(|| EngineOptions::from_env().unwrap_or_else(|e| panic!("{}", e.message)))
+        OPTIONS
+            .get_or_init(|| EngineOptions::from_env().unwrap_or_else(|e| panic!("{}", e.message)))
     }
 }
 

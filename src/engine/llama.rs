@@ -841,7 +841,10 @@ pub fn split_gguf(src: &Path, dir: &Path, stem: &str, n: u16) -> Result<Vec<std:
         )
     };
     if g.is_null() {
-        return Err(Error::input(format!("{}: not a GGUF file ggml can read", src.display())));
+        return Err(Error::input(format!(
+            "{}: not a GGUF file ggml can read",
+            src.display()
+        )));
     }
     let result = (|| {
         // SAFETY: `g` and `meta` are valid until freed below.
@@ -862,8 +865,9 @@ pub fn split_gguf(src: &Path, dir: &Path, stem: &str, n: u16) -> Result<Vec<std:
         );
         let mut parts = Vec::new();
         for i in 0..n {
-            let ids: Vec<i64> =
-                ((i as usize * per) as i64..(((i as usize + 1) * per) as i64).min(n_tensors)).collect();
+            let ids: Vec<i64> = ((i as usize * per) as i64
+                ..(((i as usize + 1) * per) as i64).min(n_tensors))
+                .collect();
             let path = dir.join(format!("{stem}-{:05}-of-{n:05}.gguf", i + 1));
             let path_c = cstr(&path.to_string_lossy())?;
             // SAFETY: `out` is a fresh context freed below; tensors come from `meta`.
@@ -885,7 +889,10 @@ pub fn split_gguf(src: &Path, dir: &Path, stem: &str, n: u16) -> Result<Vec<std:
                 (ok, align)
             };
             if !ok {
-                return Err(Error::io(&path, std::io::Error::other("gguf_write_to_file failed")));
+                return Err(Error::io(
+                    &path,
+                    std::io::Error::other("gguf_write_to_file failed"),
+                ));
             }
             let mut f = std::fs::OpenOptions::new()
                 .append(true)
@@ -893,8 +900,12 @@ pub fn split_gguf(src: &Path, dir: &Path, stem: &str, n: u16) -> Result<Vec<std:
                 .map_err(|e| Error::io(&path, e))?;
             for &t in &ids {
                 // SAFETY: valid context and tensor id.
-                let (off, size) =
-                    unsafe { (sys::gguf_get_tensor_offset(g, t), sys::gguf_get_tensor_size(g, t)) };
+                let (off, size) = unsafe {
+                    (
+                        sys::gguf_get_tensor_offset(g, t),
+                        sys::gguf_get_tensor_size(g, t),
+                    )
+                };
                 input
                     .seek(SeekFrom::Start((data_offset + off) as u64))
                     .map_err(|e| Error::io(src, e))?;

@@ -196,12 +196,6 @@ pub fn run_with_args(
 ) -> ExitCode {
     let failing =
         |name: &str, msg: String| Trial::test(name, move || Err(Failed::from(msg.clone())));
-    // Engine options from the environment, checked before anything runs.
-    if let Err(e) = crate::core::EngineOptions::from_env().and_then(crate::core::EngineOptions::install)
-    {
-        return libtest_mimic::run(args, vec![failing("quantgate::engine_options", e.message)])
-            .exit_code();
-    }
     let (registry, planned) = match plan(suites, &[], &[]) {
         Ok(p) => p,
         // The harness could not plan at all: one failing test says why.
@@ -210,6 +204,17 @@ pub fn run_with_args(
                 .exit_code()
         }
     };
+    // Engine options from the environment, checked before anything runs:
+    // a bad value fails every test rather than run under other settings.
+    if let Err(e) =
+        crate::core::EngineOptions::from_env().and_then(crate::core::EngineOptions::install)
+    {
+        let trials = planned
+            .iter()
+            .map(|p| failing(&p.name, e.message.clone()))
+            .collect();
+        return libtest_mimic::run(args, trials).exit_code();
+    }
     let mode = match golden::update_mode() {
         Ok(m) => m,
         Err(e) => {

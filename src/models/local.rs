@@ -86,10 +86,7 @@ const HEADER: &str = "\
 impl Lock {
     /// The lock beside the registry at `registry`; empty when absent.
     pub fn beside(registry: &Path) -> Result<Lock> {
-        let path = registry
-            .parent()
-            .unwrap_or(Path::new("."))
-            .join(LOCK_FILE);
+        let path = registry.parent().unwrap_or(Path::new(".")).join(LOCK_FILE);
         Lock::load(&path)
     }
 
@@ -313,7 +310,11 @@ pub fn measure(path: &Path) -> Result<Pinned> {
                 "{}: {e}{}",
                 p.display(),
                 if parts.len() > 1 {
-                    format!(" (part of the {}-part file {})", parts.len(), path.display())
+                    format!(
+                        " (part of the {}-part file {})",
+                        parts.len(),
+                        path.display()
+                    )
                 } else {
                     String::new()
                 }
@@ -364,10 +365,7 @@ pub fn pin(
     files: &[PathBuf],
     repin: bool,
 ) -> Result<Vec<String>> {
-    let lock_path = registry
-        .parent()
-        .unwrap_or(Path::new("."))
-        .join(LOCK_FILE);
+    let lock_path = registry.parent().unwrap_or(Path::new(".")).join(LOCK_FILE);
     // One writer at a time: processes planning the same new files pin once.
     let _guard = lock_guard(&lock_path)?;
     let mut lock = Lock::load(&lock_path)?;
@@ -466,7 +464,10 @@ mod tests {
 
     #[test]
     fn aliases_come_from_file_names() {
-        assert_eq!(alias_for(Path::new("/x/My Model.Q4_K_M.gguf")), "My-Model.Q4_K_M");
+        assert_eq!(
+            alias_for(Path::new("/x/My Model.Q4_K_M.gguf")),
+            "My-Model.Q4_K_M"
+        );
         assert_eq!(
             alias_for(Path::new("/x/big-q8_0-00001-of-00003.gguf")),
             "big-q8_0"
@@ -521,6 +522,9 @@ mod tests {
         let e = pin(&reg, &["a".to_string()], &files, false).unwrap_err();
         assert!(e.to_string().contains("already a model"), "{e}");
         let e = expand("out/*.bin", dir).unwrap_err().to_string();
-        assert!(e.contains("out/*.bin") && e.contains("matches no file"), "{e}");
+        assert!(
+            e.contains("out/*.bin") && e.contains("matches no file"),
+            "{e}"
+        );
     }
 }

@@ -450,7 +450,7 @@ fn ensure_locked(
                     path.display(),
                     pinned_in.display()
                 )
-            }))
+            }));
         }
         // A cache location that cannot be read is fetched or derived anew.
         Err(_) => true,

@@ -126,7 +126,9 @@ pub fn parse_case_with(
             let mut out = Vec::new();
             for m in head.models.get_ref() {
                 match resolve_models(file, m.get_ref()) {
-                    Ok(aliases) => out.extend(aliases.into_iter().map(|a| (a, diag.at(m.span().start)))),
+                    Ok(aliases) => {
+                        out.extend(aliases.into_iter().map(|a| (a, diag.at(m.span().start))))
+                    }
                     Err(e) => diag.push_at(m.span().start, format!("models: {e}")),
                 }
             }
@@ -140,7 +142,11 @@ pub fn parse_case_with(
             Ok(a) => {
                 diag.push_at(
                     r.span().start,
-                    format!("reference: `{}` names {} models; name one", r.get_ref(), a.len()),
+                    format!(
+                        "reference: `{}` names {} models; name one",
+                        r.get_ref(),
+                        a.len()
+                    ),
                 );
                 None
             }

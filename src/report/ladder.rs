@@ -243,13 +243,14 @@ fn cells(r: &Row) -> Vec<String> {
         (Some(x), Some(l), Some(h)) => format!("{x:+.d$} [{l:+.d$}, {h:+.d$}]"),
         (x, _, _) => num(x, d),
     };
-    let same_top = match (m("same_top"), m("same_top_wilson95_lo"), m("same_top_wilson95_hi")) {
-        (Some(x), Some(l), Some(h)) => format!(
-            "{:.2}% [{:.2}, {:.2}]",
-            x * 100.0,
-            l * 100.0,
-            h * 100.0
-        ),
+    let same_top = match (
+        m("same_top"),
+        m("same_top_wilson95_lo"),
+        m("same_top_wilson95_hi"),
+    ) {
+        (Some(x), Some(l), Some(h)) => {
+            format!("{:.2}% [{:.2}, {:.2}]", x * 100.0, l * 100.0, h * 100.0)
+        }
         (x, _, _) => num(x.map(|x| x * 100.0), 2),
     };
     let flips = r.top_flips.map_or("–".into(), |t| {
@@ -336,7 +337,10 @@ pub fn markdown(views: &[View]) -> String {
                 .join("|")
         );
         for r in &v.rows {
-            let c: Vec<String> = cells(r).into_iter().map(|c| c.replace('|', "\\|")).collect();
+            let c: Vec<String> = cells(r)
+                .into_iter()
+                .map(|c| c.replace('|', "\\|"))
+                .collect();
             let _ = writeln!(s, "| {} |", c.join(" | "));
         }
         s.push('\n');
@@ -431,7 +435,23 @@ struct Frame {
     w: f64,
     h: f64,
     logy: bool,
+    xticks: XTicks,
 }
+
+/// How the x axis is labelled.
+#[derive(Clone, Copy, PartialEq)]
+enum XTicks {
+    /// Five evenly spaced values.
+    Linear,
+    /// Whole numbers (window indices).
+    Integer,
+    /// None (categories, labelled by the plot).
+    None,
+}
+
+/// The smallest KL the distribution plot shows: a model scored against
+/// itself has KL ~1e-20 from rounding, which would squash the others.
+const KL_FLOOR: f64 = 1e-6;
 
 const ML: f64 = 70.0;
 const MR: f64 = 150.0;
@@ -449,7 +469,9 @@ impl Frame {
                 .collect();
             let (lo, hi) = v
                 .iter()
-                .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| (a.min(*x), b.max(*x)));
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| {
+                    (a.min(*x), b.max(*x))
+                });
             if !lo.is_finite() {
                 (0.0, 1.0)
             } else if hi - lo < 1e-12 {
@@ -465,6 +487,7 @@ impl Frame {
             w: 640.0,
             h: 320.0,
             logy,
+            xticks: XTicks::Linear,
         }
     }
     fn px(&self, x: f64) -> f64 {
@@ -498,21 +521,40 @@ impl Frame {
             self.w - ML - MR,
             self.h - MT - MB
         );
-        for i in 0..=4 {
-            let fx = self.x.0 + (self.x.1 - self.x.0) * i as f64 / 4.0;
-            let fy = self.y.0 + (self.y.1 - self.y.0) * i as f64 / 4.0;
-            let yv = if self.logy { 10f64.powf(fy) } else { fy };
-            let (x, y) = (self.px(fx), self.py(yv));
+        let xs: Vec<(f64, String)> = match self.xticks {
+            XTicks::Linear => (0..=4)
+                .map(|i| self.x.0 + (self.x.1 - self.x.0) * i as f64 / 4.0)
+                .map(|x| (x, tick(x)))
+                .collect(),
+            XTicks::Integer => {
+                let (a, b) = (self.x.0.ceil() as i64, self.x.1.floor() as i64);
+                let step = ((b - a) / 6).max(1) as usize;
+                (a..=b)
+                    .step_by(step)
+                    .map(|i| (i as f64, i.to_string()))
+                    .collect()
+            }
+            XTicks::None => Vec::new(),
+        };
+        for (fx, label) in xs {
+            let x = self.px(fx);
             let _ = write!(
                 s,
                 "<line x1=\"{x}\" y1=\"{b}\" x2=\"{x}\" y2=\"{b2}\" stroke=\"#999\"/>\
-                 <text x=\"{x}\" y=\"{ty}\" text-anchor=\"middle\">{fxl}</text>\
-                 <line x1=\"{ML}\" y1=\"{y}\" x2=\"{l2}\" y2=\"{y}\" stroke=\"#eee\"/>\
-                 <text x=\"{lx}\" y=\"{yy}\" text-anchor=\"end\">{yl}</text>",
+                 <text x=\"{x}\" y=\"{ty}\" text-anchor=\"middle\">{label}</text>",
                 b = self.h - MB,
                 b2 = self.h - MB + 4.0,
                 ty = self.h - MB + 16.0,
-                fxl = tick(fx),
+            );
+        }
+        for i in 0..=4 {
+            let fy = self.y.0 + (self.y.1 - self.y.0) * i as f64 / 4.0;
+            let yv = if self.logy { 10f64.powf(fy) } else { fy };
+            let y = self.py(yv);
+            let _ = write!(
+                s,
+                "<line x1=\"{ML}\" y1=\"{y}\" x2=\"{l2}\" y2=\"{y}\" stroke=\"#eee\"/>\
+                 <text x=\"{lx}\" y=\"{yy}\" text-anchor=\"end\">{yl}</text>",
                 l2 = self.w - MR,
                 lx = ML - 4.0,
                 yy = y + 4.0,
@@ -560,7 +602,12 @@ fn tick(v: f64) -> String {
 
 /// A metric against bits per weight, one point per model with its interval
 /// as an error bar: the size/quality frontier.
-fn pareto(v: &View, metric: &str, lo: &dyn Fn(&Row) -> Option<(f64, f64)>, label: &str) -> Option<String> {
+fn pareto(
+    v: &View,
+    metric: &str,
+    lo: &dyn Fn(&Row) -> Option<(f64, f64)>,
+    label: &str,
+) -> Option<String> {
     let pts: Vec<(usize, &Row, f64, f64)> = v
         .rows
         .iter()
@@ -630,13 +677,17 @@ fn per_window(v: &View) -> Option<String> {
     if series.is_empty() {
         return None;
     }
-    let n = series.iter().map(|s| s.1.delta_nll_per_window.len()).max()?;
+    let n = series
+        .iter()
+        .map(|s| s.1.delta_nll_per_window.len())
+        .max()?;
     let ys: Vec<f64> = series
         .iter()
         .flat_map(|s| s.1.delta_nll_per_window.iter().copied())
         .chain([0.0])
         .collect();
-    let f = Frame::new(&[0.0, (n.max(2) - 1) as f64], &ys, false);
+    let mut f = Frame::new(&[0.0, (n.max(2) - 1) as f64], &ys, false);
+    f.xticks = XTicks::Integer;
     let mut s = f.open("ΔNLL per window", "window", "ΔNLL (nats/token)");
     for (i, r) in &series {
         let c = PALETTE[i % PALETTE.len()];
@@ -662,7 +713,14 @@ fn per_window(v: &View) -> Option<String> {
 /// marks at p99.9 and the maximum; log scale.
 fn kl_distribution(v: &View) -> Option<String> {
     const Q: [&str; 9] = [
-        "kld_p01", "kld_p05", "kld_p10", "kld_median", "kld_p90", "kld_p95", "kld_p99", "kld_p999",
+        "kld_p01",
+        "kld_p05",
+        "kld_p10",
+        "kld_median",
+        "kld_p90",
+        "kld_p95",
+        "kld_p99",
+        "kld_p999",
         "kld_max",
     ];
     let rows: Vec<(usize, &Row, Vec<f64>)> = v
@@ -670,7 +728,10 @@ fn kl_distribution(v: &View) -> Option<String> {
         .iter()
         .enumerate()
         .filter_map(|(i, r)| {
-            let q: Option<Vec<f64>> = Q.iter().map(|k| r.metrics.get(*k).copied()).collect();
+            let q: Option<Vec<f64>> = Q
+                .iter()
+                .map(|k| r.metrics.get(*k).map(|v| v.max(KL_FLOOR)))
+                .collect();
             Some((i, r, q?))
         })
         .collect();
@@ -680,9 +741,10 @@ fn kl_distribution(v: &View) -> Option<String> {
     let ys: Vec<f64> = rows.iter().flat_map(|r| r.2.iter().copied()).collect();
     let mut f = Frame::new(&[-0.5, rows.len() as f64 - 0.5], &ys, true);
     f.x = (-0.5, rows.len() as f64 - 0.5);
+    f.xticks = XTicks::None;
     let mut s = f.open(
-        "KL divergence per position (p01 … max)",
-        "model",
+        "KL divergence per position (p01 … max; below 1e-6 drawn at 1e-6)",
+        "",
         "KL (nats), log scale",
     );
     for (slot, (i, r, q)) in rows.iter().enumerate() {
@@ -694,7 +756,7 @@ fn kl_distribution(v: &View) -> Option<String> {
              <rect class=\"box\" x=\"{:.1}\" y=\"{:.1}\" width=\"24\" height=\"{:.1}\" fill=\"{c}\" fill-opacity=\"0.35\" stroke=\"{c}\"/>\
              <line x1=\"{:.1}\" y1=\"{m:.1}\" x2=\"{:.1}\" y2=\"{m:.1}\" stroke=\"{c}\" stroke-width=\"2\"/>\
              <circle cx=\"{x:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{c}\"/><circle cx=\"{x:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"none\" stroke=\"{c}\"/>\
-             <text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
+             <text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\" font-size=\"10\">{}</text>",
             f.py(q[0]),
             f.py(q[6]),
             x - 12.0,
@@ -704,7 +766,7 @@ fn kl_distribution(v: &View) -> Option<String> {
             x + 12.0,
             f.py(q[7]),
             f.py(q[8]),
-            f.h - MB + 30.0,
+            f.h - MB + 14.0 + 11.0 * (slot % 2) as f64,
             esc(&r.model),
             m = f.py(q[3]),
         );
@@ -726,7 +788,14 @@ pub fn html(views: &[View], outcomes: &[Outcome]) -> String {
          <h1>Quant ladder report</h1>\n",
     );
     for v in views {
-        let _ = writeln!(s, "<h2>{}</h2>\n<table><tr>{}</tr>", esc(&title(v)), HEAD.iter().map(|h| format!("<th>{}</th>", esc(h))).collect::<String>());
+        let _ = writeln!(
+            s,
+            "<h2>{}</h2>\n<table><tr>{}</tr>",
+            esc(&title(v)),
+            HEAD.iter()
+                .map(|h| format!("<th>{}</th>", esc(h)))
+                .collect::<String>()
+        );
         for r in &v.rows {
             let class = match r.status {
                 Status::Pass => "pass",
@@ -895,7 +964,10 @@ mod tests {
         assert_eq!(t.wilson, crate::measure::kld::wilson95(4, 40));
         let md = markdown(&vs);
         let q8 = md.lines().find(|l| l.starts_with("| q8 ")).unwrap();
-        assert!(q8.contains("10.0000 ± 0.1000") && q8.contains("| – |"), "{q8}");
+        assert!(
+            q8.contains("10.0000 ± 0.1000") && q8.contains("| – |"),
+            "{q8}"
+        );
         let q2 = md.lines().find(|l| l.starts_with("| q2 ")).unwrap();
         assert!(q2.contains("**FAIL** ppl/x: delta_nll_mean"), "{q2}");
         assert!(q2.contains("4/40 = 10.00%"), "{q2}");
