@@ -27,17 +27,8 @@ struct Cli {
 enum Command {
     /// Run cases (all by default) and print a table. Exit 0: all pass; 1: a case failed; 2: unusable input.
     Run {
-        /// Case files, directories or globs (relative to the suites directory).
-        patterns: Vec<String>,
-        /// Only these model aliases; or GGUF files (paths, globs, a split
-        /// file by its first part), pinned in `<suites>/models.lock`, which
-        /// every selected case then runs on instead of its own models.
-        #[arg(long = "model")]
-        models: Vec<String>,
-        /// The reference (an alias or a GGUF file) of every selected case
-        /// that names one, instead of its own.
-        #[arg(long)]
-        reference: Option<String>,
+        #[command(flatten)]
+        select: Select,
         /// Write one JSON object per case × model to FILE.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -116,11 +107,9 @@ enum Command {
     /// files of `quantgate run`, else from the result cache (the newest
     /// result of each selected case × model, e.g. after `cargo test`).
     Report {
-        /// Case files, directories or globs (with the result cache).
-        patterns: Vec<String>,
-        /// Only these model aliases (with the result cache).
-        #[arg(long = "model")]
-        models: Vec<String>,
+        /// Which cases and models (with the result cache), as `run` selects them.
+        #[command(flatten)]
+        select: Select,
         /// `--json` files of `quantgate run` to report on.
         #[arg(long)]
         json: Vec<PathBuf>,
@@ -142,6 +131,22 @@ enum Command {
         #[arg(long)]
         limit: Option<usize>,
     },
+}
+
+/// Which cases run on which models.
+#[derive(clap::Args)]
+struct Select {
+    /// Case files, directories or globs (relative to the suites directory).
+    patterns: Vec<String>,
+    /// Only these model aliases; or GGUF files (paths, globs, a split
+    /// file by its first part), pinned in `<suites>/models.lock`, which
+    /// every selected case then runs on instead of its own models.
+    #[arg(long = "model")]
+    models: Vec<String>,
+    /// The reference (an alias or a GGUF file) of every selected case
+    /// that names one, instead of its own.
+    #[arg(long)]
+    reference: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -301,9 +306,7 @@ fn main() -> ExitCode {
     quantgate::models::clean_stale_temps();
     match cli.command {
         Command::Run {
-            patterns,
-            models,
-            reference,
+            select,
             json,
             out,
             timings,
@@ -317,6 +320,11 @@ fn main() -> ExitCode {
             flash_attn,
             report: report_dir,
         } => {
+            let Select {
+                patterns,
+                models,
+                reference,
+            } = select;
             if let Err(e) = engine_options(&n_gpu_layers, &kv_type, &flash_attn) {
                 return fail(&e);
             }
@@ -565,12 +573,12 @@ fn main() -> ExitCode {
                 }
             }
         },
-        Command::Report {
-            patterns,
-            models,
-            json,
-            out,
-        } => {
+        Command::Report { select, json, out } => {
+            let Select {
+                patterns,
+                models,
+                reference,
+            } = select;
             let label = quantgate::engine::Engine::build(&LlamaEngine::new()).label();
             let outcomes: Result<Vec<quantgate::core::Outcome>, Error> = if !json.is_empty() {
                 json.iter().try_fold(Vec::new(), |mut all, f| {
@@ -587,7 +595,9 @@ fn main() -> ExitCode {
                     Ok(all)
                 })
             } else {
-                quantgate::plan::plan(&cli.suites, &patterns, &models).and_then(|(reg, planned)| {
+                overrides(&cli.suites, &models, reference.as_deref())
+                    .and_then(|o| quantgate::plan::plan_with(&cli.suites, &patterns, &models, &o))
+                    .and_then(|(reg, planned)| {
                     let runner =
                         RunContext::new(reg, Arc::new(LlamaEngine::new()), threads_per_trial(1));
                     let mut found = Vec::new();

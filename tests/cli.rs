@@ -447,23 +447,7 @@ fn prereg_verify_and_report_on_the_suite() {
 #[test]
 fn the_suites_binary_tests_the_checkout_it_runs_in() {
     let suites_bin = suites_bin();
-    let other = std::env::temp_dir().join(format!("qg-cli-checkout-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&other);
-    let suites = other.join("suites");
-    std::fs::create_dir_all(suites.join("ppl")).unwrap();
-    std::fs::copy(
-        repo().join("suites/models.toml"),
-        suites.join("models.toml"),
-    )
-    .unwrap();
-    std::fs::write(
-        suites.join("ppl/only_in_this_checkout.toml"),
-        format!(
-            "kind = \"perplexity\"\nmodels = [\"smollm2-q8_0\"]\n[text]\npath = \"t.txt\"\nsha256 = \"{WIKI_SHA}\"\n\
-             [window]\nmode = \"llama-perplexity\"\nn_ctx = 64\nchunks = 1\n"
-        ),
-    )
-    .unwrap();
+    let other = other_checkout("checkout", "only_in_this_checkout", 1);
     let out = Command::new(&suites_bin)
         .args(["--list", "--format", "terse"])
         .env("CARGO_MANIFEST_DIR", &other)
@@ -482,6 +466,34 @@ fn the_suites_binary_tests_the_checkout_it_runs_in() {
     );
     assert!(!stdout.contains("ppl/delta_nll"), "{stdout}");
     let _ = std::fs::remove_dir_all(&other);
+}
+
+/// Another checkout in a temp dir: the registry, the corpus as `ppl/t.txt`,
+/// and one case `ppl/NAME` on Q8_0 (n_ctx 64, `chunks` windows).
+fn other_checkout(tag: &str, name: &str, chunks: usize) -> PathBuf {
+    let other = std::env::temp_dir().join(format!("qg-cli-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&other);
+    let suites = other.join("suites");
+    std::fs::create_dir_all(suites.join("ppl")).unwrap();
+    std::fs::copy(
+        repo().join("suites/models.toml"),
+        suites.join("models.toml"),
+    )
+    .unwrap();
+    std::fs::copy(
+        repo().join("suites/data/wikitext-2-test.txt"),
+        suites.join("ppl/t.txt"),
+    )
+    .unwrap();
+    std::fs::write(
+        suites.join(format!("ppl/{name}.toml")),
+        format!(
+            "kind = \"perplexity\"\nmodels = [\"smollm2-q8_0\"]\n[text]\npath = \"t.txt\"\nsha256 = \"{WIKI_SHA}\"\n\
+             [window]\nmode = \"llama-perplexity\"\nn_ctx = 64\nchunks = {chunks}\n"
+        ),
+    )
+    .unwrap();
+    other
 }
 
 /// The `suites` test binary built with this one: the newest beside it.
@@ -512,28 +524,7 @@ fn suites_bin() -> PathBuf {
 #[test]
 fn a_golden_recorded_with_other_engine_settings_is_another_experiment() {
     let bin = suites_bin();
-    let other = std::env::temp_dir().join(format!("qg-cli-fa-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&other);
-    let suites = other.join("suites");
-    std::fs::create_dir_all(suites.join("ppl")).unwrap();
-    std::fs::copy(
-        repo().join("suites/models.toml"),
-        suites.join("models.toml"),
-    )
-    .unwrap();
-    std::fs::copy(
-        repo().join("suites/data/wikitext-2-test.txt"),
-        suites.join("ppl/t.txt"),
-    )
-    .unwrap();
-    std::fs::write(
-        suites.join("ppl/fa.toml"),
-        format!(
-            "kind = \"perplexity\"\nmodels = [\"smollm2-q8_0\"]\n[text]\npath = \"t.txt\"\nsha256 = \"{WIKI_SHA}\"\n\
-             [window]\nmode = \"llama-perplexity\"\nn_ctx = 64\nchunks = 2\n"
-        ),
-    )
-    .unwrap();
+    let other = other_checkout("fa", "fa", 2);
     let run = |env: &[(&str, &str)]| {
         let mut c = Command::new(&bin);
         c.args(["--exact", "ppl/fa::smollm2-q8_0", "--test-threads", "1"])
@@ -837,26 +828,21 @@ fn a_folder_of_own_ggufs_is_gated_and_reported_in_one_command() {
     assert_eq!(parts.len(), 3);
     let wiki = repo().join("suites/data/wikitext-2-test.txt");
     let window = "[window]\nmode = \"llama-perplexity\"\nn_ctx = 256\nchunks = 3\n";
-    std::fs::write(
-        suites.join("release/ppl.toml"),
-        format!(
-            "kind = \"perplexity\"\nmodels = [\"smollm2-q8_0\"]\nreference = \"smollm2-f16\"\n\
-             [text]\npath = \"{}\"\nsha256 = \"{WIKI_SHA}\"\n{window}\
-             [[gate]]\nmetric = \"delta_nll_mean\"\nmax = 0.05\n",
-            wiki.display()
-        ),
-    )
-    .unwrap();
-    std::fs::write(
-        suites.join("release/kld.toml"),
-        format!(
-            "kind = \"kld\"\nmodels = [\"smollm2-q8_0\"]\nreference = \"smollm2-f16\"\n\
-             [text]\npath = \"{}\"\nsha256 = \"{WIKI_SHA}\"\n{window}\
-             [[gate]]\nmetric = \"kld_mean\"\nmax = 0.1\n",
-            wiki.display()
-        ),
-    )
-    .unwrap();
+    for (name, kind, gate) in [
+        ("ppl", "perplexity", "delta_nll_mean\"\nmax = 0.05"),
+        ("kld", "kld", "kld_mean\"\nmax = 0.1"),
+    ] {
+        std::fs::write(
+            suites.join(format!("release/{name}.toml")),
+            format!(
+                "kind = \"{kind}\"\nmodels = [\"smollm2-q8_0\"]\nreference = \"smollm2-f16\"\n\
+                 [text]\npath = \"{}\"\nsha256 = \"{WIKI_SHA}\"\n{window}\
+                 [[gate]]\nmetric = \"{gate}\n",
+                wiki.display()
+            ),
+        )
+        .unwrap();
+    }
     let glob = format!("{}/*.gguf", mine.display());
     let reference = mine.join("acme-135m-F16.gguf").display().to_string();
     let json = root.join("out.json");
@@ -1104,4 +1090,61 @@ fn the_html_report_renders_its_plots_in_chromium() {
     }
     assert!(white < total * 95 / 100, "the page is almost blank");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A case can name local files itself (`models = ["path:…"]`, relative to
+/// the case file, globs allowed): they are pinned beside the registry on
+/// the first plan, listed by `quantgate models`, and a pattern that matches
+/// nothing is an error at the case's line and column.
+#[test]
+fn a_case_names_local_files_by_path() {
+    let root = std::env::temp_dir().join(format!("qg-cli-pathcase-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let suites = root.join("suites");
+    std::fs::create_dir_all(suites.join("ppl")).unwrap();
+    std::fs::create_dir_all(root.join("mine")).unwrap();
+    std::fs::write(suites.join("models.toml"), "").unwrap();
+    std::fs::copy(fixture_path(), root.join("mine/tiny q4_1.gguf")).unwrap();
+    std::fs::copy(
+        repo().join("suites/data/wikitext-2-test.txt"),
+        suites.join("ppl/wiki.txt"),
+    )
+    .unwrap();
+    std::fs::write(
+        suites.join("ppl/mine.toml"),
+        case(64, "").replace(
+            "models = [\"tiny\"]",
+            "models = [\"path:../../mine/*.gguf\"]",
+        ),
+    )
+    .unwrap();
+    let (code, stdout, stderr) = run(&suites, &[]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stdout.contains("ppl/mine::tiny-q4_1"), "{stdout}");
+    let lock = quantgate::models::local::Lock::load(&suites.join("models.lock")).unwrap();
+    assert_eq!(
+        lock.entries["tiny-q4_1"].sha256,
+        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+    );
+    let (code, stdout, _) = quantgate(&suites, &["models"]);
+    assert_eq!(code, 0);
+    assert!(
+        stdout.contains("tiny-q4_1") && stdout.contains("pinned in models.lock"),
+        "{stdout}"
+    );
+    std::fs::write(
+        suites.join("ppl/mine.toml"),
+        case(64, "").replace(
+            "models = [\"tiny\"]",
+            "models = [\"path:../../mine/*.bin\"]",
+        ),
+    )
+    .unwrap();
+    let (code, stdout, stderr) = run(&suites, &[]);
+    assert_eq!(code, 2, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("suites/ppl/mine.toml:2:11: models:") && stdout.contains("matches no file"),
+        "{stdout}"
+    );
+    let _ = std::fs::remove_dir_all(&root);
 }

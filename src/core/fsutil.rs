@@ -45,6 +45,22 @@ pub fn sha256_file(path: &Path, mut progress: impl FnMut(u64)) -> Result<(String
     Ok((hex(&hasher.finalize()), total))
 }
 
+/// An exclusive `flock` on `path` (created, never truncated; its directory
+/// created), held until the file is dropped or the process dies, so never stale.
+pub fn lock_file(path: &Path) -> Result<File> {
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    }
+    let f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    f.lock().map_err(|e| Error::io(path, e))?;
+    Ok(f)
+}
+
 /// The mark in the name of every temp file quantgate writes, and only those.
 pub const TEMP_MARK: &str = ".quantgate-tmp-";
 

@@ -7,6 +7,7 @@ pub mod error;
 pub mod fsutil;
 pub mod outcome;
 pub mod parse;
+pub mod progress;
 pub mod settings;
 
 pub use case::{Case, Gate, Location, Metric, MetricType, Pin, Tolerance};

@@ -196,10 +196,17 @@ pub fn observe(obs: &Observation, consumers: &mut [&mut dyn Consumer]) -> Observ
     };
     let threads = obs.settings.threads.max(1) as usize;
     let mut reduce = Duration::ZERO;
+    let bar = crate::core::progress::bar(
+        obs.windows.len() as u64,
+        &format!("decode {}", obs.model.info().file.alias),
+        "windows",
+    );
     let engine = {
         let done = &mut done;
+        let bar = &bar;
         obs.model
             .score_passes(&obs.settings, &obs.windows, &mut |w, rows| {
+                bar.set_position(w as u64 + 1);
                 let live: Vec<usize> = (0..n).filter(|&i| done.errors[i].is_none()).collect();
                 if live.is_empty() {
                     // Nobody is listening any more: stop decoding.
@@ -238,6 +245,7 @@ pub fn observe(obs: &Observation, consumers: &mut [&mut dyn Consumer]) -> Observ
                 Ok(())
             })
     };
+    bar.finish_and_clear();
     done.reduce = reduce;
     match engine {
         Ok(t) => done.decode = t.decode,

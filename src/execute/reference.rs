@@ -224,20 +224,10 @@ impl ReferenceStore {
     /// dies, so never stale): held while a product is built, so that
     /// concurrent processes and threads build it once.
     pub fn lock(&self, id: &str) -> Result<std::fs::File> {
-        let dir = self.dir.join("locks");
-        std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-        let path = dir.join(format!(
+        crate::core::fsutil::lock_file(&self.dir.join("locks").join(format!(
             "{}.lock",
             crate::core::fsutil::sha256_bytes(id.as_bytes())
-        ));
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(|e| Error::io(&path, e))?;
-        f.lock().map_err(|e| Error::io(&path, e))?;
-        Ok(f)
+        )))
     }
 
     /// Reference rows from the `.qgref` cache file of `header`, or built by

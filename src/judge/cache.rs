@@ -110,41 +110,6 @@ fn read_entry(path: &std::path::Path) -> Option<Outcome> {
     serde_json::from_slice(&bytes).ok()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::core::Status;
-
-    /// Every single-byte edit of an entry makes it unusable, never a
-    /// different outcome.
-    #[test]
-    fn an_edited_entry_is_never_read_back() {
-        let dir = std::env::temp_dir().join(format!("qg-result-entry-{}", std::process::id()));
-        let path = dir.join("e.qgresult");
-        let build = crate::engine::Engine::build(&crate::engine::fake::FakeEngine::new());
-        let mut o = Outcome::new("ppl/x", "m", build);
-        o.status = Status::Pass;
-        o.metrics.insert("ppl".into(), 31.25);
-        o.metrics.insert("windows".into(), 16.0);
-        let json = serde_json::to_vec(&o).unwrap();
-        crate::core::fsutil::write_sealed(&path, json).unwrap();
-        let good = std::fs::read(&path).unwrap();
-        let back = read_entry(&path).unwrap();
-        assert_eq!(back.metrics, o.metrics);
-        let mut rng = crate::measure::SplitMix64(7);
-        for _ in 0..300 {
-            let mut bad = good.clone();
-            let at = rng.below(bad.len() as u64) as usize;
-            bad[at] ^= 1 << rng.below(8);
-            std::fs::write(&path, &bad).unwrap();
-            assert!(read_entry(&path).is_none(), "byte {at} edited, still read");
-        }
-        std::fs::write(&path, &good[..good.len() - 1]).unwrap();
-        assert!(read_entry(&path).is_none());
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-}
-
 /// The newest recorded outcome of a planned trial by any build of
 /// quantgate (`quantgate report` after `cargo test`: the test binary's
 /// entries), judged by the case's gates: an entry of the same case bytes,
@@ -192,4 +157,39 @@ pub fn latest(runner: &RunContext, p: &Planned) -> Option<Outcome> {
         crate::core::Status::Fail
     };
     Some(o)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::Status;
+
+    /// Every single-byte edit of an entry makes it unusable, never a
+    /// different outcome.
+    #[test]
+    fn an_edited_entry_is_never_read_back() {
+        let dir = std::env::temp_dir().join(format!("qg-result-entry-{}", std::process::id()));
+        let path = dir.join("e.qgresult");
+        let build = crate::engine::Engine::build(&crate::engine::fake::FakeEngine::new());
+        let mut o = Outcome::new("ppl/x", "m", build);
+        o.status = Status::Pass;
+        o.metrics.insert("ppl".into(), 31.25);
+        o.metrics.insert("windows".into(), 16.0);
+        let json = serde_json::to_vec(&o).unwrap();
+        crate::core::fsutil::write_sealed(&path, json).unwrap();
+        let good = std::fs::read(&path).unwrap();
+        let back = read_entry(&path).unwrap();
+        assert_eq!(back.metrics, o.metrics);
+        let mut rng = crate::measure::SplitMix64(7);
+        for _ in 0..300 {
+            let mut bad = good.clone();
+            let at = rng.below(bad.len() as u64) as usize;
+            bad[at] ^= 1 << rng.below(8);
+            std::fs::write(&path, &bad).unwrap();
+            assert!(read_entry(&path).is_none(), "byte {at} edited, still read");
+        }
+        std::fs::write(&path, &good[..good.len() - 1]).unwrap();
+        assert!(read_entry(&path).is_none());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

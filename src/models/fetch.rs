@@ -132,14 +132,7 @@ pub(super) fn derive(
     fsutil::commit(tmp, dest)
 }
 
-/// A progress bar on stderr for `len` bytes.
-pub(super) fn bar(len: u64, msg: &str) -> ProgressBar {
-    let bar = ProgressBar::with_draw_target(Some(len), indicatif::ProgressDrawTarget::stderr());
-    bar.set_style(
-        ProgressStyle::with_template("{msg:>24} [{bar:30}] {bytes}/{total_bytes} {eta}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
-    bar.set_message(msg.to_string());
-    bar
+/// A byte-counting bar.
+pub(super) fn bar(len: u64, msg: &str) -> indicatif::ProgressBar {
+    crate::core::progress::bar(len, msg, "bytes")
 }

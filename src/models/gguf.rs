@@ -536,6 +536,20 @@ pub fn gguf_parts(path: &Path) -> Vec<std::path::PathBuf> {
         .collect()
 }
 
+/// ` (part of the N-part file PATH)` for a part of a split file, else nothing:
+/// what a message about one of `parts` adds.
+pub fn part_of(parts: &[std::path::PathBuf], path: &Path) -> String {
+    if parts.len() > 1 {
+        format!(
+            " (part of the {}-part file {})",
+            parts.len(),
+            path.display()
+        )
+    } else {
+        String::new()
+    }
+}
+
 /// Sum of a GGUF's bytes, all parts of a split file (`-00001-of-00003.gguf`)
 /// added up; a missing part is an error.
 pub fn gguf_total_bytes(path: &Path) -> Result<u64> {

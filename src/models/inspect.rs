@@ -197,15 +197,7 @@ pub fn inspect(path: &Path, fingerprint: bool) -> Result<Inspection> {
                 Error::input(format!(
                     "{}: {e}{}",
                     p.display(),
-                    if parts.len() > 1 {
-                        format!(
-                            " (part of the {}-part file {})",
-                            parts.len(),
-                            path.display()
-                        )
-                    } else {
-                        String::new()
-                    }
+                    crate::models::gguf::part_of(&parts, path)
                 ))
             })?
             .len();

@@ -309,15 +309,7 @@ pub fn measure(path: &Path) -> Result<Pinned> {
             Error::input(format!(
                 "{}: {e}{}",
                 p.display(),
-                if parts.len() > 1 {
-                    format!(
-                        " (part of the {}-part file {})",
-                        parts.len(),
-                        path.display()
-                    )
-                } else {
-                    String::new()
-                }
+                crate::models::gguf::part_of(&parts, path)
             ))
         })?;
         let mut part = Sha256::new();
@@ -438,24 +430,14 @@ pub fn pin(
 /// An exclusive `flock` for writers of the lock at `lock_path`, in the cache
 /// (never beside the user's suites), released when dropped.
 fn lock_guard(lock_path: &Path) -> Result<std::fs::File> {
-    let dir = crate::models::cache_dir().join("locks");
-    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
     let canon = lock_path
         .parent()
         .and_then(|p| p.canonicalize().ok())
         .unwrap_or_else(|| lock_path.to_path_buf());
-    let path = dir.join(format!(
+    fsutil::lock_file(&crate::models::cache_dir().join("locks").join(format!(
         "models-lock-{}.lock",
         &fsutil::sha256_bytes(canon.to_string_lossy().as_bytes())[..16]
-    ));
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(|e| Error::io(&path, e))?;
-    f.lock().map_err(|e| Error::io(&path, e))?;
-    Ok(f)
+    )))
 }
 
 #[cfg(test)]
