@@ -43,13 +43,20 @@ pub struct Case {
 }
 
 impl Case {
-    /// The tolerance for `metric`.
+    /// The tolerance for `metric`: the case's for it, else the case's
+    /// default, else [`Tolerance::MEASUREMENT`] for a measurement and
+    /// [`Tolerance::DEFAULT`] for the rest.
     pub fn tolerance(&self, metric: &str) -> Tolerance {
+        let measured = self.metric_type(metric) == Some(MetricType::Measurement);
         self.tolerances
             .get(metric)
-            .or_else(|| self.tolerances.get("default"))
+            .or_else(|| self.tolerances.get("default").filter(|_| !measured))
             .copied()
-            .unwrap_or(Tolerance::DEFAULT)
+            .unwrap_or(if measured {
+                Tolerance::MEASUREMENT
+            } else {
+                Tolerance::DEFAULT
+            })
     }
 
     /// The names of the metrics this case produces.
@@ -70,6 +77,10 @@ pub enum MetricType {
     Count,
     /// A float: compared within the case's tolerance.
     Float,
+    /// A measurement of the machine (speed): compared within a wide
+    /// tolerance ([`Tolerance::MEASUREMENT`] unless the case sets one);
+    /// gates carry the decision.
+    Measurement,
 }
 
 /// A metric a kind produces.
@@ -189,6 +200,13 @@ impl Tolerance {
     pub const DEFAULT: Tolerance = Tolerance {
         atol: 1e-9,
         rtol: 1e-6,
+    };
+
+    /// Measurements of a shared machine (tokens per second, their ratios):
+    /// within a factor of two of the golden counts as the same.
+    pub const MEASUREMENT: Tolerance = Tolerance {
+        atol: 0.0,
+        rtol: 1.0,
     };
 }
 

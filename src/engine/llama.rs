@@ -448,6 +448,76 @@ impl LoadedModel for Loaded {
         &self.info
     }
 
+    fn bench(
+        &self,
+        settings: &Settings,
+        test: super::BenchTest,
+        reps: usize,
+        warmup: bool,
+        seed: u64,
+    ) -> Result<Vec<std::time::Duration>> {
+        let mut ctx = self.context(settings)?;
+        let n_vocab = self.info.n_vocab as u64;
+        let mut state = seed;
+        // SplitMix64: the ids do not matter to the speed, only their count.
+        let mut next = move || {
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            LlamaToken(((z ^ (z >> 31)) % n_vocab) as i32)
+        };
+        let bos = self.info.add_bos.then_some(LlamaToken(self.info.bos));
+        let n_batch = settings.n_batch as usize;
+        let mut run = |ctx: &mut LlamaContext<'_>, test: super::BenchTest| -> Result<()> {
+            let fail = |e: &dyn std::fmt::Display| self.err(format!("llama_decode (speed test): {e}"));
+            match test {
+                super::BenchTest::Prompt(n) => {
+                    let mut done = 0;
+                    while done < n {
+                        let k = (n - done).min(n_batch);
+                        let tokens: Vec<LlamaToken> = (0..k)
+                            .map(|i| match bos {
+                                Some(b) if done == 0 && i == 0 => b,
+                                _ => next(),
+                            })
+                            .collect();
+                        let mut batch = LlamaBatch::get_one(&tokens).map_err(|e| fail(&e))?;
+                        ctx.decode(&mut batch).map_err(|e| fail(&e))?;
+                        done += k;
+                    }
+                    ctx.synchronize();
+                }
+                super::BenchTest::Generate(n) => {
+                    let mut token = bos.unwrap_or_else(&mut next);
+                    for _ in 0..n {
+                        let one = [token];
+                        let mut batch = LlamaBatch::get_one(&one).map_err(|e| fail(&e))?;
+                        ctx.decode(&mut batch).map_err(|e| fail(&e))?;
+                        ctx.synchronize();
+                        token = next();
+                    }
+                }
+            }
+            Ok(())
+        };
+        if warmup {
+            ctx.clear_kv_cache();
+            match test {
+                super::BenchTest::Prompt(_) => run(&mut ctx, test)?,
+                super::BenchTest::Generate(_) => run(&mut ctx, super::BenchTest::Generate(1))?,
+            }
+        }
+        let mut times = Vec::with_capacity(reps);
+        for _ in 0..reps {
+            ctx.clear_kv_cache();
+            let t = Instant::now();
+            run(&mut ctx, test)?;
+            times.push(t.elapsed());
+        }
+        Ok(times)
+    }
+
     fn tokenize(&self, text: &str, bos: BosPolicy) -> Result<Vec<Token>> {
         Ok(self.tokens(text, bos, false))
     }

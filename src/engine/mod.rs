@@ -129,6 +129,15 @@ pub type RowSink<'a> = dyn FnMut(usize, usize, &[f32]) -> Result<()> + 'a;
 /// order) → keep going or error. The rows stay valid for the call only.
 pub type PassSink<'a> = dyn FnMut(usize, &[(usize, &[f32])]) -> Result<()> + 'a;
 
+/// A speed test as llama-bench runs one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BenchTest {
+    /// `pp`: this many prompt tokens, decoded in batches of `n_batch`.
+    Prompt(usize),
+    /// `tg`: this many tokens, one `llama_decode` each.
+    Generate(usize),
+}
+
 /// A loaded model.
 pub trait LoadedModel: Send + Sync {
     /// Facts about the model.
@@ -162,6 +171,23 @@ pub trait LoadedModel: Send + Sync {
             }
             Ok(())
         })
+    }
+    /// Time `reps` repetitions of `test` on one context, as llama-bench does:
+    /// a warm-up run first (`warmup`: the prompt, or one generated token),
+    /// memory cleared before each repetition, token ids drawn at random
+    /// (seeded by `seed`; BOS first when the model adds one). Wall time of
+    /// each repetition, in order.
+    fn bench(
+        &self,
+        _settings: &Settings,
+        _test: BenchTest,
+        _reps: usize,
+        _warmup: bool,
+        _seed: u64,
+    ) -> Result<Vec<Duration>> {
+        Err(crate::core::Error::engine(
+            "this engine cannot measure speed".to_string(),
+        ))
     }
     /// Greedy generation (argmax of raw logits, lowest id on ties) of up to
     /// `max_new` tokens after `prompt`; stops early at end-of-generation or

@@ -25,7 +25,11 @@ pub fn enabled() -> bool {
 /// trial has no key (an unpinned model).
 fn entry(runner: &RunContext, p: &Planned) -> Option<PathBuf> {
     static EXE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    let case = &p.case.as_ref().ok()?.case;
+    let parsed = p.case.as_ref().ok()?;
+    if !parsed.kind.cacheable() {
+        return None;
+    }
+    let case = &parsed.case;
     let exe = EXE
         .get_or_init(|| {
             let exe = std::env::current_exe().ok()?;

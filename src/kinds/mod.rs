@@ -89,6 +89,12 @@ pub trait Kind: Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// Whether a result may be kept in and taken from the result cache
+    /// (not a measurement of the machine's speed).
+    fn cacheable(&self) -> bool {
+        true
+    }
+
     /// Start the case on model `alias`: everything before the decode (load,
     /// tokenize, the reference from the store), recorded in `out`. A kind
     /// without an observation runs completely here ([`Start::Done`]).
@@ -157,7 +163,7 @@ macro_rules! kinds {
     };
 }
 
-kinds!(perplexity, kld, recite, teacher_forcing);
+kinds!(perplexity, kld, recite, teacher_forcing, speed);
 
 /// The names of every kind, for messages.
 pub fn names() -> Vec<&'static str> {

@@ -1,0 +1,290 @@
+//! `kind = "speed"`: prompt processing (`pp`, n tokens in batches of
+//! n_batch) and token generation (`tg`, n tokens one `llama_decode` each)
+//! in tokens per second, as llama-bench measures them (a warm-up run,
+//! memory cleared before each repetition, t/s mean ± sd over repetitions),
+//! with the file's bytes and bits per weight beside them.
+//!
+//! Contract: with a reference model, the candidate and the reference are
+//! measured apart in `rounds`, in rotated order (the candidate first in even
+//! rounds, the reference first in odd ones), and each round gives a ratio
+//! candidate / reference of mean t/s; noise a shared machine adds to a
+//! round cancels in its ratio. The ratio's interval is a Student-t interval
+//! over rounds of ln(ratio). Speed metrics are measurements (goldens compare
+//! them within a wide tolerance) and a speed result is never taken from the
+//! result cache: gates on the ratios carry the decision.
+
+use crate::core::case::{Metric, MetricType};
+use crate::core::error::Result;
+use crate::core::parse::{case_table, parse_toml, Diagnostics};
+use crate::core::{Case, Outcome, Settings};
+use crate::engine::{BenchTest, LoadedModel};
+use crate::execute::RunContext;
+use crate::kinds::{Kind, Start};
+use crate::measure::t_interval95;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use toml::Spanned;
+
+/// A `kind = "speed"` case.
+#[derive(Debug, Clone)]
+pub struct Speed {
+    /// Prompt tokens of the `pp` test (0: none).
+    pub pp: usize,
+    /// Generated tokens of the `tg` test (0: none).
+    pub tg: usize,
+    /// Repetitions per model per round.
+    pub repetitions: usize,
+    /// Rounds (each measures the candidate and the reference once).
+    pub rounds: usize,
+    /// Logical and physical batch of `pp`.
+    pub n_batch: u32,
+    /// A warm-up run before each measurement.
+    pub warmup: bool,
+    /// The reference model, for ratios.
+    pub reference: Option<(String, crate::core::Location)>,
+}
+
+case_table! {
+    struct SpeedFile {
+        pp: Option<Spanned<usize>>,
+        tg: Option<Spanned<usize>>,
+        repetitions: Option<Spanned<usize>>,
+        rounds: Option<Spanned<usize>>,
+        n_batch: Option<Spanned<u32>>,
+        warmup: Option<bool>,
+    }
+}
+
+/// Parse the kind's keys.
+pub fn parse(case: &Case, src: &str, diag: &mut Diagnostics) -> Result<Arc<dyn Kind>> {
+    let f: SpeedFile = parse_toml(diag.path(), src)?;
+    let get = |v: &Option<Spanned<usize>>, d: usize| v.as_ref().map_or(d, |x| *x.get_ref());
+    let k = Speed {
+        pp: get(&f.pp, 512),
+        tg: get(&f.tg, 128),
+        repetitions: get(&f.repetitions, 5),
+        rounds: get(&f.rounds, 3),
+        n_batch: f.n_batch.as_ref().map_or(512, |n| *n.get_ref()),
+        warmup: f.warmup.unwrap_or(true),
+        reference: case.reference.clone(),
+    };
+    if k.pp == 0 && k.tg == 0 {
+        diag.push_at(0, "pp, tg: at least one of them must be ≥ 1");
+    }
+    for (v, key, min) in [
+        (&f.repetitions, "repetitions", 2),
+        (&f.rounds, "rounds", 1),
+    ] {
+        if let Some(v) = v.as_ref().filter(|v| *v.get_ref() < min) {
+            diag.push_at(
+                v.span().start,
+                format!("{key}: {} must be ≥ {min}", v.get_ref()),
+            );
+        }
+    }
+    if k.reference.is_some() && k.rounds < 2 {
+        diag.push_at(
+            f.rounds.as_ref().map_or(0, |r| r.span().start),
+            "rounds: a ratio to the reference needs ≥ 2 rounds for its interval",
+        );
+    }
+    if let Some(n) = f.n_batch.as_ref().filter(|n| *n.get_ref() == 0) {
+        diag.push_at(n.span().start, "n_batch: must be ≥ 1");
+    }
+    Ok(Arc::new(k))
+}
+
+/// The tests of a case: (name, test).
+fn tests(k: &Speed) -> Vec<(&'static str, BenchTest, usize)> {
+    let mut t = Vec::new();
+    if k.pp > 0 {
+        t.push(("pp", BenchTest::Prompt(k.pp), k.pp));
+    }
+    if k.tg > 0 {
+        t.push(("tg", BenchTest::Generate(k.tg), k.tg));
+    }
+    t
+}
+
+/// Mean and sample standard deviation (0 for one value).
+pub fn mean_sd(xs: &[f64]) -> (f64, f64) {
+    let n = xs.len() as f64;
+    let mean = xs.iter().sum::<f64>() / n;
+    if xs.len() < 2 {
+        return (mean, 0.0);
+    }
+    let var = xs.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (n - 1.0);
+    (mean, var.sqrt())
+}
+
+/// Tokens per second of each repetition.
+pub fn tps(tokens: usize, times: &[Duration]) -> Vec<f64> {
+    times
+        .iter()
+        .map(|t| tokens as f64 / t.as_secs_f64())
+        .collect()
+}
+
+/// The ratio of per-round means (candidate / reference): its geometric mean
+/// over rounds and the Student-t 95% interval of ln(ratio), exponentiated.
+pub fn round_ratio(cand: &[Vec<f64>], reference: &[Vec<f64>]) -> (f64, f64, f64) {
+    let logs: Vec<f64> = cand
+        .iter()
+        .zip(reference)
+        .map(|(c, r)| (mean_sd(c).0 / mean_sd(r).0).ln())
+        .collect();
+    let (m, lo, hi) = t_interval95(&logs);
+    (m.exp(), lo.exp(), hi.exp())
+}
+
+impl Speed {
+    fn settings(&self, model: &dyn LoadedModel, threads: u32) -> Settings {
+        let need = (self.pp.max(self.tg + 1)).next_multiple_of(256) as u32;
+        let mut s = Settings::new(need.min(model.info().n_ctx_train.max(256)), threads);
+        s.n_batch = self.n_batch.min(s.n_ctx);
+        s
+    }
+}
+
+impl Kind for Speed {
+    fn metrics(&self) -> Vec<Metric> {
+        let m = |n: String, ty| Metric { name: n, ty };
+        let mut out = vec![
+            Metric::count("model_bytes"),
+            Metric::float("model_bpw"),
+            Metric::count("repetitions"),
+            Metric::count("rounds"),
+        ];
+        for (name, _, _) in tests(self) {
+            out.push(Metric::count(format!("{name}_tokens")));
+            for s in ["tps_mean", "tps_sd"] {
+                out.push(m(format!("{name}_{s}"), MetricType::Measurement));
+            }
+            if self.reference.is_some() {
+                for s in [
+                    "ref_tps_mean",
+                    "ratio_vs_ref",
+                    "ratio_vs_ref_ci95_lo",
+                    "ratio_vs_ref_ci95_hi",
+                ] {
+                    out.push(m(format!("{name}_{s}"), MetricType::Measurement));
+                }
+            }
+        }
+        out
+    }
+
+    fn headline(&self) -> Vec<&'static str> {
+        vec![
+            "pp_tps_mean",
+            "pp_tps_sd",
+            "tg_tps_mean",
+            "tg_tps_sd",
+            "pp_ratio_vs_ref",
+            "tg_ratio_vs_ref",
+            "model_bytes",
+            "model_bpw",
+        ]
+    }
+
+    fn cacheable(&self) -> bool {
+        false
+    }
+
+    /// Measured whole here: the candidate (and the reference) in rounds.
+    fn start(&self, cx: &RunContext, case: &Case, alias: &str, out: &mut Outcome) -> Result<Start> {
+        let t = Instant::now();
+        let (verified, model) = cx.load(alias)?;
+        let reference = match &self.reference {
+            Some((r, at)) => Some(
+                cx.load(r)
+                    .map_err(|e| e.context(format!("{at}: reference")))?
+                    .1,
+            ),
+            None => None,
+        };
+        out.timings.prepare = t.elapsed();
+        out.model_sha256 = Some(verified.file.sha256.clone());
+        let settings = self.settings(&*model, cx.threads);
+        out.settings = Some(settings.clone());
+        let m = &mut out.metrics;
+        m.insert("model_bytes".into(), verified.bytes as f64);
+        let tensor_bytes = verified
+            .header
+            .types
+            .values()
+            .try_fold(0u64, |a, t| t.bytes.map(|b| a + b));
+        if let Some(b) = tensor_bytes.filter(|_| verified.header.n_params > 0) {
+            m.insert(
+                "model_bpw".into(),
+                b as f64 * 8.0 / verified.header.n_params as f64,
+            );
+        }
+        m.insert("repetitions".into(), self.repetitions as f64);
+        m.insert("rounds".into(), self.rounds as f64);
+        let t = Instant::now();
+        for (name, test, tokens) in tests(self) {
+            let (mut cand, mut refr): (Vec<Vec<f64>>, Vec<Vec<f64>>) = (Vec::new(), Vec::new());
+            for round in 0..self.rounds {
+                let seed = round as u64;
+                let measure = |who: &dyn LoadedModel| -> Result<Vec<f64>> {
+                    let s = self.settings(who, cx.threads);
+                    who.bench(&s, test, self.repetitions, self.warmup, seed)
+                        .map(|t| tps(tokens, &t))
+                        .map_err(|e| e.context(case.path.display()))
+                };
+                match &reference {
+                    Some(r) if round % 2 == 1 => {
+                        refr.push(measure(&**r)?);
+                        cand.push(measure(&*model)?);
+                    }
+                    Some(r) => {
+                        cand.push(measure(&*model)?);
+                        refr.push(measure(&**r)?);
+                    }
+                    None => cand.push(measure(&*model)?),
+                }
+            }
+            let all: Vec<f64> = cand.iter().flatten().copied().collect();
+            let (mean, sd) = mean_sd(&all);
+            m.insert(format!("{name}_tokens"), tokens as f64);
+            m.insert(format!("{name}_tps_mean"), mean);
+            m.insert(format!("{name}_tps_sd"), sd);
+            if reference.is_some() {
+                let rall: Vec<f64> = refr.iter().flatten().copied().collect();
+                let (r, lo, hi) = round_ratio(&cand, &refr);
+                m.insert(format!("{name}_ref_tps_mean"), mean_sd(&rall).0);
+                m.insert(format!("{name}_ratio_vs_ref"), r);
+                m.insert(format!("{name}_ratio_vs_ref_ci95_lo"), lo);
+                m.insert(format!("{name}_ratio_vs_ref_ci95_hi"), hi);
+            }
+        }
+        out.timings.decode = t.elapsed();
+        Ok(Start::Done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// t/s per repetition, llama-bench's mean ± sd (Bessel's correction),
+    /// and the per-round ratio's geometric mean with its interval, against
+    /// hand-computed values.
+    #[test]
+    fn speed_statistics_by_hand() {
+        let t = tps(100, &[Duration::from_millis(500), Duration::from_millis(250)]);
+        assert_eq!(t, vec![200.0, 400.0]);
+        let (m, sd) = mean_sd(&t);
+        assert_eq!(m, 300.0);
+        assert!((sd - 141.421_356_237_309_5).abs() < 1e-9);
+        let cand = vec![vec![90.0, 110.0], vec![45.0, 55.0]];
+        let refr = vec![vec![200.0], vec![100.0]];
+        let (r, lo, hi) = round_ratio(&cand, &refr);
+        // Both rounds have ratio 0.5: noise of the round cancels.
+        assert!((r - 0.5).abs() < 1e-12 && (lo - 0.5).abs() < 1e-12 && (hi - 0.5).abs() < 1e-12);
+        let (r, lo, hi) = round_ratio(&[vec![1.0], vec![4.0]], &[vec![1.0], vec![1.0]]);
+        assert!((r - 2.0).abs() < 1e-12, "geometric mean of 1 and 4");
+        assert!(lo < 1.0 && hi > 4.0);
+    }
+}
