@@ -6,8 +6,12 @@
 # The crate ships llama.cpp's library and common/ sources but not tools/, so the
 # tool's two files (perplexity.cpp, main.cpp) come from the llama-cpp-python sdist
 # on PyPI (pinned version and sha256); nothing of them is kept in this repository.
+# With the argument `bench`, builds llama.cpp's `llama-bench` instead (its
+# llama-bench.cpp from the same sdist), in the same build tree.
 # Prints the binary's path on stdout. Idempotent: a finished build is reused.
 set -euo pipefail
+tool=${1:-perplexity}
+case "$tool" in perplexity|bench) ;; *) echo "usage: $0 [perplexity|bench]" >&2; exit 2;; esac
 here=$(cd "$(dirname "$0")/.." && pwd)
 LCP_VERSION=0.3.36
 LCP_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
@@ -25,11 +29,11 @@ src=$(find_src) || { (cd "$here" && cargo fetch -q >&2); src=$(find_src); } \
   || { echo "llama-cpp-sys-2 $sys_version sources not found" >&2; exit 2; }
 
 out=${QUANTGATE_LLAMA_BUILD_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/quantgate/llama-perplexity-$sys_version}
-bin="$out/build/llama-perplexity"
+bin="$out/build/llama-$tool"
 if [ -x "$bin" ]; then echo "$bin"; exit 0; fi
 mkdir -p "$out"
 
-if [ ! -f "$out/perplexity.cpp" ]; then
+if [ ! -f "$out/perplexity.cpp" ] || { [ "$tool" = bench ] && [ ! -f "$out/llama-bench.cpp" ]; }; then
   tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
   echo "fetching llama-cpp-python==$LCP_VERSION (sdist) for tools/perplexity" >&2
   # pip prepares an sdist's metadata with its build backend; give it one.
@@ -40,10 +44,19 @@ if [ ! -f "$out/perplexity.cpp" ]; then
   sdist="$tmp/llama_cpp_python-$LCP_VERSION.tar.gz"
   echo "$LCP_SHA256  $sdist" | sha256sum -c --quiet - >&2
   member="llama_cpp_python-$LCP_VERSION/vendor/llama.cpp/tools/perplexity"
-  tar -xzf "$sdist" -C "$tmp" "$member/perplexity.cpp" "$member/main.cpp"
-  cp "$tmp/$member/main.cpp" "$out/main.cpp"
-  cp "$tmp/$member/perplexity.cpp" "$out/perplexity.cpp"
+  bench="llama_cpp_python-$LCP_VERSION/vendor/llama.cpp/tools/llama-bench"
+  tar -xzf "$sdist" -C "$tmp" "$member/perplexity.cpp" "$member/main.cpp" "$bench/llama-bench.cpp"
+  # A finished llama-perplexity keeps its sources (the same bytes anyway).
+  [ -f "$out/perplexity.cpp" ] || cp "$tmp/$member/perplexity.cpp" "$out/perplexity.cpp"
+  [ -f "$out/main.cpp" ] || cp "$tmp/$member/main.cpp" "$out/main.cpp"
+  cp "$tmp/$bench/llama-bench.cpp" "$out/llama-bench.cpp"
 fi
+
+# The vendored llama-bench.cpp defines llama_bench(), not main().
+cat > "$out/bench-main.cpp" <<'MAIN'
+int llama_bench(int argc, char ** argv);
+int main(int argc, char ** argv) { return llama_bench(argc, argv); }
+MAIN
 
 cat > "$out/CMakeLists.txt" <<CMAKE
 cmake_minimum_required(VERSION 3.14)
@@ -56,8 +69,13 @@ add_subdirectory("$src" llama.cpp)
 add_executable(llama-perplexity main.cpp perplexity.cpp)
 target_link_libraries(llama-perplexity PRIVATE llama-common llama)
 target_compile_features(llama-perplexity PRIVATE cxx_std_17)
+if(EXISTS "\${CMAKE_CURRENT_SOURCE_DIR}/llama-bench.cpp")
+  add_executable(llama-bench bench-main.cpp llama-bench.cpp)
+  target_link_libraries(llama-bench PRIVATE llama-common llama)
+  target_compile_features(llama-bench PRIVATE cxx_std_17)
+endif()
 CMAKE
-echo "building llama-perplexity against $src (a few minutes)" >&2
+echo "building llama-$tool against $src (a few minutes)" >&2
 cmake -S "$out" -B "$out/build" -DCMAKE_BUILD_TYPE=Release >&2
-cmake --build "$out/build" --target llama-perplexity -j "$(nproc)" >&2
+cmake --build "$out/build" --target "llama-$tool" -j "$(nproc)" >&2
 echo "$bin"

@@ -450,3 +450,78 @@ fn kld_equals_llama_perplexity_kl_divergence() {
     );
     assert!((exact["same_top"] - tool_same).abs() <= 2.0 / 1020.0);
 }
+
+/// `--multiple-choice` on the pinned computed task file: quantgate's kind
+/// scores it as llama-perplexity does, so every task's verdict (the tool's
+/// running accuracy, printed per task, gives each task right or wrong) and
+/// the final accuracy equal the tool's, on F16 and Q4_K_M; and a task file
+/// written by `computed_tasks` is byte for byte the pinned one.
+#[test]
+fn multiple_choice_equals_llama_perplexity() {
+    use quantgate::kinds::multiple_choice::{
+        choice, computed_tasks, read_binary, score, write_binary,
+    };
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let file = repo().join("suites/data/mc-computed.bin");
+    let bytes = std::fs::read(&file).unwrap();
+    assert_eq!(
+        write_binary(&computed_tasks(64, 2026)),
+        bytes,
+        "the pinned task file is the generated one"
+    );
+    let tasks = read_binary(&bytes, 0, "mc-computed.bin").unwrap();
+    let tool = common::llama_perplexity_tool();
+    let (engine, verified) = models(&["smollm2-f16", "smollm2-q4_k_m"]);
+    for v in &verified {
+        let log = run_tool(
+            &tool,
+            &v.file.path,
+            &file,
+            &["--multiple-choice", "-c", "512", "-t", "2", "-fa", "off"],
+        );
+        // `task\tacc_norm` lines: the running accuracy × 100 after each task.
+        let running: Vec<f64> = log
+            .lines()
+            .skip_while(|l| !l.starts_with("task\tacc_norm"))
+            .skip(1)
+            .map_while(|l| {
+                let (n, acc) = l.split_once('\t')?;
+                n.trim().parse::<usize>().ok()?;
+                acc.trim().parse::<f64>().ok()
+            })
+            .collect();
+        assert_eq!(running.len(), tasks.len(), "{log}");
+        let model = engine.load(&v.file).unwrap();
+        let mut settings = quantgate::core::Settings::new(2048, 2);
+        settings.n_batch = 2048;
+        settings.n_ubatch = 512;
+        settings.n_seq = 4;
+        let scores = score(&*model, &settings, &tasks, "mc-computed.bin").unwrap();
+        let mut correct = 0;
+        for (i, ((_, t), s)) in tasks.iter().zip(&scores).enumerate() {
+            let right = t.labels[choice(s)] == 1;
+            correct += usize::from(right);
+            let ours = 100.0 * correct as f64 / (i + 1) as f64;
+            assert!(
+                (ours - running[i]).abs() < 5e-7,
+                "{}: task {i}: ours {ours:.8} (right: {right}), the tool's {:.8}",
+                v.file.alias,
+                running[i]
+            );
+        }
+        let final_line = log.lines().find(|l| l.contains("Final result:")).unwrap();
+        let printed: f64 = final_line
+            .split("Final result:")
+            .nth(1)
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(
+            (printed - 100.0 * correct as f64 / tasks.len() as f64).abs() < 5e-5,
+            "{final_line}"
+        );
+    }
+}

@@ -202,11 +202,12 @@ impl Tolerance {
         rtol: 1e-6,
     };
 
-    /// Measurements of a shared machine (tokens per second, their ratios):
-    /// within a factor of two of the golden counts as the same.
+    /// Measurements of a machine (tokens per second, their ratios), which
+    /// another machine or a busy one changes: anything from 0 to 10× the
+    /// golden counts as the same; gates carry the decision.
     pub const MEASUREMENT: Tolerance = Tolerance {
         atol: 0.0,
-        rtol: 1.0,
+        rtol: 9.0,
     };
 }
 

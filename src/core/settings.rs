@@ -151,6 +151,17 @@ pub struct Settings {
     /// value use the same kernels and agree bitwise.
     #[serde(default)]
     pub min_rows: u32,
+    /// Physical batch when it differs from `n_batch` (0: equal).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub n_ubatch: u32,
+    /// Sequences of one context (more than 1: a unified KV cache holding
+    /// several sequences, as llama-perplexity's multiple-choice scoring has).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub n_seq: u32,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
 }
 
 impl Settings {
@@ -166,16 +177,23 @@ impl Settings {
             kv_type: o.kv_type.clone(),
             n_gpu_layers: o.n_gpu_layers,
             min_rows: 0,
+            n_ubatch: 0,
+            n_seq: 0,
         }
     }
 
     /// The settings line of golden headers and cache keys.
     pub fn describe(&self) -> String {
         format!(
-            "n_ctx={} n_batch={} n_ubatch={} flash_attn={} kv={}{}{}",
+            "n_ctx={} n_batch={} n_ubatch={}{} flash_attn={} kv={}{}{}",
             self.n_ctx,
             self.n_batch,
-            self.n_batch,
+            self.physical_batch(),
+            if self.n_seq > 1 {
+                format!(" n_seq={} kv_unified", self.n_seq)
+            } else {
+                String::new()
+            },
             if self.flash_attn { "on" } else { "off" },
             self.kv_type,
             self.n_gpu_layers
@@ -187,6 +205,15 @@ impl Settings {
                 String::new()
             }
         )
+    }
+
+    /// The physical batch (`n_ubatch`).
+    pub fn physical_batch(&self) -> u32 {
+        if self.n_ubatch == 0 {
+            self.n_batch
+        } else {
+            self.n_ubatch
+        }
     }
 
     /// The same settings without padding (token-at-a-time passes).

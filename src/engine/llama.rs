@@ -258,8 +258,9 @@ impl Loaded {
         let params = LlamaContextParams::default()
             .with_n_ctx(NonZeroU32::new(settings.n_ctx))
             .with_n_batch(settings.n_batch)
-            .with_n_ubatch(settings.n_batch)
-            .with_n_seq_max(1)
+            .with_n_ubatch(settings.physical_batch())
+            .with_n_seq_max(settings.n_seq.max(1))
+            .with_kv_unified(settings.n_seq > 1)
             .with_n_threads(settings.threads as i32)
             .with_n_threads_batch(settings.threads as i32)
             .with_flash_attention_policy(if settings.flash_attn {
@@ -448,6 +449,53 @@ impl LoadedModel for Loaded {
         &self.info
     }
 
+    fn decode_batches(
+        &self,
+        settings: &Settings,
+        batches: &[Vec<super::SeqToken>],
+        sink: &mut super::BatchSink<'_>,
+    ) -> Result<EngineTimings> {
+        let t0 = Instant::now();
+        let mut callback = std::time::Duration::ZERO;
+        let mut ctx = self.context(settings)?;
+        let n_batch = settings.n_batch as usize;
+        let mut batch = LlamaBatch::new(n_batch, settings.n_seq.max(1) as i32);
+        for (b, tokens) in batches.iter().enumerate() {
+            if tokens.len() > settings.n_ctx as usize {
+                return Err(self.err(format!(
+                    "batch {b} holds {} tokens, more than n_ctx {}",
+                    tokens.len(),
+                    settings.n_ctx
+                )));
+            }
+            ctx.clear_kv_cache();
+            let mut rows: Vec<Vec<f32>> = Vec::new();
+            for chunk in tokens.chunks(n_batch) {
+                batch.clear();
+                for t in chunk {
+                    batch
+                        .add(LlamaToken(t.id), t.pos as i32, &t.seqs, t.output)
+                        .map_err(|e| self.err(format!("batch {b}: {e}")))?;
+                }
+                ctx.decode(&mut batch)
+                    .map_err(|e| self.err(format!("llama_decode of batch {b}: {e}")))?;
+                for (i, t) in chunk.iter().enumerate() {
+                    if t.output {
+                        rows.push(self.row(&ctx, i as i32, t.pos)?.to_vec());
+                    }
+                }
+            }
+            let t = Instant::now();
+            let refs: Vec<&[f32]> = rows.iter().map(Vec::as_slice).collect();
+            sink(b, &refs)?;
+            callback += t.elapsed();
+        }
+        Ok(EngineTimings {
+            decode: t0.elapsed() - callback,
+            callback,
+        })
+    }
+
     fn bench(
         &self,
         settings: &Settings,
@@ -470,7 +518,8 @@ impl LoadedModel for Loaded {
         let bos = self.info.add_bos.then_some(LlamaToken(self.info.bos));
         let n_batch = settings.n_batch as usize;
         let mut run = |ctx: &mut LlamaContext<'_>, test: super::BenchTest| -> Result<()> {
-            let fail = |e: &dyn std::fmt::Display| self.err(format!("llama_decode (speed test): {e}"));
+            let fail =
+                |e: &dyn std::fmt::Display| self.err(format!("llama_decode (speed test): {e}"));
             match test {
                 super::BenchTest::Prompt(n) => {
                     let mut done = 0;

@@ -138,6 +138,22 @@ pub enum BenchTest {
     Generate(usize),
 }
 
+/// One token of a batch that holds several sequences.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeqToken {
+    /// The token.
+    pub id: TokenId,
+    /// Its position.
+    pub pos: usize,
+    /// The sequences it belongs to (a shared prefix belongs to several).
+    pub seqs: Vec<i32>,
+    /// Whether its logits are wanted.
+    pub output: bool,
+}
+
+/// Rows of one batch's output tokens, in batch order.
+pub type BatchSink<'a> = dyn FnMut(usize, &[&[f32]]) -> Result<()> + 'a;
+
 /// A loaded model.
 pub trait LoadedModel: Send + Sync {
     /// Facts about the model.
@@ -171,6 +187,19 @@ pub trait LoadedModel: Send + Sync {
             }
             Ok(())
         })
+    }
+    /// Decode each batch on cleared memory, in `llama_decode` calls of at
+    /// most `settings.n_batch` tokens (as llama-perplexity's multiple-choice
+    /// scoring does); hand over the rows of its output tokens, in order.
+    fn decode_batches(
+        &self,
+        _settings: &Settings,
+        _batches: &[Vec<SeqToken>],
+        _sink: &mut BatchSink<'_>,
+    ) -> Result<EngineTimings> {
+        Err(crate::core::Error::engine(
+            "this engine cannot decode several sequences at once".to_string(),
+        ))
     }
     /// Time `reps` repetitions of `test` on one context, as llama-bench does:
     /// a warm-up run first (`warmup`: the prompt, or one generated token),

@@ -163,7 +163,14 @@ macro_rules! kinds {
     };
 }
 
-kinds!(perplexity, kld, recite, teacher_forcing, speed);
+kinds!(
+    perplexity,
+    kld,
+    recite,
+    teacher_forcing,
+    speed,
+    multiple_choice
+);
 
 /// The names of every kind, for messages.
 pub fn names() -> Vec<&'static str> {

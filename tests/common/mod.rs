@@ -151,13 +151,21 @@ pub fn exact_log_softmax(row: &[f32]) -> Vec<f64> {
 /// The `llama-perplexity` binary `scripts/build-llama-perplexity.sh` builds
 /// (once; later calls print its path) from the pinned llama.cpp sources.
 pub fn llama_perplexity_tool() -> String {
+    llama_tool("perplexity")
+}
+
+/// `llama-perplexity` (`perplexity`) or `llama-bench` (`bench`), built by
+/// `scripts/build-llama-perplexity.sh [TOOL]`.
+#[allow(dead_code)]
+pub fn llama_tool(tool: &str) -> String {
     let out = std::process::Command::new("bash")
         .arg(quantgate::harness::project_root().join("scripts/build-llama-perplexity.sh"))
+        .arg(tool)
         .output()
         .expect("run scripts/build-llama-perplexity.sh");
     assert!(
         out.status.success(),
-        "building llama-perplexity failed:\n{}",
+        "building llama-{tool} failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).unwrap().trim().to_string()

@@ -1,0 +1,789 @@
+//! `kind = "multiple_choice"`: tasks of a question and its choices, scored
+//! exactly as `llama-perplexity --multiple-choice` scores its binary task
+//! file (ARC, MMLU, TruthfulQA as llama.cpp ships them): each choice is
+//! tokenized as `question + " " + choice` (BOS as the model adds it), the
+//! tokens all choices share are decoded once for all of them as one
+//! sequence prefix, and a choice's score is the mean log-probability of its
+//! tokens after that prefix; the highest score is the answer.
+//!
+//! Contract: the same batches as the tool (as many tasks as fit in
+//! 4 × n_ctx tokens and 4 sequences, a unified KV cache), the same float
+//! arithmetic, so accuracy and every task's choice equal the tool's on the
+//! same file (`tests/llama_perplexity.rs`). With a reference model: answer
+//! agreement, flips right → wrong and wrong → right with McNemar's exact
+//! test, and changed answers binned by the reference's margin. A task that
+//! cannot be scored (no question, fewer than 2 choices, no correct choice,
+//! longer than the context) is an error naming the file and task, never a
+//! task counted as wrong.
+
+use crate::core::case::{Metric, Pin};
+use crate::core::error::{Error, Result};
+use crate::core::outcome::{Column, Table};
+use crate::core::parse::{case_table, parse_toml, Diagnostics};
+use crate::core::{Case, Outcome, Settings};
+use crate::engine::{BosPolicy, LoadedModel, SeqToken, TokenId};
+use crate::execute::RunContext;
+use crate::kinds::scored_text::PinnedFile;
+use crate::kinds::{Kind, Start};
+use crate::measure::kld::wilson95;
+use std::sync::Arc;
+use std::time::Instant;
+use toml::Spanned;
+
+/// One task: the question, its choices, which are correct (1).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Task {
+    /// The question (or context to continue).
+    pub question: String,
+    /// The choices.
+    pub choices: Vec<String>,
+    /// 1 for a correct choice, else 0.
+    pub labels: Vec<i32>,
+}
+
+/// The sequences of one decode that llama-perplexity allows: `-np 4`.
+pub const N_SEQ: usize = 4;
+
+/// A `kind = "multiple_choice"` case.
+#[derive(Debug, Clone)]
+pub struct MultipleChoice {
+    /// The binary task file (`--multiple-choice` format).
+    pub file: Pin,
+    /// How many tasks (0: all), chosen as the tool chooses them.
+    pub tasks: usize,
+    /// The tool's `-c`: the context holds `N_SEQ` times this.
+    pub n_ctx: u32,
+    /// Upper edges of the reference-margin bins, increasing in (0, 1).
+    pub margin_bins: Vec<f64>,
+    /// A reference model.
+    pub reference: Option<(String, crate::core::Location)>,
+}
+
+case_table! {
+    struct McFile {
+        tasks_file: Spanned<PinnedFile>,
+        tasks: Option<usize>,
+        n_ctx: Option<Spanned<u32>>,
+        margin_bins: Option<Spanned<Vec<f64>>>,
+    }
+}
+
+/// Parse the kind's keys.
+pub fn parse(case: &Case, src: &str, diag: &mut Diagnostics) -> Result<Arc<dyn Kind>> {
+    let f: McFile = parse_toml(diag.path(), src)?;
+    let file = f.tasks_file.get_ref().pin("tasks_file", case, diag);
+    let n_ctx = f.n_ctx.as_ref().map_or(512, |n| *n.get_ref());
+    if let Some(n) = f.n_ctx.as_ref().filter(|n| *n.get_ref() < 8) {
+        diag.push_at(n.span().start, "n_ctx: must be ≥ 8");
+    }
+    let margin_bins = f
+        .margin_bins
+        .as_ref()
+        .map_or(vec![0.1, 0.3, 0.6], |b| b.get_ref().clone());
+    let ok = margin_bins.iter().all(|x| *x > 0.0 && *x < 1.0)
+        && margin_bins.windows(2).all(|w| w[0] < w[1]);
+    if !ok {
+        diag.push_at(
+            f.margin_bins.as_ref().map_or(0, |b| b.span().start),
+            format!("margin_bins: {margin_bins:?} must be increasing numbers strictly between 0 and 1"),
+        );
+    }
+    Ok(Arc::new(MultipleChoice {
+        file,
+        tasks: f.tasks.unwrap_or(0),
+        n_ctx,
+        margin_bins,
+        reference: case.reference.clone(),
+    }))
+}
+
+/// Read llama-perplexity's binary multiple-choice file: `u32` task count,
+/// `u32` byte offset of each task, then per task the question (`u32`
+/// length + bytes) and two answer sets (`u32` count ≤ 100, the strings,
+/// `i32` labels); only the first set is scored. Tasks in file order, or
+/// `tasks` of them drawn as the tool draws them (mt19937 seeded 1).
+pub fn read_binary(bytes: &[u8], tasks: usize, shown: &str) -> Result<Vec<(usize, Task)>> {
+    let bad = |what: String| Error::input(format!("{shown}: {what}"));
+    let u32_at = |at: usize, what: &str| -> Result<u32> {
+        bytes
+            .get(at..at + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .ok_or_else(|| bad(format!("{what} at byte {at}: the file ends at byte {}", bytes.len())))
+    };
+    let n_task = u32_at(0, "task count")? as usize;
+    if n_task == 0 {
+        return Err(bad("no tasks (task count 0)".into()));
+    }
+    if 4 + 4 * n_task > bytes.len() {
+        return Err(bad(format!(
+            "{n_task} tasks claimed, but {} bytes cannot hold their offsets (not a --multiple-choice file?)",
+            bytes.len()
+        )));
+    }
+    let offsets: Vec<usize> = (0..n_task)
+        .map(|i| u32_at(4 + 4 * i, "task offset").map(|o| o as usize))
+        .collect::<Result<_>>()?;
+    let read_task = |i: usize, mut at: usize| -> Result<(Task, usize)> {
+        let ctx = |w: &str| format!("task {i}: {w}");
+        let string = |at: &mut usize, w: &str| -> Result<String> {
+            let n = u32_at(*at, &ctx(w))? as usize;
+            let s = bytes
+                .get(*at + 4..*at + 4 + n)
+                .ok_or_else(|| bad(format!("{} of {n} bytes at byte {}: the file ends first", ctx(w), *at)))?;
+            *at += 4 + n;
+            String::from_utf8(s.to_vec())
+                .map_err(|_| bad(format!("{} at byte {}: not UTF-8", ctx(w), *at - n)))
+        };
+        let question = string(&mut at, "question")?;
+        let mut sets = Vec::new();
+        for set in ["mc1", "mc2"] {
+            let n = u32_at(at, &ctx(&format!("{set} answer count")))? as usize;
+            if n > 100 {
+                return Err(bad(ctx(&format!("{set} has {n} answers, more than the tool's 100"))));
+            }
+            at += 4;
+            let answers: Vec<String> = (0..n)
+                .map(|j| string(&mut at, &format!("{set} answer {j}")))
+                .collect::<Result<_>>()?;
+            let labels: Vec<i32> = (0..n)
+                .map(|j| u32_at(at + 4 * j, &ctx(&format!("{set} label {j}"))).map(|v| v as i32))
+                .collect::<Result<_>>()?;
+            at += 4 * n;
+            sets.push((answers, labels));
+        }
+        let (choices, labels) = sets.swap_remove(0);
+        Ok((
+            Task {
+                question,
+                choices,
+                labels,
+            },
+            at,
+        ))
+    };
+    let order: Vec<usize> = if tasks == 0 || tasks >= n_task {
+        (0..n_task).collect()
+    } else {
+        tool_selection(n_task, tasks)
+    };
+    let mut out = Vec::new();
+    if order.len() == n_task {
+        // All tasks: read one after another from the end of the offsets, as the tool does.
+        let mut at = 4 + 4 * n_task;
+        for i in 0..n_task {
+            let (t, next) = read_task(i, at)?;
+            out.push((i, t));
+            at = next;
+        }
+    } else {
+        for i in order {
+            out.push((i, read_task(i, offsets[i])?.0));
+        }
+    }
+    for (i, t) in &out {
+        let why = if t.question.is_empty() {
+            Some("an empty question".to_string())
+        } else if t.choices.len() < 2 {
+            Some(format!("{} choice(s); a task needs at least 2", t.choices.len()))
+        } else if let Some(j) = t.choices.iter().position(String::is_empty) {
+            Some(format!("choice {j} is empty"))
+        } else if !t.labels.contains(&1) {
+            Some("no choice is labelled correct (1)".to_string())
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(bad(format!("task {i}: {why}")));
+        }
+    }
+    Ok(out)
+}
+
+/// The tasks llama-perplexity draws for `--multiple-choice-tasks k` out of
+/// `n`: mt19937 seeded 1, `j = (int)(scale · rng() · left)` in float, swap
+/// with the last.
+pub fn tool_selection(n: usize, k: usize) -> Vec<usize> {
+    let mut rng = Mt19937::new(1);
+    let mut aux: Vec<usize> = (0..n).collect();
+    let scale = 1.0f32 / (1.0f32 + u32::MAX as f32);
+    (0..k)
+        .map(|_| {
+            let j = (scale * rng.next() as f32 * aux.len() as f32) as usize;
+            let idx = aux[j];
+            let last = aux.len() - 1;
+            aux[j] = aux[last];
+            aux.pop();
+            idx
+        })
+        .collect()
+}
+
+/// The 32-bit Mersenne Twister (`std::mt19937`).
+pub struct Mt19937 {
+    mt: [u32; 624],
+    i: usize,
+}
+
+impl Mt19937 {
+    /// Seeded as `std::mt19937(seed)`.
+    pub fn new(seed: u32) -> Self {
+        let mut mt = [0u32; 624];
+        mt[0] = seed;
+        for i in 1..624 {
+            mt[i] = 1_812_433_253u32
+                .wrapping_mul(mt[i - 1] ^ (mt[i - 1] >> 30))
+                .wrapping_add(i as u32);
+        }
+        Mt19937 { mt, i: 624 }
+    }
+
+    /// The next output.
+    #[allow(clippy::should_implement_trait)]
+    pub fn next(&mut self) -> u32 {
+        if self.i >= 624 {
+            for k in 0..624 {
+                let y = (self.mt[k] & 0x8000_0000) | (self.mt[(k + 1) % 624] & 0x7fff_ffff);
+                let mut v = self.mt[(k + 397) % 624] ^ (y >> 1);
+                if y & 1 != 0 {
+                    v ^= 0x9908_b0df;
+                }
+                self.mt[k] = v;
+            }
+            self.i = 0;
+        }
+        let mut y = self.mt[self.i];
+        self.i += 1;
+        y ^= y >> 11;
+        y ^= (y << 7) & 0x9d2c_5680;
+        y ^= (y << 15) & 0xefc6_0000;
+        y ^ (y >> 18)
+    }
+}
+
+/// Write tasks in the binary format [`read_binary`] reads (and
+/// llama-perplexity's `--multiple-choice`), with an empty second answer set.
+pub fn write_binary(tasks: &[Task]) -> Vec<u8> {
+    let mut body: Vec<Vec<u8>> = Vec::new();
+    for t in tasks {
+        let mut b = Vec::new();
+        let s = |b: &mut Vec<u8>, x: &str| {
+            b.extend((x.len() as u32).to_le_bytes());
+            b.extend(x.as_bytes());
+        };
+        s(&mut b, &t.question);
+        b.extend((t.choices.len() as u32).to_le_bytes());
+        for c in &t.choices {
+            s(&mut b, c);
+        }
+        for l in &t.labels {
+            b.extend(l.to_le_bytes());
+        }
+        b.extend(0u32.to_le_bytes());
+        body.push(b);
+    }
+    let mut out = Vec::new();
+    out.extend((tasks.len() as u32).to_le_bytes());
+    let mut at = 4 + 4 * tasks.len();
+    for b in &body {
+        out.extend((at as u32).to_le_bytes());
+        at += b.len();
+    }
+    for b in body {
+        out.extend(b);
+    }
+    out
+}
+
+/// `n` computed tasks with one verifiable answer each — sums and products,
+/// decimal digits of π, unit conversions — with 2 to 4 choices (distractors
+/// near the answer), the correct one at a seeded position: the task file
+/// `suites/mc/` pins (`suites/data/mc-computed.bin`).
+pub fn computed_tasks(n: usize, seed: u64) -> Vec<Task> {
+    let mut state = seed;
+    let mut next = move |m: u64| {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)) % m
+    };
+    let pi = crate::kinds::digits::pi(60);
+    let frac: Vec<char> = pi.chars().skip(2).collect();
+    let ordinal = |k: u64| {
+        let suffix = match (k % 10, k % 100) {
+            (1, r) if r != 11 => "st",
+            (2, r) if r != 12 => "nd",
+            (3, r) if r != 13 => "rd",
+            _ => "th",
+        };
+        format!("{k}{suffix}")
+    };
+    (0..n)
+        .map(|i| {
+            let n_choices = 2 + next(3) as usize;
+            let (question, answer, near): (String, i64, Vec<i64>) = match i % 4 {
+                0 => {
+                    let (a, b) = (10 + next(90) as i64, 10 + next(90) as i64);
+                    (format!("Question: What is {a} + {b}?\nAnswer:"), a + b, vec![1, -1, 10, -10, 2])
+                }
+                1 => {
+                    let (a, b) = (2 + next(11) as i64, 2 + next(11) as i64);
+                    (format!("Question: What is {a} times {b}?\nAnswer:"), a * b, vec![a, -a, b, 1, -1])
+                }
+                2 => {
+                    let k = 1 + next(40);
+                    let d = frac[k as usize - 1].to_digit(10).unwrap_or(0) as i64;
+                    (
+                        format!("Question: What is the {} digit after the decimal point of pi?\nAnswer:", ordinal(k)),
+                        d,
+                        vec![1, -1, 2, -2, 3],
+                    )
+                }
+                _ => {
+                    let m = 2 + next(9) as i64;
+                    (format!("Question: How many centimetres are in {m} metres?\nAnswer:"), m * 100, vec![-90 * m, 900 * m, -50, 50, 100])
+                }
+            };
+            // No choice spells the start of another: the shared prefix of
+            // their tokens would swallow the shorter one.
+            let mut choices = vec![answer];
+            for d in near {
+                let c = answer + d;
+                let clash = |o: &i64| {
+                    let (a, b) = (c.to_string(), o.to_string());
+                    a.starts_with(&b) || b.starts_with(&a)
+                };
+                if choices.len() < n_choices && c >= 0 && !choices.iter().any(clash) && (i % 4 != 2 || c <= 9) {
+                    choices.push(c);
+                }
+            }
+            // The correct choice at a seeded position.
+            let at = next(choices.len() as u64) as usize;
+            choices.swap(0, at);
+            Task {
+                question,
+                labels: choices.iter().map(|c| i32::from(*c == answer)).collect(),
+                choices: choices.iter().map(|c| c.to_string()).collect(),
+            }
+        })
+        .collect()
+}
+
+/// A task's tokens: one sequence per choice, the shared prefix length.
+struct Prepared {
+    seqs: Vec<Vec<TokenId>>,
+    prefix: usize,
+    required: usize,
+}
+
+fn prepare(model: &dyn LoadedModel, t: &Task) -> Result<Prepared> {
+    let seqs: Vec<Vec<TokenId>> = t
+        .choices
+        .iter()
+        .map(|c| {
+            model
+                .tokenize(&format!("{} {c}", t.question), BosPolicy::Model)
+                .map(|v| v.iter().map(|t| t.id).collect())
+        })
+        .collect::<Result<_>>()?;
+    let min_len = seqs.iter().map(Vec::len).min().unwrap_or(0);
+    let prefix = (0..min_len)
+        .take_while(|&k| seqs.iter().all(|s| s[k] == seqs[0][k]))
+        .count();
+    if let Some(j) = seqs.iter().position(|s| s.len() == prefix) {
+        return Err(Error::input(format!(
+            "choice {j} (`{}`) has no token of its own: its tokens are a prefix of every other choice's",
+            t.choices[j]
+        )));
+    }
+    let required = prefix + seqs.iter().map(|s| s.len() - prefix).sum::<usize>();
+    Ok(Prepared {
+        seqs,
+        prefix,
+        required,
+    })
+}
+
+/// Per task: the mean log-probability of each choice, as the tool computes it.
+pub type Scores = Vec<Vec<f32>>;
+
+/// The tool's softmax: float exps, a double sum, float quotients.
+fn tool_softmax_at(row: &[f32], tok: usize) -> f32 {
+    let max = row.iter().copied().fold(row[0], f32::max);
+    let mut sum = 0.0f64;
+    let mut p_tok = 0.0f32;
+    for (i, &v) in row.iter().enumerate() {
+        let e = (v - max).exp();
+        sum += f64::from(e);
+        if i == tok {
+            p_tok = e;
+        }
+    }
+    (f64::from(p_tok) / sum) as f32
+}
+
+/// The tool's `compute_logprobs`: all in float.
+fn tool_logprob(row: &[f32], tok: usize) -> f32 {
+    let max = row.iter().copied().fold(row[0], f32::max);
+    let sum: f32 = row.iter().map(|&v| (v - max).exp()).sum();
+    row[tok] - max - sum.ln()
+}
+
+/// Score `tasks` on `model` with the tool's batches: the scores per task.
+pub fn score(model: &dyn LoadedModel, settings: &Settings, tasks: &[(usize, Task)], shown: &str) -> Result<Scores> {
+    let prepared: Vec<Prepared> = tasks
+        .iter()
+        .map(|(i, t)| prepare(model, t).map_err(|e| e.context(format!("{shown}: task {i}"))))
+        .collect::<Result<_>>()?;
+    let n_ctx = settings.n_ctx as usize;
+    // The tool's batches: tasks while their tokens fit n_ctx and their
+    // sequences N_SEQ.
+    let mut batches: Vec<(usize, usize)> = Vec::new();
+    let mut i0 = 0;
+    while i0 < prepared.len() {
+        let (mut n_cur, mut s0, mut i1) = (0, 0, i0);
+        while i1 < prepared.len() && n_cur + prepared[i1].required <= n_ctx {
+            let k = prepared[i1].seqs.len();
+            if s0 + k > N_SEQ {
+                if s0 == 0 {
+                    return Err(Error::input(format!(
+                        "{shown}: task {} has {k} choices, more than the {N_SEQ} sequences of a decode",
+                        tasks[i1].0
+                    )));
+                }
+                break;
+            }
+            s0 += k;
+            n_cur += prepared[i1].required;
+            i1 += 1;
+        }
+        if i1 == i0 {
+            return Err(Error::input(format!(
+                "{shown}: task {} needs {} tokens, more than the context's {n_ctx} (n_ctx × {N_SEQ})",
+                tasks[i0].0, prepared[i0].required
+            )));
+        }
+        batches.push((i0, i1));
+        i0 = i1;
+    }
+    let mut token_batches = Vec::new();
+    for &(a, b) in &batches {
+        let mut tokens = Vec::new();
+        let mut s0 = 0i32;
+        for p in &prepared[a..b] {
+            let seqs: Vec<i32> = (0..p.seqs.len() as i32).map(|s| s0 + s).collect();
+            for (i, &id) in p.seqs[0][..p.prefix].iter().enumerate() {
+                tokens.push(SeqToken {
+                    id,
+                    pos: i,
+                    seqs: seqs.clone(),
+                    output: i + 1 == p.prefix,
+                });
+            }
+            for (s, seq) in p.seqs.iter().enumerate() {
+                for (i, &id) in seq.iter().enumerate().skip(p.prefix) {
+                    tokens.push(SeqToken {
+                        id,
+                        pos: i,
+                        seqs: vec![s0 + s as i32],
+                        output: i + 1 < seq.len(),
+                    });
+                }
+            }
+            s0 += p.seqs.len() as i32;
+        }
+        token_batches.push(tokens);
+    }
+    let mut scores: Scores = vec![Vec::new(); tasks.len()];
+    model.decode_batches(settings, &token_batches, &mut |b, rows| {
+        let (a, e) = batches[b];
+        let mut r = 0;
+        for (ti, p) in prepared[a..e].iter().enumerate() {
+            let first = rows[r];
+            r += 1;
+            let mut out = Vec::with_capacity(p.seqs.len());
+            for seq in &p.seqs {
+                let mut lp = tool_softmax_at(first, seq[p.prefix] as usize).ln();
+                let mut count = 1usize;
+                for j in p.prefix..seq.len() - 1 {
+                    lp += tool_logprob(rows[r], seq[j + 1] as usize);
+                    r += 1;
+                    count += 1;
+                }
+                out.push(lp / count as f32);
+            }
+            scores[a + ti] = out;
+        }
+        Ok(())
+    })?;
+    Ok(scores)
+}
+
+/// The index of the highest score (the first on a tie, as the tool takes it).
+pub fn choice(scores: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &s) in scores.iter().enumerate().skip(1) {
+        if s > scores[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// The choices' probabilities: the scores' softmax.
+pub fn choice_probs(scores: &[f32]) -> Vec<f64> {
+    let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let e: Vec<f64> = scores.iter().map(|&s| (s as f64 - m).exp()).collect();
+    let z: f64 = e.iter().sum();
+    e.iter().map(|x| x / z).collect()
+}
+
+/// The best choice's probability minus the second best's.
+pub fn margin(scores: &[f32]) -> f64 {
+    let mut p = choice_probs(scores);
+    p.sort_by(|a, b| b.total_cmp(a));
+    p[0] - p.get(1).copied().unwrap_or(0.0)
+}
+
+/// McNemar's exact test: the two-sided binomial p-value of `b` against `c`
+/// discordant pairs.
+pub fn mcnemar_exact(b: u64, c: u64) -> f64 {
+    let n = b + c;
+    if n == 0 {
+        return 1.0;
+    }
+    let k = b.min(c);
+    // Σ_{i ≤ k} C(n, i) / 2^n, in logs.
+    let ln_c = |i: u64| {
+        statrs::function::gamma::ln_gamma(n as f64 + 1.0)
+            - statrs::function::gamma::ln_gamma(i as f64 + 1.0)
+            - statrs::function::gamma::ln_gamma((n - i) as f64 + 1.0)
+    };
+    let tail: f64 = (0..=k)
+        .map(|i| (ln_c(i) - n as f64 * std::f64::consts::LN_2).exp())
+        .sum();
+    (2.0 * tail).min(1.0)
+}
+
+impl MultipleChoice {
+    fn settings(&self, threads: u32) -> Settings {
+        let n_ctx = self.n_ctx * N_SEQ as u32;
+        let mut s = Settings::new(n_ctx, threads);
+        s.n_batch = 2048.min(n_ctx);
+        s.n_ubatch = 512.min(s.n_batch);
+        s.n_seq = N_SEQ as u32;
+        s
+    }
+
+    fn metric_names(&self) -> Vec<String> {
+        let mut m: Vec<String> = ["tasks", "correct", "accuracy", "accuracy_se", "accuracy_wilson95_lo", "accuracy_wilson95_hi"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        if self.reference.is_some() {
+            for s in [
+                "ref_correct",
+                "ref_accuracy",
+                "agreement",
+                "flips_right_to_wrong",
+                "flips_wrong_to_right",
+                "mcnemar_p",
+            ] {
+                m.push(s.into());
+            }
+            for b in 0..=self.margin_bins.len() {
+                for s in ["n", "changed", "right_to_wrong", "changed_rate", "changed_rate_wilson95_lo", "changed_rate_wilson95_hi"] {
+                    m.push(format!("margin_bin{b}_{s}"));
+                }
+            }
+        }
+        m
+    }
+}
+
+const COUNTS: &[&str] = &[
+    "tasks",
+    "correct",
+    "ref_correct",
+    "flips_right_to_wrong",
+    "flips_wrong_to_right",
+];
+
+impl Kind for MultipleChoice {
+    fn metrics(&self) -> Vec<Metric> {
+        self.metric_names()
+            .into_iter()
+            .map(|n| {
+                let count = COUNTS.contains(&n.as_str())
+                    || (n.starts_with("margin_bin") && (n.ends_with("_n") || n.ends_with("_changed") || n.ends_with("_right_to_wrong")));
+                if count {
+                    Metric::count(n)
+                } else {
+                    Metric::float(n)
+                }
+            })
+            .collect()
+    }
+
+    fn headline(&self) -> Vec<&'static str> {
+        vec![
+            "accuracy",
+            "accuracy_wilson95_lo",
+            "accuracy_wilson95_hi",
+            "tasks",
+            "agreement",
+            "flips_right_to_wrong",
+            "flips_wrong_to_right",
+            "mcnemar_p",
+        ]
+    }
+
+    fn pins(&self) -> Vec<Pin> {
+        vec![self.file.clone()]
+    }
+
+    fn start(&self, cx: &RunContext, case: &Case, alias: &str, out: &mut Outcome) -> Result<Start> {
+        let t = Instant::now();
+        let shown = self.file.path.display().to_string();
+        let bytes = self.file.read_bytes()?;
+        let tasks = read_binary(&bytes, self.tasks, &shown)?;
+        let (verified, model) = cx.load(alias)?;
+        out.timings.prepare = t.elapsed();
+        out.model_sha256 = Some(verified.file.sha256.clone());
+        let settings = self.settings(cx.threads);
+        out.settings = Some(settings.clone());
+        let t = Instant::now();
+        let scores = score(&*model, &settings, &tasks, &shown).map_err(|e| e.context(case.path.display()))?;
+        let refs = match &self.reference {
+            Some((r, at)) => {
+                let (_, rmodel) = cx.load_reference((r, at), crate::execute::reference::Vocab::of(model.info()))?;
+                Some(score(&*rmodel, &settings, &tasks, &shown)?)
+            }
+            None => None,
+        };
+        out.timings.decode = t.elapsed();
+        let chosen: Vec<usize> = scores.iter().map(|s| choice(s)).collect();
+        let right: Vec<bool> = tasks
+            .iter()
+            .zip(&chosen)
+            .map(|((_, t), &c)| t.labels[c] == 1)
+            .collect();
+        let n = tasks.len();
+        let k = right.iter().filter(|r| **r).count();
+        let m = &mut out.metrics;
+        let p = k as f64 / n as f64;
+        let (lo, hi) = wilson95(k, n);
+        m.insert("tasks".into(), n as f64);
+        m.insert("correct".into(), k as f64);
+        m.insert("accuracy".into(), p);
+        m.insert("accuracy_se".into(), (p * (1.0 - p) / (n as f64 - 1.0)).sqrt());
+        m.insert("accuracy_wilson95_lo".into(), lo);
+        m.insert("accuracy_wilson95_hi".into(), hi);
+        let mut columns: Vec<(String, Column)> = vec![
+            ("task".into(), Column::I32(tasks.iter().map(|(i, _)| *i as i32).collect())),
+            ("chosen".into(), Column::I32(chosen.iter().map(|c| *c as i32).collect())),
+            ("correct".into(), Column::Bool(right.clone())),
+            ("logprobs".into(), Column::Str(scores.iter().map(|s| format!("{s:?}")).collect())),
+            ("margin".into(), Column::F64(scores.iter().map(|s| margin(s)).collect())),
+        ];
+        if let Some(refs) = &refs {
+            let rchosen: Vec<usize> = refs.iter().map(|s| choice(s)).collect();
+            let rright: Vec<bool> = tasks
+                .iter()
+                .zip(&rchosen)
+                .map(|((_, t), &c)| t.labels[c] == 1)
+                .collect();
+            let b = rright.iter().zip(&right).filter(|(r, c)| **r && !**c).count() as u64;
+            let c = rright.iter().zip(&right).filter(|(r, c)| !**r && **c).count() as u64;
+            let agree = rchosen.iter().zip(&chosen).filter(|(a, b)| a == b).count();
+            m.insert("ref_correct".into(), rright.iter().filter(|r| **r).count() as f64);
+            m.insert("ref_accuracy".into(), rright.iter().filter(|r| **r).count() as f64 / n as f64);
+            m.insert("agreement".into(), agree as f64 / n as f64);
+            m.insert("flips_right_to_wrong".into(), b as f64);
+            m.insert("flips_wrong_to_right".into(), c as f64);
+            m.insert("mcnemar_p".into(), mcnemar_exact(b, c));
+            let rmargin: Vec<f64> = refs.iter().map(|s| margin(s)).collect();
+            for bin in 0..=self.margin_bins.len() {
+                let lo = if bin == 0 { 0.0 } else { self.margin_bins[bin - 1] };
+                let hi = self.margin_bins.get(bin).copied().unwrap_or(f64::INFINITY);
+                let idx: Vec<usize> = (0..n).filter(|&i| rmargin[i] >= lo && rmargin[i] < hi).collect();
+                let changed = idx.iter().filter(|&&i| rchosen[i] != chosen[i]).count();
+                let r2w = idx.iter().filter(|&&i| rright[i] && !right[i]).count();
+                m.insert(format!("margin_bin{bin}_n"), idx.len() as f64);
+                m.insert(format!("margin_bin{bin}_changed"), changed as f64);
+                m.insert(format!("margin_bin{bin}_right_to_wrong"), r2w as f64);
+                if !idx.is_empty() {
+                    let (wl, wh) = wilson95(changed, idx.len());
+                    m.insert(format!("margin_bin{bin}_changed_rate"), changed as f64 / idx.len() as f64);
+                    m.insert(format!("margin_bin{bin}_changed_rate_wilson95_lo"), wl);
+                    m.insert(format!("margin_bin{bin}_changed_rate_wilson95_hi"), wh);
+                }
+            }
+            columns.push(("ref_chosen".into(), Column::I32(rchosen.iter().map(|c| *c as i32).collect())));
+            columns.push(("ref_correct".into(), Column::Bool(rright)));
+            columns.push(("ref_margin".into(), Column::F64(rmargin)));
+        }
+        out.rows = Some(Arc::new(Table {
+            name: "mc_task",
+            columns,
+        }));
+        Ok(Start::Done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// std::mt19937(1)'s first outputs, and its 10000th (the C++ standard's
+    /// check value for the default seed 5489).
+    #[test]
+    fn mersenne_twister_is_std_mt19937() {
+        let mut r = Mt19937::new(1);
+        assert_eq!(r.next(), 1_791_095_845);
+        assert_eq!(r.next(), 4_282_876_139);
+        let mut d = Mt19937::new(5489);
+        let mut v = 0;
+        for _ in 0..10000 {
+            v = d.next();
+        }
+        assert_eq!(v, 4_123_659_995);
+    }
+
+    /// The binary format round-trips; bad files are errors naming the task
+    /// and the byte; a task without a correct choice or with one choice is
+    /// refused, not scored.
+    #[test]
+    fn binary_tasks_round_trip_and_bad_ones_are_named() {
+        let t = |q: &str, c: &[&str], right: usize| Task {
+            question: q.into(),
+            choices: c.iter().map(|s| s.to_string()).collect(),
+            labels: (0..c.len()).map(|i| i32::from(i == right)).collect(),
+        };
+        let tasks = vec![t("2+2=", &["4", "5"], 0), t("3+3=", &["5", "6", "7"], 1)];
+        let bytes = write_binary(&tasks);
+        let back = read_binary(&bytes, 0, "f.bin").unwrap();
+        assert_eq!(back.iter().map(|x| x.1.clone()).collect::<Vec<_>>(), tasks);
+        let cut = read_binary(&bytes[..bytes.len() - 3], 0, "f.bin").unwrap_err().to_string();
+        assert!(cut.contains("f.bin: task 1:") && cut.contains("the file ends"), "{cut}");
+        let e = read_binary(&write_binary(&[t("q", &["a"], 0)]), 0, "f.bin").unwrap_err().to_string();
+        assert!(e.contains("task 0: 1 choice(s)"), "{e}");
+        let mut none = t("q", &["a", "b"], 0);
+        none.labels = vec![0, 0];
+        let e = read_binary(&write_binary(&[none]), 0, "f.bin").unwrap_err().to_string();
+        assert!(e.contains("no choice is labelled correct"), "{e}");
+        let e = read_binary(b"\x05\0\0\0", 0, "f.bin").unwrap_err().to_string();
+        assert!(e.contains("not a --multiple-choice file"), "{e}");
+        assert_eq!(tool_selection(5, 5).len(), 5);
+    }
+
+    #[test]
+    fn mcnemar_exact_by_hand() {
+        // b = 0, c = 5: 2 × (1/32).
+        assert!((mcnemar_exact(0, 5) - 0.0625).abs() < 1e-12);
+        // b = 1, c = 4: 2 × (1 + 5)/32.
+        assert!((mcnemar_exact(1, 4) - 0.375).abs() < 1e-12);
+        assert_eq!(mcnemar_exact(3, 3), 1.0);
+        assert_eq!(mcnemar_exact(0, 0), 1.0);
+    }
+}
