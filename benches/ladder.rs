@@ -56,10 +56,7 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let repo = quantgate::harness::project_root();
-    let rounds: usize = std::env::var("QG_BENCH_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1);
+    let rounds = common::bench_rounds(1);
     let qg = std::env::var("QG_BENCH_QUANTGATE")
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_quantgate").to_string());
     let tool = common::llama_perplexity_tool();

@@ -41,10 +41,7 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let repo = quantgate::harness::project_root();
-    let rounds: usize = std::env::var("QG_BENCH_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
+    let rounds = common::bench_rounds(3);
     let models: Vec<String> = std::env::var("QG_BENCH_MODELS")
         .unwrap_or_else(|_| "smollm2-q8_0,smollm2-q4_k_m".into())
         .split(',')

@@ -1148,3 +1148,115 @@ fn a_case_names_local_files_by_path() {
     );
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// The answer flips of a multiple-choice case, checked against an
+/// independent computation from its Parquet rows: each task's choice and
+/// the reference's from the per-choice log-probabilities (argmax, first on
+/// ties), the reference's margin from their softmax, then the flips both
+/// ways, the agreement, and every margin bin's counts and rate.
+#[test]
+fn multiple_choice_flips_equal_a_recount_from_the_parquet_rows() {
+    let dir = std::env::temp_dir().join(format!("qg-cli-mc-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let json = dir.join("mc.json");
+    let (code, stdout, stderr) = run(
+        &repo().join("suites"),
+        &[
+            "mc/computed",
+            "--model",
+            "smollm2-q4_k_m",
+            "--out",
+            dir.to_str().unwrap(),
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let outcomes: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let m = &outcomes[0]["metrics"];
+    let file = std::fs::File::open(dir.join("mc/computed/smollm2-q4_k_m.parquet")).unwrap();
+    let reader = parquet::file::serialized_reader::SerializedFileReader::new(file).unwrap();
+    let rows: Vec<std::collections::HashMap<String, String>> =
+        parquet::file::reader::FileReader::get_row_iter(&reader, None)
+            .unwrap()
+            .map(|r| {
+                r.unwrap()
+                    .get_column_iter()
+                    .map(|(n, f)| (n.clone(), f.to_string()))
+                    .collect()
+            })
+            .collect();
+    assert_eq!(rows.len() as f64, m["tasks"].as_f64().unwrap());
+    let list = |s: &str| -> Vec<f64> {
+        s.trim_matches('"')
+            .trim_matches(['[', ']'])
+            .split(',')
+            .map(|x| f64::from(x.trim().parse::<f32>().unwrap()))
+            .collect()
+    };
+    let argmax = |v: &[f64]| (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b });
+    let margin = |v: &[f64]| {
+        let mx = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let mut p: Vec<f64> = v.iter().map(|x| (x - mx).exp()).collect();
+        let z: f64 = p.iter().sum();
+        p.iter_mut().for_each(|x| *x /= z);
+        p.sort_by(|a, b| b.total_cmp(a));
+        p[0] - p[1]
+    };
+    let (mut r2w, mut w2r, mut agree) = (0, 0, 0);
+    let edges = [0.0, 0.1, 0.3, 0.6, f64::INFINITY];
+    let mut bins = [(0usize, 0usize, 0usize); 4];
+    for r in &rows {
+        let (ours, theirs) = (list(&r["logprobs"]), list(&r["ref_logprobs"]));
+        let (c, rc) = (argmax(&ours), argmax(&theirs));
+        assert_eq!(r["chosen"], c.to_string());
+        assert_eq!(r["ref_chosen"], rc.to_string());
+        let (right, rright) = (r["correct"] == "true", r["ref_correct"] == "true");
+        r2w += usize::from(rright && !right);
+        w2r += usize::from(!rright && right);
+        agree += usize::from(c == rc);
+        let mg = margin(&theirs);
+        assert!((mg - r["ref_margin"].parse::<f64>().unwrap()).abs() < 1e-12);
+        let b = (0..4)
+            .find(|&b| mg >= edges[b] && mg < edges[b + 1])
+            .unwrap();
+        bins[b].0 += 1;
+        bins[b].1 += usize::from(c != rc);
+        bins[b].2 += usize::from(rright && !right);
+    }
+    assert_eq!(m["flips_right_to_wrong"].as_f64().unwrap(), r2w as f64);
+    assert_eq!(m["flips_wrong_to_right"].as_f64().unwrap(), w2r as f64);
+    assert_eq!(
+        m["agreement"].as_f64().unwrap(),
+        agree as f64 / rows.len() as f64
+    );
+    assert!(
+        r2w + w2r > 0,
+        "Q4_K_M changes some answers of F16: the check has something to count"
+    );
+    for (b, (n, changed, rw)) in bins.iter().enumerate() {
+        assert_eq!(
+            m[format!("margin_bin{b}_n")].as_f64().unwrap(),
+            *n as f64,
+            "bin {b}"
+        );
+        assert_eq!(
+            m[format!("margin_bin{b}_changed")].as_f64().unwrap(),
+            *changed as f64,
+            "bin {b}"
+        );
+        assert_eq!(
+            m[format!("margin_bin{b}_right_to_wrong")].as_f64().unwrap(),
+            *rw as f64,
+            "bin {b}"
+        );
+        if *n > 0 {
+            assert_eq!(
+                m[format!("margin_bin{b}_changed_rate")].as_f64().unwrap(),
+                *changed as f64 / *n as f64
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -721,6 +721,7 @@ impl Kind for MultipleChoice {
             }
             columns.push(("ref_chosen".into(), Column::I32(rchosen.iter().map(|c| *c as i32).collect())));
             columns.push(("ref_correct".into(), Column::Bool(rright)));
+            columns.push(("ref_logprobs".into(), Column::Str(refs.iter().map(|s| format!("{s:?}")).collect())));
             columns.push(("ref_margin".into(), Column::F64(rmargin)));
         }
         out.rows = Some(Arc::new(Table {

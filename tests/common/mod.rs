@@ -170,3 +170,12 @@ pub fn llama_tool(tool: &str) -> String {
     );
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
+
+/// `QG_BENCH_ROUNDS`, else `default`: how many rounds a bench alternates.
+#[allow(dead_code)]
+pub fn bench_rounds(default: usize) -> usize {
+    std::env::var("QG_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
