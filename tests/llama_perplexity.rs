@@ -451,77 +451,116 @@ fn kld_equals_llama_perplexity_kl_divergence() {
     assert!((exact["same_top"] - tool_same).abs() <= 2.0 / 1020.0);
 }
 
-/// `--multiple-choice` on the pinned computed task file: quantgate's kind
-/// scores it as llama-perplexity does, so every task's verdict (the tool's
-/// running accuracy, printed per task, gives each task right or wrong) and
-/// the final accuracy equal the tool's, on F16 and Q4_K_M; and a task file
-/// written by `computed_tasks` is byte for byte the pinned one.
+/// The running accuracy × 100 the tool prints after each task
+/// (`task\tacc_norm…` lines, a `%` after the value for HellaSwag).
+fn running_accuracy(log: &str) -> Vec<f64> {
+    log.lines()
+        .skip_while(|l| !l.starts_with("task\tacc_norm"))
+        .skip(1)
+        .map_while(|l| {
+            let mut f = l.split('\t');
+            f.next()?.trim().parse::<usize>().ok()?;
+            f.next()?.trim().trim_end_matches('%').parse::<f64>().ok()
+        })
+        .collect()
+}
+
+/// llama-perplexity's `--multiple-choice` (every task, and 20 drawn with
+/// `--multiple-choice-tasks`) and `--hellaswag` on pinned computed task
+/// files: quantgate's kind scores them as the tool does, so every task's
+/// verdict, in the tool's order (its running accuracy, printed per task,
+/// gives each task right or wrong), and the final accuracy equal the
+/// tool's, on F16 and Q4_K_M; the pinned files are byte for byte what the
+/// generators write.
 #[test]
 fn multiple_choice_equals_llama_perplexity() {
     use quantgate::kinds::multiple_choice::{
-        choice, computed_tasks, read_binary, score, write_binary,
+        choice, computed_hellaswag, computed_tasks, read_binary, read_hellaswag, score,
+        write_binary, write_hellaswag, Format,
     };
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let file = repo().join("suites/data/mc-computed.bin");
-    let bytes = std::fs::read(&file).unwrap();
+    let mc = repo().join("suites/data/mc-computed.bin");
+    let hs = repo().join("suites/data/hs-computed.txt");
+    let mc_bytes = std::fs::read(&mc).unwrap();
+    let hs_bytes = std::fs::read(&hs).unwrap();
     assert_eq!(
         write_binary(&computed_tasks(64, 2026)),
-        bytes,
+        mc_bytes,
         "the pinned task file is the generated one"
     );
-    let tasks = read_binary(&bytes, 0, "mc-computed.bin").unwrap();
+    assert_eq!(
+        write_hellaswag(&computed_hellaswag(48, 2027))
+            .unwrap()
+            .into_bytes(),
+        hs_bytes,
+        "the pinned HellaSwag file is the generated one"
+    );
+    let runs: [(&std::path::Path, Format, usize, &[&str]); 3] = [
+        (&mc, Format::MultipleChoice, 0, &["--multiple-choice"]),
+        (
+            &mc,
+            Format::MultipleChoice,
+            20,
+            &["--multiple-choice", "--multiple-choice-tasks", "20"],
+        ),
+        (&hs, Format::Hellaswag, 400, &["--hellaswag"]),
+    ];
     let tool = common::llama_perplexity_tool();
     let (engine, verified) = models(&["smollm2-f16", "smollm2-q4_k_m"]);
     for v in &verified {
-        let log = run_tool(
-            &tool,
-            &v.file.path,
-            &file,
-            &["--multiple-choice", "-c", "512", "-t", "2", "-fa", "off"],
-        );
-        // `task\tacc_norm` lines: the running accuracy × 100 after each task.
-        let running: Vec<f64> = log
-            .lines()
-            .skip_while(|l| !l.starts_with("task\tacc_norm"))
-            .skip(1)
-            .map_while(|l| {
-                let (n, acc) = l.split_once('\t')?;
-                n.trim().parse::<usize>().ok()?;
-                acc.trim().parse::<f64>().ok()
-            })
-            .collect();
-        assert_eq!(running.len(), tasks.len(), "{log}");
         let model = engine.load(&v.file).unwrap();
         let mut settings = quantgate::core::Settings::new(2048, 2);
         settings.n_batch = 2048;
         settings.n_ubatch = 512;
         settings.n_seq = 4;
-        let scores = score(&*model, &settings, &tasks, "mc-computed.bin").unwrap();
-        let mut correct = 0;
-        for (i, ((_, t), s)) in tasks.iter().zip(&scores).enumerate() {
-            let right = t.labels[choice(s)] == 1;
-            correct += usize::from(right);
-            let ours = 100.0 * correct as f64 / (i + 1) as f64;
-            assert!(
-                (ours - running[i]).abs() < 5e-7,
-                "{}: task {i}: ours {ours:.8} (right: {right}), the tool's {:.8}",
-                v.file.alias,
-                running[i]
-            );
+        for (file, format, n, flags) in runs {
+            let bytes = std::fs::read(file).unwrap();
+            let tasks = match format {
+                Format::MultipleChoice => read_binary(&bytes, n, "mc").unwrap(),
+                Format::Hellaswag => read_hellaswag(&bytes, n, "hs").unwrap(),
+            };
+            let args: Vec<&str> = flags
+                .iter()
+                .copied()
+                .chain(["-c", "512", "-t", "2", "-fa", "off"])
+                .collect();
+            let log = run_tool(&tool, &v.file.path, file, &args);
+            let running = running_accuracy(&log);
+            assert_eq!(running.len(), tasks.len(), "{flags:?}: {log}");
+            let scores = score(&*model, &settings, &tasks, format, "tasks").unwrap();
+            let mut correct = 0;
+            for (i, ((_, t), s)) in tasks.iter().zip(&scores).enumerate() {
+                let right = t.labels[choice(s)] == 1;
+                correct += usize::from(right);
+                let ours = 100.0 * correct as f64 / (i + 1) as f64;
+                assert!(
+                    (ours - running[i]).abs() < 5e-7,
+                    "{} {flags:?}: task {i}: ours {ours:.8} (right: {right}), the tool's {:.8}",
+                    v.file.alias,
+                    running[i]
+                );
+            }
+            if let Some(line) = log.lines().find(|l| l.contains("Final result:")) {
+                let printed: f64 = line
+                    .split("Final result:")
+                    .nth(1)
+                    .unwrap()
+                    .split_whitespace()
+                    .next()
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                assert!(
+                    (printed - 100.0 * correct as f64 / tasks.len() as f64).abs() < 5e-5,
+                    "{line}"
+                );
+            } else {
+                // The tool prints no final line for HellaSwag, nor for a draw of < 100 tasks.
+                assert!(
+                    format == Format::Hellaswag || (n > 0 && n < 100),
+                    "no final result: {log}"
+                );
+            }
         }
-        let final_line = log.lines().find(|l| l.contains("Final result:")).unwrap();
-        let printed: f64 = final_line
-            .split("Final result:")
-            .nth(1)
-            .unwrap()
-            .split_whitespace()
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap();
-        assert!(
-            (printed - 100.0 * correct as f64 / tasks.len() as f64).abs() < 5e-5,
-            "{final_line}"
-        );
     }
 }

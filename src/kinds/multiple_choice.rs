@@ -44,10 +44,21 @@ pub struct Task {
 /// The sequences of one decode that llama-perplexity allows: `-np 4`.
 pub const N_SEQ: usize = 4;
 
+/// A task file's format, as llama-perplexity reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// `--multiple-choice`: the binary format (ARC, MMLU, TruthfulQA).
+    MultipleChoice,
+    /// `--hellaswag`: 6 lines per task (context, gold index, 4 endings).
+    Hellaswag,
+}
+
 /// A `kind = "multiple_choice"` case.
 #[derive(Debug, Clone)]
 pub struct MultipleChoice {
-    /// The binary task file (`--multiple-choice` format).
+    /// The task file's format.
+    pub format: Format,
+    /// The pinned task file.
     pub file: Pin,
     /// How many tasks (0: all), chosen as the tool chooses them.
     pub tasks: usize,
@@ -62,6 +73,7 @@ pub struct MultipleChoice {
 case_table! {
     struct McFile {
         tasks_file: Spanned<PinnedFile>,
+        format: Option<Spanned<String>>,
         tasks: Option<usize>,
         n_ctx: Option<Spanned<u32>>,
         margin_bins: Option<Spanned<Vec<f64>>>,
@@ -72,6 +84,15 @@ case_table! {
 pub fn parse(case: &Case, src: &str, diag: &mut Diagnostics) -> Result<Arc<dyn Kind>> {
     let f: McFile = parse_toml(diag.path(), src)?;
     let file = f.tasks_file.get_ref().pin("tasks_file", case, diag);
+    let format = crate::core::parse::choice(
+        f.format.as_ref(),
+        "format",
+        &[
+            ("multiple-choice", Format::MultipleChoice),
+            ("hellaswag", Format::Hellaswag),
+        ],
+        diag,
+    );
     let n_ctx = f.n_ctx.as_ref().map_or(512, |n| *n.get_ref());
     if let Some(n) = f.n_ctx.as_ref().filter(|n| *n.get_ref() < 8) {
         diag.push_at(n.span().start, "n_ctx: must be ≥ 8");
@@ -89,8 +110,10 @@ pub fn parse(case: &Case, src: &str, diag: &mut Diagnostics) -> Result<Arc<dyn K
         );
     }
     Ok(Arc::new(MultipleChoice {
+        format,
         file,
-        tasks: f.tasks.unwrap_or(0),
+        // The tool's defaults: every task, and 400 HellaSwag tasks.
+        tasks: f.tasks.unwrap_or(if format == Format::Hellaswag { 400 } else { 0 }),
         n_ctx,
         margin_bins,
         reference: case.reference.clone(),
@@ -218,6 +241,71 @@ pub fn tool_selection(n: usize, k: usize) -> Vec<usize> {
         .collect()
 }
 
+/// Read llama-perplexity's HellaSwag file: 6 lines per task (the context,
+/// the gold ending's index, 4 endings). `tasks` of them (all when fewer),
+/// drawn as the tool draws them: each the `uniform_int_distribution` pick
+/// (libstdc++'s) of mt19937(1) among those left, then removed.
+pub fn read_hellaswag(bytes: &[u8], tasks: usize, shown: &str) -> Result<Vec<(usize, Task)>> {
+    let bad = |what: String| Error::input(format!("{shown}: {what}"));
+    let text = std::str::from_utf8(bytes).map_err(|e| bad(format!("not UTF-8: {e}")))?;
+    let mut lines: Vec<&str> = text.split('\n').collect();
+    // std::getline: a final newline ends the last line, it does not start one.
+    if lines.last() == Some(&"") {
+        lines.pop();
+    }
+    if lines.is_empty() || !lines.len().is_multiple_of(6) {
+        return Err(bad(format!(
+            "{} lines, not a positive multiple of 6 (a --hellaswag file has 6 lines per task)",
+            lines.len()
+        )));
+    }
+    let mut left: Vec<(usize, &[&str])> = lines.chunks(6).enumerate().collect();
+    let n = tasks.min(left.len());
+    let mut rng = Mt19937::new(1);
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let j = uniform_below(&mut rng, left.len() as u32) as usize;
+        let (i, t) = left.remove(j);
+        let gold: usize = t[1].trim().parse().ok().filter(|g| *g < 4).ok_or_else(|| {
+            bad(format!(
+                "task {i} (line {}): gold ending `{}` is not 0, 1, 2 or 3",
+                6 * i + 2,
+                t[1]
+            ))
+        })?;
+        if t[0].is_empty() {
+            return Err(bad(format!("task {i} (line {}): an empty context", 6 * i + 1)));
+        }
+        if let Some(k) = t[2..].iter().position(|e| e.is_empty()) {
+            return Err(bad(format!("task {i} (line {}): ending {k} is empty", 6 * i + 3 + k)));
+        }
+        out.push((
+            i,
+            Task {
+                question: t[0].to_string(),
+                choices: t[2..].iter().map(|e| e.to_string()).collect(),
+                labels: (0..4).map(|k| i32::from(k == gold)).collect(),
+            },
+        ));
+    }
+    Ok(out)
+}
+
+/// libstdc++'s `uniform_int_distribution<size_t>(0, range − 1)` on a 32-bit
+/// engine: Lemire's multiply-and-reject (`_S_nd`, GCC ≥ 11).
+pub fn uniform_below(rng: &mut Mt19937, range: u32) -> u32 {
+    let mut product = u64::from(rng.next()) * u64::from(range);
+    let mut low = product as u32;
+    if low < range {
+        let threshold = range.wrapping_neg() % range;
+        while low < threshold {
+            product = u64::from(rng.next()) * u64::from(range);
+            low = product as u32;
+        }
+    }
+    (product >> 32) as u32
+}
+
 /// The 32-bit Mersenne Twister (`std::mt19937`).
 pub struct Mt19937 {
     mt: [u32; 624],
@@ -299,6 +387,22 @@ pub fn write_binary(tasks: &[Task]) -> Vec<u8> {
 /// near the answer), the correct one at a seeded position: the task file
 /// `suites/mc/` pins (`suites/data/mc-computed.bin`).
 pub fn computed_tasks(n: usize, seed: u64) -> Vec<Task> {
+    generate(n, seed, None)
+}
+
+/// [`computed_tasks`] with 4 choices each and one-line questions: a
+/// `--hellaswag` file's tasks ([`write_hellaswag`]).
+pub fn computed_hellaswag(n: usize, seed: u64) -> Vec<Task> {
+    generate(n, seed, Some(4))
+        .into_iter()
+        .map(|t| Task {
+            question: t.question.replace('\n', " "),
+            ..t
+        })
+        .collect()
+}
+
+fn generate(n: usize, seed: u64, forced: Option<usize>) -> Vec<Task> {
     let mut state = seed;
     let mut next = move |m: u64| {
         state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -321,7 +425,8 @@ pub fn computed_tasks(n: usize, seed: u64) -> Vec<Task> {
     (0..n)
         .map(|i| {
             let n_choices = 2 + next(3) as usize;
-            let (question, answer, near): (String, i64, Vec<i64>) = match i % 4 {
+            let n_choices = forced.unwrap_or(n_choices);
+            let (question, answer, mut near): (String, i64, Vec<i64>) = match i % 4 {
                 0 => {
                     let (a, b) = (10 + next(90) as i64, 10 + next(90) as i64);
                     (format!("Question: What is {a} + {b}?\nAnswer:"), a + b, vec![1, -1, 10, -10, 2])
@@ -344,6 +449,9 @@ pub fn computed_tasks(n: usize, seed: u64) -> Vec<Task> {
                     (format!("Question: How many centimetres are in {m} metres?\nAnswer:"), m * 100, vec![-90 * m, 900 * m, -50, 50, 100])
                 }
             };
+            if forced.is_some() {
+                near.extend([3, -3, 4, -4, 5, -5, 20, -20, 7, 30]);
+            }
             // No choice spells the start of another: the shared prefix of
             // their tokens would swallow the shorter one.
             let mut choices = vec![answer];
@@ -367,6 +475,26 @@ pub fn computed_tasks(n: usize, seed: u64) -> Vec<Task> {
             }
         })
         .collect()
+}
+
+/// Write 4-choice tasks as a `--hellaswag` file (6 lines per task).
+pub fn write_hellaswag(tasks: &[Task]) -> Result<String> {
+    let mut out = String::new();
+    for (i, t) in tasks.iter().enumerate() {
+        let gold = t.labels.iter().position(|l| *l == 1);
+        let clean = |s: &str| !s.contains('\n');
+        match gold {
+            Some(g) if t.choices.len() == 4 && clean(&t.question) && t.choices.iter().all(|c| clean(c)) => {
+                out.push_str(&format!("{}\n{g}\n{}\n", t.question, t.choices.join("\n")));
+            }
+            _ => {
+                return Err(Error::input(format!(
+                    "task {i}: a --hellaswag task has 4 one-line endings and one gold one"
+                )))
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// A task's tokens: one sequence per choice, the shared prefix length.
@@ -404,8 +532,9 @@ fn prepare(model: &dyn LoadedModel, t: &Task) -> Result<Prepared> {
     })
 }
 
-/// Per task: the mean log-probability of each choice, as the tool computes it.
-pub type Scores = Vec<Vec<f32>>;
+/// Per task: the mean log-probability of each choice, as the tool computes
+/// it (in float for `--multiple-choice`, in double for `--hellaswag`).
+pub type Scores = Vec<Vec<f64>>;
 
 /// The tool's softmax: float exps, a double sum, float quotients.
 fn tool_softmax_at(row: &[f32], tok: usize) -> f32 {
@@ -430,7 +559,13 @@ fn tool_logprob(row: &[f32], tok: usize) -> f32 {
 }
 
 /// Score `tasks` on `model` with the tool's batches: the scores per task.
-pub fn score(model: &dyn LoadedModel, settings: &Settings, tasks: &[(usize, Task)], shown: &str) -> Result<Scores> {
+pub fn score(
+    model: &dyn LoadedModel,
+    settings: &Settings,
+    tasks: &[(usize, Task)],
+    format: Format,
+    shown: &str,
+) -> Result<Scores> {
     let prepared: Vec<Prepared> = tasks
         .iter()
         .map(|(i, t)| prepare(model, t).map_err(|e| e.context(format!("{shown}: task {i}"))))
@@ -503,14 +638,18 @@ pub fn score(model: &dyn LoadedModel, settings: &Settings, tasks: &[(usize, Task
             r += 1;
             let mut out = Vec::with_capacity(p.seqs.len());
             for seq in &p.seqs {
-                let mut lp = tool_softmax_at(first, seq[p.prefix] as usize).ln();
-                let mut count = 1usize;
-                for j in p.prefix..seq.len() - 1 {
-                    lp += tool_logprob(rows[r], seq[j + 1] as usize);
-                    r += 1;
-                    count += 1;
-                }
-                out.push(lp / count as f32);
+                let first_lp = tool_softmax_at(first, seq[p.prefix] as usize).ln();
+                let rest = (p.prefix..seq.len() - 1).map(|j| tool_logprob(rows[r + j - p.prefix], seq[j + 1] as usize));
+                let count = seq.len() - p.prefix;
+                out.push(match format {
+                    Format::MultipleChoice => {
+                        f64::from(rest.fold(first_lp, |a, x| a + x) / count as f32)
+                    }
+                    Format::Hellaswag => {
+                        rest.fold(f64::from(first_lp), |a, x| a + f64::from(x)) / count as f64
+                    }
+                });
+                r += count - 1;
             }
             scores[a + ti] = out;
         }
@@ -520,7 +659,7 @@ pub fn score(model: &dyn LoadedModel, settings: &Settings, tasks: &[(usize, Task
 }
 
 /// The index of the highest score (the first on a tie, as the tool takes it).
-pub fn choice(scores: &[f32]) -> usize {
+pub fn choice(scores: &[f64]) -> usize {
     let mut best = 0;
     for (i, &s) in scores.iter().enumerate().skip(1) {
         if s > scores[best] {
@@ -531,15 +670,15 @@ pub fn choice(scores: &[f32]) -> usize {
 }
 
 /// The choices' probabilities: the scores' softmax.
-pub fn choice_probs(scores: &[f32]) -> Vec<f64> {
-    let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let e: Vec<f64> = scores.iter().map(|&s| (s as f64 - m).exp()).collect();
+pub fn choice_probs(scores: &[f64]) -> Vec<f64> {
+    let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = scores.iter().map(|&s| (s - m).exp()).collect();
     let z: f64 = e.iter().sum();
     e.iter().map(|x| x / z).collect()
 }
 
 /// The best choice's probability minus the second best's.
-pub fn margin(scores: &[f32]) -> f64 {
+pub fn margin(scores: &[f64]) -> f64 {
     let mut p = choice_probs(scores);
     p.sort_by(|a, b| b.total_cmp(a));
     p[0] - p.get(1).copied().unwrap_or(0.0)
@@ -646,18 +785,22 @@ impl Kind for MultipleChoice {
         let t = Instant::now();
         let shown = self.file.path.display().to_string();
         let bytes = self.file.read_bytes()?;
-        let tasks = read_binary(&bytes, self.tasks, &shown)?;
+        let tasks = match self.format {
+            Format::MultipleChoice => read_binary(&bytes, self.tasks, &shown)?,
+            Format::Hellaswag => read_hellaswag(&bytes, self.tasks, &shown)?,
+        };
         let (verified, model) = cx.load(alias)?;
         out.timings.prepare = t.elapsed();
         out.model_sha256 = Some(verified.file.sha256.clone());
         let settings = self.settings(cx.threads);
         out.settings = Some(settings.clone());
         let t = Instant::now();
-        let scores = score(&*model, &settings, &tasks, &shown).map_err(|e| e.context(case.path.display()))?;
+        let scores = score(&*model, &settings, &tasks, self.format, &shown)
+            .map_err(|e| e.context(case.path.display()))?;
         let refs = match &self.reference {
             Some((r, at)) => {
                 let (_, rmodel) = cx.load_reference((r, at), crate::execute::reference::Vocab::of(model.info()))?;
-                Some(score(&*rmodel, &settings, &tasks, &shown)?)
+                Some(score(&*rmodel, &settings, &tasks, self.format, &shown)?)
             }
             None => None,
         };
@@ -776,6 +919,25 @@ mod tests {
         let e = read_binary(b"\x05\0\0\0", 0, "f.bin").unwrap_err().to_string();
         assert!(e.contains("not a --multiple-choice file"), "{e}");
         assert_eq!(tool_selection(5, 5).len(), 5);
+    }
+
+    /// HellaSwag files: 6 lines per task, a gold index 0–3; the tool's draw
+    /// takes every task once; bad files name the line.
+    #[test]
+    fn hellaswag_files_are_read_as_the_tool_reads_them() {
+        let text = write_hellaswag(&computed_hellaswag(10, 7)).unwrap();
+        let tasks = read_hellaswag(text.as_bytes(), 400, "hs").unwrap();
+        let mut seen: Vec<usize> = tasks.iter().map(|t| t.0).collect();
+        assert_ne!(seen, (0..10).collect::<Vec<_>>(), "drawn in the tool's order");
+        seen.sort();
+        assert_eq!(seen, (0..10).collect::<Vec<_>>());
+        assert_eq!(read_hellaswag(text.as_bytes(), 3, "hs").unwrap().len(), 3);
+        let e = read_hellaswag(b"a\n1\nx\ny\nz\n", 400, "hs").unwrap_err().to_string();
+        assert!(e.contains("5 lines, not a positive multiple of 6"), "{e}");
+        let e = read_hellaswag(b"a\n7\nw\nx\ny\nz\n", 400, "hs").unwrap_err().to_string();
+        assert!(e.contains("task 0 (line 2): gold ending `7`"), "{e}");
+        // Lemire's method on a range of 1 is 0, whatever the engine says.
+        assert_eq!(uniform_below(&mut Mt19937::new(1), 1), 0);
     }
 
     #[test]
