@@ -466,7 +466,8 @@ fn running_accuracy(log: &str) -> Vec<f64> {
 }
 
 /// llama-perplexity's `--multiple-choice` (every task, and 20 drawn with
-/// `--multiple-choice-tasks`) and `--hellaswag` on pinned computed task
+/// `--multiple-choice-tasks`), `--hellaswag` and `--winogrande` (each task's
+/// two scores to the printed digit, and its pick) on pinned computed task
 /// files: quantgate's kind scores them as the tool does, so every task's
 /// verdict, in the tool's order (its running accuracy, printed per task,
 /// gives each task right or wrong), and the final accuracy equal the
@@ -495,6 +496,12 @@ fn multiple_choice_equals_llama_perplexity() {
         hs_bytes,
         "the pinned HellaSwag file is the generated one"
     );
+    let wg = repo().join("suites/data/wg-computed.csv");
+    assert_eq!(
+        quantgate::kinds::multiple_choice::computed_winogrande(40, 2028).into_bytes(),
+        std::fs::read(&wg).unwrap(),
+        "the pinned WinoGrande file is the generated one"
+    );
     let runs: [(&std::path::Path, Format, usize, &[&str]); 3] = [
         (&mc, Format::MultipleChoice, 0, &["--multiple-choice"]),
         (
@@ -513,11 +520,54 @@ fn multiple_choice_equals_llama_perplexity() {
         settings.n_batch = 2048;
         settings.n_ubatch = 512;
         settings.n_seq = 4;
+        // WinoGrande: the tool prints each task's two scores (6 decimals) and its pick.
+        let wtasks = quantgate::kinds::multiple_choice::read_winogrande(
+            &std::fs::read(&wg).unwrap(),
+            0,
+            "wg",
+        )
+        .unwrap();
+        let log = run_tool(
+            &tool,
+            &v.file.path,
+            &wg,
+            &["--winogrande", "-c", "512", "-t", "2", "-fa", "off"],
+        );
+        let printed: Vec<(f64, f64, usize)> = log
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.len() == 6 && f[0].parse::<usize>().is_ok()).then(|| {
+                    (
+                        f[2].parse().unwrap(),
+                        f[3].parse().unwrap(),
+                        f[4].parse().unwrap(),
+                    )
+                })
+            })
+            .collect();
+        assert_eq!(printed.len(), wtasks.len(), "{log}");
+        let scores =
+            quantgate::kinds::multiple_choice::score_winogrande(&*model, &settings, &wtasks, "wg")
+                .unwrap();
+        for (i, (s, p)) in scores.iter().zip(&printed).enumerate() {
+            let pick = quantgate::kinds::multiple_choice::pick(Format::Winogrande, s) + 1;
+            assert_eq!(
+                pick, p.2,
+                "{}: WinoGrande task {i}: {s:?} against the tool's {p:?}",
+                v.file.alias
+            );
+            assert!(
+                (s[0] - p.0).abs() <= 5e-7 && (s[1] - p.1).abs() <= 5e-7,
+                "{}: WinoGrande task {i}: {s:?} against the tool's {p:?}",
+                v.file.alias
+            );
+        }
         for (file, format, n, flags) in runs {
             let bytes = std::fs::read(file).unwrap();
             let tasks = match format {
-                Format::MultipleChoice => read_binary(&bytes, n, "mc").unwrap(),
                 Format::Hellaswag => read_hellaswag(&bytes, n, "hs").unwrap(),
+                _ => read_binary(&bytes, n, "mc").unwrap(),
             };
             let args: Vec<&str> = flags
                 .iter()

@@ -506,15 +506,9 @@ impl LoadedModel for Loaded {
     ) -> Result<Vec<std::time::Duration>> {
         let mut ctx = self.context(settings)?;
         let n_vocab = self.info.n_vocab as u64;
-        let mut state = seed;
-        // SplitMix64: the ids do not matter to the speed, only their count.
-        let mut next = move || {
-            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            LlamaToken(((z ^ (z >> 31)) % n_vocab) as i32)
-        };
+        // The ids do not matter to the speed, only their count.
+        let mut rng = crate::measure::SplitMix64(seed);
+        let mut next = move || LlamaToken((rng.next_u64() % n_vocab) as i32);
         let bos = self.info.add_bos.then_some(LlamaToken(self.info.bos));
         let n_batch = settings.n_batch as usize;
         let mut run = |ctx: &mut LlamaContext<'_>, test: super::BenchTest| -> Result<()> {

@@ -51,6 +51,8 @@ pub enum Format {
     MultipleChoice,
     /// `--hellaswag`: 6 lines per task (context, gold index, 4 endings).
     Hellaswag,
+    /// `--winogrande`: a CSV of sentences with a blank and two choices.
+    Winogrande,
 }
 
 /// A `kind = "multiple_choice"` case.
@@ -90,6 +92,7 @@ pub fn parse(case: &Case, src: &str, diag: &mut Diagnostics) -> Result<Arc<dyn K
         &[
             ("multiple-choice", Format::MultipleChoice),
             ("hellaswag", Format::Hellaswag),
+            ("winogrande", Format::Winogrande),
         ],
         diag,
     );
@@ -306,6 +309,276 @@ pub fn uniform_below(rng: &mut Mt19937, range: u32) -> u32 {
     (product >> 32) as u32
 }
 
+/// Read llama-perplexity's WinoGrande CSV: per line `index,sentence,choice1,choice2,answer`
+/// (the sentence quoted when it holds commas, one `_` where a choice goes,
+/// the answer 1 or 2), split at the first four commas outside quotes as the
+/// tool splits it. A line the tool would skip (not four commas, no `_`, an
+/// answer not 1 or 2) or leave out (the last line, unless an empty line
+/// ends the file) is an error here, naming the line. `tasks` of them (0: all) drawn as
+/// `--winogrande-tasks` draws them.
+pub fn read_winogrande(bytes: &[u8], tasks: usize, shown: &str) -> Result<Vec<(usize, Winogrande)>> {
+    let bad = |what: String| Error::input(format!("{shown}: {what}"));
+    let text = std::str::from_utf8(bytes).map_err(|e| bad(format!("not UTF-8: {e}")))?;
+    // `-f` drops one final newline; the tool's reader then stops at the line
+    // that reaches the end of the text, leaving it out: only an empty last
+    // line (a file ending in a blank line) leaves none out.
+    let text = text.strip_suffix('\n').unwrap_or(text);
+    let mut lines: Vec<&str> = text.split('\n').collect();
+    match lines.pop() {
+        Some("") | None => {}
+        Some(last) => {
+            return Err(bad(format!(
+                "line {}: `{last}`: llama-perplexity leaves out the last line of a --winogrande file \
+                 unless the file ends with an empty line; add one, so that every task counts",
+                lines.len() + 1
+            )))
+        }
+    }
+    let mut all = Vec::new();
+    for (n, line) in lines.iter().enumerate() {
+        let at = |what: &str| bad(format!("line {}: {what}", n + 1));
+        let b = line.as_bytes();
+        let mut commas = Vec::new();
+        let mut quoted = false;
+        for (i, &c) in b.iter().enumerate() {
+            if !quoted && c == b',' {
+                commas.push(i);
+                if commas.len() == 4 {
+                    break;
+                }
+            } else if c == b'"' {
+                quoted = !quoted;
+            }
+        }
+        if commas.len() != 4 {
+            return Err(at("not 5 comma-separated fields (index,sentence,choice1,choice2,answer)"));
+        }
+        let sub = |a: usize, len: usize| line.get(a..a + len).ok_or_else(|| at("a field is cut"));
+        let sentence = if b.get(commas[0] + 1) == Some(&b'"') {
+            sub(commas[0] + 2, (commas[1] - commas[0]).saturating_sub(3))?
+        } else {
+            sub(commas[0] + 1, commas[1] - commas[0] - 1)?
+        };
+        let choice1 = sub(commas[1] + 1, commas[2] - commas[1] - 1)?;
+        let choice2 = sub(commas[2] + 1, commas[3] - commas[2] - 1)?;
+        let answer = &line[commas[3] + 1..];
+        let Some(blank) = sentence.find('_') else {
+            return Err(at("the sentence has no `_` where a choice goes"));
+        };
+        // `stream >> int`: leading blanks, then a number; trailing text ignored.
+        let digits: String = answer
+            .trim_start()
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == '-' || *c == '+')
+            .collect();
+        let answer: i32 = match digits.parse() {
+            Ok(a @ 1..=2) => a,
+            _ => return Err(at(&format!("answer `{answer}` is not 1 or 2"))),
+        };
+        all.push(Winogrande {
+            first: sentence[..blank].to_string(),
+            second: sentence[blank + 1..].to_string(),
+            choices: [choice1.to_string(), choice2.to_string()],
+            answer,
+        });
+    }
+    if all.is_empty() {
+        return Err(bad("no tasks".into()));
+    }
+    let order: Vec<usize> = if tasks == 0 || tasks >= all.len() {
+        (0..all.len()).collect()
+    } else {
+        tool_selection(all.len(), tasks)
+    };
+    Ok(order.into_iter().map(|i| (i, all[i].clone())).collect())
+}
+
+/// One WinoGrande task: the sentence around the blank, the two choices,
+/// the answer (1 or 2).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Winogrande {
+    /// The sentence before the blank.
+    pub first: String,
+    /// The sentence after the blank.
+    pub second: String,
+    /// The two choices.
+    pub choices: [String; 2],
+    /// 1 or 2.
+    pub answer: i32,
+}
+
+impl Winogrande {
+    /// As a [`Task`]: the sentence with a blank, the choices, the labels.
+    pub fn task(&self) -> Task {
+        Task {
+            question: format!("{}_{}", self.first, self.second),
+            choices: self.choices.to_vec(),
+            labels: vec![i32::from(self.answer == 1), i32::from(self.answer == 2)],
+        }
+    }
+}
+
+/// The tool's minimum of tokens after the choice for partial scoring.
+const K_MIN_TRAILING_CTX: usize = 3;
+
+/// Score WinoGrande tasks as the tool does: both completions in one batch
+/// (2 sequences per task, as many tasks as fit in n_ctx and 4 sequences),
+/// every token after the shared prefix an output; each choice scored by the
+/// mean log-probability of the sentence after the choice word when both
+/// completions have more than 3 tokens after the prefix, else from the
+/// prefix on — with the tool's own row indices (including, in the second
+/// case, the row its source marks FIXME), so the scores are the tool's.
+pub fn score_winogrande(
+    model: &dyn LoadedModel,
+    settings: &Settings,
+    tasks: &[(usize, Winogrande)],
+    shown: &str,
+) -> Result<Scores> {
+    struct Prep {
+        seqs: [Vec<TokenId>; 2],
+        prefix: usize,
+        base: [usize; 2],
+        required: usize,
+    }
+    let tok = |s: String| -> Result<Vec<TokenId>> {
+        Ok(model.tokenize(&s, BosPolicy::Model)?.iter().map(|t| t.id).collect())
+    };
+    let mut prepared = Vec::new();
+    for (i, t) in tasks {
+        let s0 = tok(format!("{}{}{}", t.first, t.choices[0], t.second))?;
+        let s1 = tok(format!("{}{}{}", t.first, t.choices[1], t.second))?;
+        let prefix = s0.iter().zip(&s1).take_while(|(a, b)| a == b).count();
+        if prefix == 0 || prefix == s0.len() || prefix == s1.len() {
+            return Err(Error::input(format!(
+                "{shown}: task {i}: its two completions share {prefix} tokens of {} and {}: nothing to score",
+                s0.len(),
+                s1.len()
+            )));
+        }
+        let base = [
+            tok(format!("{}{}", t.first, t.choices[0]))?.len(),
+            tok(format!("{}{}", t.first, t.choices[1]))?.len(),
+        ];
+        let skip = s0.len() - prefix > K_MIN_TRAILING_CTX && s1.len() - prefix > K_MIN_TRAILING_CTX;
+        for (k, seq) in [&s0, &s1].into_iter().enumerate() {
+            let b = if skip { base[k] } else { prefix };
+            if b < prefix || b >= seq.len() {
+                return Err(Error::input(format!(
+                    "{shown}: task {i}: choice {} ends at token {b} of {}, outside the part after the shared {prefix}: the tool cannot score it",
+                    k + 1,
+                    seq.len()
+                )));
+            }
+        }
+        let required = s0.len() + s1.len() - prefix;
+        prepared.push(Prep {
+            seqs: [s0, s1],
+            prefix,
+            base,
+            required,
+        });
+    }
+    let sizes: Vec<(usize, usize)> = prepared.iter().map(|p| (p.required, 2)).collect();
+    let batches = tool_batches(&sizes, settings.n_ctx as usize, tasks, shown)?;
+    let token_batches: Vec<Vec<SeqToken>> = batches
+        .iter()
+        .map(|&(a, b)| {
+            let mut tokens = Vec::new();
+            for (k, p) in prepared[a..b].iter().enumerate() {
+                let s0 = 2 * k as i32;
+                for (i, &id) in p.seqs[0][..p.prefix].iter().enumerate() {
+                    tokens.push(SeqToken { id, pos: i, seqs: vec![s0, s0 + 1], output: i + 1 == p.prefix });
+                }
+                for s in 0..2 {
+                    for (i, &id) in p.seqs[s].iter().enumerate().skip(p.prefix) {
+                        tokens.push(SeqToken { id, pos: i, seqs: vec![s0 + s as i32], output: true });
+                    }
+                }
+            }
+            tokens
+        })
+        .collect();
+    let mut scores: Scores = vec![Vec::new(); tasks.len()];
+    model.decode_batches(settings, &token_batches, &mut |b, rows| {
+        let (a, e) = batches[b];
+        let mut at = 0; // the task's first row (its prefix's last token)
+        for (k, p) in prepared[a..e].iter().enumerate() {
+            let skip = p.seqs[0].len() - p.prefix > K_MIN_TRAILING_CTX
+                && p.seqs[1].len() - p.prefix > K_MIN_TRAILING_CTX;
+            let mut out = Vec::with_capacity(2);
+            for s in 0..2 {
+                let seq = &p.seqs[s];
+                let base = if skip { p.base[s] } else { p.prefix };
+                let last = usize::from(seq.len() - base > 1);
+                // The tool's first row index (for the second choice, its FIXME).
+                let li = if s == 0 {
+                    base - p.prefix
+                } else {
+                    p.seqs[0].len() - p.prefix + base - p.prefix
+                };
+                let mut score = 0.0f32;
+                for (k, j) in (base - 1..seq.len() - 1 - last).enumerate() {
+                    score += tool_logprob(rows[at + li + k], seq[j + 1] as usize);
+                }
+                out.push(f64::from(score / (seq.len() - base - last) as f32));
+            }
+            scores[a + k] = out;
+            at += 1 + p.seqs[0].len() - p.prefix + p.seqs[1].len() - p.prefix;
+        }
+        Ok(())
+    })?;
+    Ok(scores)
+}
+
+/// `n` computed WinoGrande lines (a CSV as [`read_winogrande`] reads it):
+/// two people and two numbers, and a blank only the larger (or smaller)
+/// number answers; sentences with commas are quoted; some tails are short
+/// (the tool then scores from the shared prefix) and some long (it scores
+/// after the choice word). The task file `suites/mc/winogrande.toml` pins.
+pub fn computed_winogrande(n: usize, seed: u64) -> String {
+    let mut rng = crate::measure::SplitMix64(seed);
+    let mut next = move |m: u64| rng.next_u64() % m;
+    const NAMES: [&str; 8] = ["Tom", "Ann", "Maria", "Ken", "Sarah", "Omar", "Lena", "Paul"];
+    const FORMS: [(&str, &str, bool); 4] = [
+        ("{a} is {x} years old and {b} is {y}, so _ is older.", "years", true),
+        ("{a} ran {x} km and {b} ran {y} km, so _ ran farther than the other runner did today.", "km", true),
+        ("{a} paid {x} dollars and {b} paid {y} dollars, so _ paid less.", "dollars", false),
+        ("{a} has {x} books while {b} has {y} books so _ has more books on the shelf at home.", "books", true),
+    ];
+    let mut out = String::new();
+    for i in 0..n {
+        let a = NAMES[next(8) as usize];
+        let b = loop {
+            let b = NAMES[next(8) as usize];
+            if b != a {
+                break b;
+            }
+        };
+        let (x, y) = loop {
+            let (x, y) = (2 + next(60), 2 + next(60));
+            if x != y {
+                break (x, y);
+            }
+        };
+        let (form, _, larger) = FORMS[i % FORMS.len()];
+        let sentence = form
+            .replace("{a}", a)
+            .replace("{b}", b)
+            .replace("{x}", &x.to_string())
+            .replace("{y}", &y.to_string());
+        let answer = if (x > y) == larger { 1 } else { 2 };
+        let field = if sentence.contains(',') {
+            format!("\"{sentence}\"")
+        } else {
+            sentence
+        };
+        out.push_str(&format!("{i},{field},{a},{b},{answer}\n"));
+    }
+    // An empty last line: the tool reads every task (see `read_winogrande`).
+    out.push('\n');
+    out
+}
+
 /// The 32-bit Mersenne Twister (`std::mt19937`).
 pub struct Mt19937 {
     mt: [u32; 624],
@@ -403,14 +676,8 @@ pub fn computed_hellaswag(n: usize, seed: u64) -> Vec<Task> {
 }
 
 fn generate(n: usize, seed: u64, forced: Option<usize>) -> Vec<Task> {
-    let mut state = seed;
-    let mut next = move |m: u64| {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        (z ^ (z >> 31)) % m
-    };
+    let mut rng = crate::measure::SplitMix64(seed);
+    let mut next = move |m: u64| rng.next_u64() % m;
     let pi = crate::kinds::digits::pi(60);
     let frac: Vec<char> = pi.chars().skip(2).collect();
     let ordinal = |k: u64| {
@@ -570,37 +837,8 @@ pub fn score(
         .iter()
         .map(|(i, t)| prepare(model, t).map_err(|e| e.context(format!("{shown}: task {i}"))))
         .collect::<Result<_>>()?;
-    let n_ctx = settings.n_ctx as usize;
-    // The tool's batches: tasks while their tokens fit n_ctx and their
-    // sequences N_SEQ.
-    let mut batches: Vec<(usize, usize)> = Vec::new();
-    let mut i0 = 0;
-    while i0 < prepared.len() {
-        let (mut n_cur, mut s0, mut i1) = (0, 0, i0);
-        while i1 < prepared.len() && n_cur + prepared[i1].required <= n_ctx {
-            let k = prepared[i1].seqs.len();
-            if s0 + k > N_SEQ {
-                if s0 == 0 {
-                    return Err(Error::input(format!(
-                        "{shown}: task {} has {k} choices, more than the {N_SEQ} sequences of a decode",
-                        tasks[i1].0
-                    )));
-                }
-                break;
-            }
-            s0 += k;
-            n_cur += prepared[i1].required;
-            i1 += 1;
-        }
-        if i1 == i0 {
-            return Err(Error::input(format!(
-                "{shown}: task {} needs {} tokens, more than the context's {n_ctx} (n_ctx × {N_SEQ})",
-                tasks[i0].0, prepared[i0].required
-            )));
-        }
-        batches.push((i0, i1));
-        i0 = i1;
-    }
+    let sizes: Vec<(usize, usize)> = prepared.iter().map(|p| (p.required, p.seqs.len())).collect();
+    let batches = tool_batches(&sizes, settings.n_ctx as usize, tasks, shown)?;
     let mut token_batches = Vec::new();
     for &(a, b) in &batches {
         let mut tokens = Vec::new();
@@ -642,7 +880,8 @@ pub fn score(
                 let rest = (p.prefix..seq.len() - 1).map(|j| tool_logprob(rows[r + j - p.prefix], seq[j + 1] as usize));
                 let count = seq.len() - p.prefix;
                 out.push(match format {
-                    Format::MultipleChoice => {
+                    // (WinoGrande is scored by `score_winogrande`.)
+                    Format::MultipleChoice | Format::Winogrande => {
                         f64::from(rest.fold(first_lp, |a, x| a + x) / count as f32)
                     }
                     Format::Hellaswag => {
@@ -656,6 +895,54 @@ pub fn score(
         Ok(())
     })?;
     Ok(scores)
+}
+
+/// The tool's batches, as task ranges: tasks while their tokens (`sizes`:
+/// tokens, sequences per task) fit `n_ctx` and their sequences [`N_SEQ`].
+fn tool_batches<T>(
+    sizes: &[(usize, usize)],
+    n_ctx: usize,
+    tasks: &[(usize, T)],
+    shown: &str,
+) -> Result<Vec<(usize, usize)>> {
+    let mut batches = Vec::new();
+    let mut i0 = 0;
+    while i0 < sizes.len() {
+        let (mut n_cur, mut s0, mut i1) = (0, 0, i0);
+        while i1 < sizes.len() && n_cur + sizes[i1].0 <= n_ctx {
+            let k = sizes[i1].1;
+            if s0 + k > N_SEQ {
+                if s0 == 0 {
+                    return Err(Error::input(format!(
+                        "{shown}: task {} has {k} choices, more than the {N_SEQ} sequences of a decode",
+                        tasks[i1].0
+                    )));
+                }
+                break;
+            }
+            s0 += k;
+            n_cur += sizes[i1].0;
+            i1 += 1;
+        }
+        if i1 == i0 {
+            return Err(Error::input(format!(
+                "{shown}: task {} needs {} tokens, more than the context's {n_ctx} (n_ctx × {N_SEQ})",
+                tasks[i0].0, sizes[i0].0
+            )));
+        }
+        batches.push((i0, i1));
+        i0 = i1;
+    }
+    Ok(batches)
+}
+
+/// The answer as the tool picks it: the highest score, the first on a tie
+/// (WinoGrande: the second on a tie, `score_1st > score_2nd ? 1 : 2`).
+pub fn pick(format: Format, scores: &[f64]) -> usize {
+    match format {
+        Format::Winogrande => usize::from(scores[0] <= scores[1]),
+        _ => choice(scores),
+    }
 }
 
 /// The index of the highest score (the first on a tie, as the tool takes it).
@@ -785,9 +1072,18 @@ impl Kind for MultipleChoice {
         let t = Instant::now();
         let shown = self.file.path.display().to_string();
         let bytes = self.file.read_bytes()?;
-        let tasks = match self.format {
-            Format::MultipleChoice => read_binary(&bytes, self.tasks, &shown)?,
-            Format::Hellaswag => read_hellaswag(&bytes, self.tasks, &shown)?,
+        let wino = match self.format {
+            Format::Winogrande => Some(read_winogrande(&bytes, self.tasks, &shown)?),
+            _ => None,
+        };
+        let tasks = match (self.format, &wino) {
+            (Format::MultipleChoice, _) => read_binary(&bytes, self.tasks, &shown)?,
+            (Format::Hellaswag, _) => read_hellaswag(&bytes, self.tasks, &shown)?,
+            (Format::Winogrande, w) => w.iter().flatten().map(|(i, t)| (*i, t.task())).collect(),
+        };
+        let score = |m: &dyn LoadedModel, settings: &Settings| match &wino {
+            Some(w) => score_winogrande(m, settings, w, &shown),
+            None => score(m, settings, &tasks, self.format, &shown),
         };
         let (verified, model) = cx.load(alias)?;
         out.timings.prepare = t.elapsed();
@@ -795,17 +1091,16 @@ impl Kind for MultipleChoice {
         let settings = self.settings(cx.threads);
         out.settings = Some(settings.clone());
         let t = Instant::now();
-        let scores = score(&*model, &settings, &tasks, self.format, &shown)
-            .map_err(|e| e.context(case.path.display()))?;
+        let scores = score(&*model, &settings).map_err(|e| e.context(case.path.display()))?;
         let refs = match &self.reference {
             Some((r, at)) => {
                 let (_, rmodel) = cx.load_reference((r, at), crate::execute::reference::Vocab::of(model.info()))?;
-                Some(score(&*rmodel, &settings, &tasks, self.format, &shown)?)
+                Some(score(&*rmodel, &settings)?)
             }
             None => None,
         };
         out.timings.decode = t.elapsed();
-        let chosen: Vec<usize> = scores.iter().map(|s| choice(s)).collect();
+        let chosen: Vec<usize> = scores.iter().map(|s| pick(self.format, s)).collect();
         let right: Vec<bool> = tasks
             .iter()
             .zip(&chosen)
@@ -830,7 +1125,7 @@ impl Kind for MultipleChoice {
             ("margin".into(), Column::F64(scores.iter().map(|s| margin(s)).collect())),
         ];
         if let Some(refs) = &refs {
-            let rchosen: Vec<usize> = refs.iter().map(|s| choice(s)).collect();
+            let rchosen: Vec<usize> = refs.iter().map(|s| pick(self.format, s)).collect();
             let rright: Vec<bool> = tasks
                 .iter()
                 .zip(&rchosen)
@@ -938,6 +1233,26 @@ mod tests {
         assert!(e.contains("task 0 (line 2): gold ending `7`"), "{e}");
         // Lemire's method on a range of 1 is 0, whatever the engine says.
         assert_eq!(uniform_below(&mut Mt19937::new(1), 1), 0);
+    }
+
+    /// WinoGrande CSV as the tool splits it (a quoted sentence with commas,
+    /// one `_`), and every line it would skip or leave out is an error.
+    #[test]
+    fn winogrande_lines_are_split_as_the_tool_splits_them() {
+        let csv = computed_winogrande(4, 3);
+        let t = read_winogrande(csv.as_bytes(), 0, "wg").unwrap();
+        assert_eq!(t.len(), 4);
+        let line0 = csv.lines().next().unwrap();
+        assert!(line0.contains('"') && t[0].1.first.contains(", so "), "{line0}");
+        assert!(!t[0].1.first.contains('"') && t[0].1.second.ends_with('.'));
+        let e = read_winogrande(b"0,no blank here,a,b,1\n\n", 0, "wg").unwrap_err().to_string();
+        assert!(e.contains("line 1: the sentence has no `_`"), "{e}");
+        let e = read_winogrande(b"0,a _ b,x,y,3\n\n", 0, "wg").unwrap_err().to_string();
+        assert!(e.contains("answer `3` is not 1 or 2"), "{e}");
+        let e = read_winogrande(b"0,a _ b,x,y,1\n", 0, "wg").unwrap_err().to_string();
+        assert!(e.contains("line 1:") && e.contains("leaves out the last line"), "{e}");
+        let e = read_winogrande(b"0,a _ b,x\n\n", 0, "wg").unwrap_err().to_string();
+        assert!(e.contains("not 5 comma-separated fields"), "{e}");
     }
 
     #[test]
