@@ -1260,3 +1260,59 @@ fn multiple_choice_flips_equal_a_recount_from_the_parquet_rows() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Our own JSONL task format scores a task as the binary `--multiple-choice`
+/// format does: the computed tasks written both ways give the same verdicts
+/// and the same metrics on the same model.
+#[test]
+fn jsonl_tasks_score_as_the_binary_format_does() {
+    use quantgate::kinds::multiple_choice::{computed_tasks, write_binary};
+    let root = std::env::temp_dir().join(format!("qg-cli-jsonl-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let suites = root.join("suites");
+    std::fs::create_dir_all(suites.join("mc")).unwrap();
+    std::fs::copy(
+        repo().join("suites/models.toml"),
+        suites.join("models.toml"),
+    )
+    .unwrap();
+    let tasks = computed_tasks(24, 5);
+    let jsonl: String = tasks
+        .iter()
+        .map(|t| {
+            serde_json::json!({
+                "question": t.question,
+                "choices": t.choices,
+                "answer": t.labels.iter().position(|l| *l == 1).unwrap(),
+            })
+            .to_string()
+                + "\n"
+        })
+        .collect();
+    let bin = write_binary(&tasks);
+    std::fs::write(suites.join("mc/t.jsonl"), &jsonl).unwrap();
+    std::fs::write(suites.join("mc/t.bin"), &bin).unwrap();
+    for (name, file, format, bytes) in [
+        ("own", "t.jsonl", "jsonl", jsonl.as_bytes()),
+        ("tool", "t.bin", "multiple-choice", &bin[..]),
+    ] {
+        std::fs::write(
+            suites.join(format!("mc/{name}.toml")),
+            format!(
+                "kind = \"multiple_choice\"\nmodels = [\"smollm2-q8_0\"]\nformat = \"{format}\"\n\
+                 [tasks_file]\npath = \"{file}\"\nsha256 = \"{}\"\n",
+                quantgate::core::fsutil::sha256_bytes(bytes)
+            ),
+        )
+        .unwrap();
+    }
+    let json = root.join("out.json");
+    let (code, stdout, stderr) = run(&suites, &["mc", "--json", json.to_str().unwrap()]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let outcomes: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(outcomes.len(), 2);
+    assert_eq!(outcomes[0]["metrics"], outcomes[1]["metrics"]);
+    assert_eq!(outcomes[0]["metrics"]["tasks"], 24.0);
+    let _ = std::fs::remove_dir_all(&root);
+}

@@ -53,6 +53,10 @@ pub enum Format {
     Hellaswag,
     /// `--winogrande`: a CSV of sentences with a blank and two choices.
     Winogrande,
+    /// Our own, for hand-written suites: one JSON object per line,
+    /// `{"question": …, "choices": […], "answer": k}` (k counts from 0),
+    /// scored as `--multiple-choice` scores a task.
+    Jsonl,
 }
 
 /// A `kind = "multiple_choice"` case.
@@ -93,6 +97,7 @@ pub fn parse(case: &Case, src: &str, diag: &mut Diagnostics) -> Result<Arc<dyn K
             ("multiple-choice", Format::MultipleChoice),
             ("hellaswag", Format::Hellaswag),
             ("winogrande", Format::Winogrande),
+            ("jsonl", Format::Jsonl),
         ],
         diag,
     );
@@ -579,6 +584,55 @@ pub fn computed_winogrande(n: usize, seed: u64) -> String {
     out
 }
 
+/// Read our own task format: one JSON object per line (blank lines
+/// skipped), `question` (a string), `choices` (at least 2 strings),
+/// `answer` (the index of the correct choice, from 0); `tasks` of them
+/// (0: all) drawn as `--multiple-choice-tasks` draws them. Every problem is
+/// an error naming the line.
+pub fn read_jsonl(bytes: &[u8], tasks: usize, shown: &str) -> Result<Vec<(usize, Task)>> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Line {
+        question: String,
+        choices: Vec<String>,
+        answer: usize,
+    }
+    let bad = |what: String| Error::input(format!("{shown}: {what}"));
+    let text = std::str::from_utf8(bytes).map_err(|e| bad(format!("not UTF-8: {e}")))?;
+    let mut all = Vec::new();
+    for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let at = |what: String| bad(format!("line {}: {what}", n + 1));
+        let l: Line = serde_json::from_str(line).map_err(|e| at(e.to_string()))?;
+        if l.choices.len() < 2 {
+            return Err(at(format!("{} choice(s); a task needs at least 2", l.choices.len())));
+        }
+        if l.answer >= l.choices.len() {
+            return Err(at(format!(
+                "answer {} is out of range: choices count from 0 to {}",
+                l.answer,
+                l.choices.len() - 1
+            )));
+        }
+        if l.question.is_empty() || l.choices.iter().any(String::is_empty) {
+            return Err(at("an empty question or choice".into()));
+        }
+        all.push(Task {
+            question: l.question,
+            labels: (0..l.choices.len()).map(|k| i32::from(k == l.answer)).collect(),
+            choices: l.choices,
+        });
+    }
+    if all.is_empty() {
+        return Err(bad("no tasks".into()));
+    }
+    let order: Vec<usize> = if tasks == 0 || tasks >= all.len() {
+        (0..all.len()).collect()
+    } else {
+        tool_selection(all.len(), tasks)
+    };
+    Ok(order.into_iter().map(|i| (i, all[i].clone())).collect())
+}
+
 /// The 32-bit Mersenne Twister (`std::mt19937`).
 pub struct Mt19937 {
     mt: [u32; 624],
@@ -881,7 +935,7 @@ pub fn score(
                 let count = seq.len() - p.prefix;
                 out.push(match format {
                     // (WinoGrande is scored by `score_winogrande`.)
-                    Format::MultipleChoice | Format::Winogrande => {
+                    Format::MultipleChoice | Format::Jsonl | Format::Winogrande => {
                         f64::from(rest.fold(first_lp, |a, x| a + x) / count as f32)
                     }
                     Format::Hellaswag => {
@@ -1079,6 +1133,7 @@ impl Kind for MultipleChoice {
         let tasks = match (self.format, &wino) {
             (Format::MultipleChoice, _) => read_binary(&bytes, self.tasks, &shown)?,
             (Format::Hellaswag, _) => read_hellaswag(&bytes, self.tasks, &shown)?,
+            (Format::Jsonl, _) => read_jsonl(&bytes, self.tasks, &shown)?,
             (Format::Winogrande, w) => w.iter().flatten().map(|(i, t)| (*i, t.task())).collect(),
         };
         let score = |m: &dyn LoadedModel, settings: &Settings| match &wino {
@@ -1253,6 +1308,27 @@ mod tests {
         assert!(e.contains("line 1:") && e.contains("leaves out the last line"), "{e}");
         let e = read_winogrande(b"0,a _ b,x\n\n", 0, "wg").unwrap_err().to_string();
         assert!(e.contains("not 5 comma-separated fields"), "{e}");
+    }
+
+    /// Our own JSONL format: read as written; a bad line is named, an
+    /// answer out of range or a single choice refused.
+    #[test]
+    fn jsonl_tasks_and_their_errors() {
+        let ok = b"{\"question\": \"2+2=\", \"choices\": [\"4\", \"5\"], \"answer\": 0}\n\n{\"question\": \"q\", \"choices\": [\"a\", \"b\", \"c\"], \"answer\": 2}\n";
+        let t = read_jsonl(ok, 0, "t.jsonl").unwrap();
+        assert_eq!(t.len(), 2);
+        assert_eq!(t[1].0, 1);
+        assert_eq!(t[1].1.labels, vec![0, 0, 1]);
+        let e = read_jsonl(b"{\"question\": \"q\", \"choices\": [\"a\", \"b\"], \"answer\": 2}\n", 0, "t.jsonl")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("t.jsonl: line 1: answer 2 is out of range"), "{e}");
+        let e = read_jsonl(b"\n{\"question\": \"q\", \"choices\": [\"a\"], \"answer\": 0}\n", 0, "t.jsonl")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 2: 1 choice(s)"), "{e}");
+        let e = read_jsonl(b"{\"question\": 3}\n", 0, "t.jsonl").unwrap_err().to_string();
+        assert!(e.contains("line 1:"), "{e}");
     }
 
     #[test]
