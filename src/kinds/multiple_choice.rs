@@ -387,15 +387,7 @@ pub fn read_winogrande(bytes: &[u8], tasks: usize, shown: &str) -> Result<Vec<(u
             answer,
         });
     }
-    if all.is_empty() {
-        return Err(bad("no tasks".into()));
-    }
-    let order: Vec<usize> = if tasks == 0 || tasks >= all.len() {
-        (0..all.len()).collect()
-    } else {
-        tool_selection(all.len(), tasks)
-    };
-    Ok(order.into_iter().map(|i| (i, all[i].clone())).collect())
+    drawn(all, tasks, &bad)
 }
 
 /// One WinoGrande task: the sentence around the blank, the two choices,
@@ -622,6 +614,17 @@ pub fn read_jsonl(bytes: &[u8], tasks: usize, shown: &str) -> Result<Vec<(usize,
             choices: l.choices,
         });
     }
+    drawn(all, tasks, &bad)
+}
+
+/// `tasks` of `all` (0: every one, in order) drawn as the tool's
+/// `--multiple-choice-tasks` / `--winogrande-tasks` draw them, with their
+/// indices; no task at all is an error.
+fn drawn<T: Clone>(
+    all: Vec<T>,
+    tasks: usize,
+    bad: &dyn Fn(String) -> Error,
+) -> Result<Vec<(usize, T)>> {
     if all.is_empty() {
         return Err(bad("no tasks".into()));
     }
