@@ -61,6 +61,8 @@ pub struct Row {
     pub gates: usize,
     /// ΔNLL per window.
     pub delta_nll_per_window: Vec<f64>,
+    /// The speed case's metrics of this model (pp/tg t/s, their ratios), if one ran.
+    pub speed: BTreeMap<String, f64>,
 }
 
 /// One reference's ladder.
@@ -144,6 +146,7 @@ pub fn views(outcomes: &[Outcome], facts: &dyn Fn(&str) -> ModelFacts) -> Vec<Vi
                     failures: Vec::new(),
                     gates: 0,
                     delta_nll_per_window: Vec::new(),
+                    speed: BTreeMap::new(),
                 });
                 for (k, v) in &o.metrics {
                     row.metrics.entry(k.clone()).or_insert(*v);
@@ -173,6 +176,21 @@ pub fn views(outcomes: &[Outcome], facts: &dyn Fn(&str) -> ModelFacts) -> Vec<Vi
             }
         }
         let mut rows: Vec<Row> = rows.into_values().collect();
+        // Speed beside quality: a speed case's t/s of the same model.
+        for r in &mut rows {
+            if let Some(o) = outcomes.iter().find(|o| {
+                o.model == r.model
+                    && (o.metrics.contains_key("pp_tps_mean")
+                        || o.metrics.contains_key("tg_tps_mean"))
+            }) {
+                r.speed = o
+                    .metrics
+                    .iter()
+                    .filter(|(k, _)| k.starts_with("pp_") || k.starts_with("tg_"))
+                    .map(|(k, v)| (k.clone(), *v))
+                    .collect();
+            }
+        }
         rows.sort_by(|a, b| {
             b.facts
                 .bytes
@@ -271,6 +289,13 @@ fn cells(r: &Row) -> Vec<String> {
         (Some(b), Some(w)) => format!("{b:.0}/{w:.0}"),
         _ => "–".into(),
     };
+    let tps = |t: &str| match (
+        r.speed.get(&format!("{t}_tps_mean")),
+        r.speed.get(&format!("{t}_tps_sd")),
+    ) {
+        (Some(m), Some(sd)) => format!("{m:.1} ± {sd:.1}"),
+        _ => "–".into(),
+    };
     let verdict = match r.status {
         Status::Pass => format!("pass ({} gates)", r.gates),
         Status::Fail => format!("**FAIL** {}", r.failures.join("; ")),
@@ -294,11 +319,13 @@ fn cells(r: &Row) -> Vec<String> {
         num(m("dp_rms").map(|x| x * 100.0), 3),
         same_top,
         flips,
+        tps("pp"),
+        tps("tg"),
         verdict,
     ]
 }
 
-const HEAD: [&str; 13] = [
+const HEAD: [&str; 15] = [
     "model",
     "size",
     "BPW",
@@ -311,6 +338,8 @@ const HEAD: [&str; 13] = [
     "Δp RMS %",
     "same top % [Wilson 95%]",
     "flips where p1 ≥ 0.99 [Wilson 95%]",
+    "pp t/s",
+    "tg t/s",
     "gates",
 ];
 
@@ -332,7 +361,11 @@ pub fn markdown(views: &[View]) -> String {
             "|{}|",
             HEAD.iter()
                 .enumerate()
-                .map(|(i, _)| if i == 0 || i == 12 { "---" } else { "---:" })
+                .map(|(i, _)| if i == 0 || i == HEAD.len() - 1 {
+                    "---"
+                } else {
+                    "---:"
+                })
                 .collect::<Vec<_>>()
                 .join("|")
         );
@@ -352,7 +385,8 @@ pub fn markdown(views: &[View]) -> String {
          KLD: KL(reference ‖ model) per scored position, nats. Δp: p(true token) − the \
          reference's. Same top: positions whose argmax equals the reference's. Flips: \
          positions where the reference's top-1 probability is ≥ 0.99 and the model's argmax \
-         differs. BPW: tensor bytes × 8 / parameters, from the GGUF header.\n",
+         differs. BPW: tensor bytes × 8 / parameters, from the GGUF header. pp/tg t/s: \
+         a speed case's prompt processing and generation, mean ± sd over its repetitions.\n",
     );
     s
 }
@@ -390,7 +424,8 @@ const CSV_METRICS: &[&str] = &[
 pub fn csv(views: &[View]) -> String {
     let mut s = String::from("reference,cases,model,bytes,bpw,");
     s.push_str(&CSV_METRICS.join(","));
-    s.push_str(",top_flip_edge,top_flips,top_flip_n,top_flip_wilson95_lo,top_flip_wilson95_hi,status,failures\n");
+    s.push_str(",top_flip_edge,top_flips,top_flip_n,top_flip_wilson95_lo,top_flip_wilson95_hi");
+    s.push_str(",pp_tps_mean,pp_tps_sd,tg_tps_mean,tg_tps_sd,pp_ratio_vs_ref,tg_ratio_vs_ref,status,failures\n");
     let f = |v: Option<f64>| v.map(|x| format!("{x}")).unwrap_or_default();
     for v in views {
         for r in &v.rows {
@@ -408,6 +443,16 @@ pub fn csv(views: &[View]) -> String {
             line.push(t.map(|t| t.n.to_string()).unwrap_or_default());
             line.push(f(t.map(|t| t.wilson.0)));
             line.push(f(t.map(|t| t.wilson.1)));
+            for k in [
+                "pp_tps_mean",
+                "pp_tps_sd",
+                "tg_tps_mean",
+                "tg_tps_sd",
+                "pp_ratio_vs_ref",
+                "tg_ratio_vs_ref",
+            ] {
+                line.push(f(r.speed.get(k).copied()));
+            }
             line.push(r.status.as_str().into());
             line.push(csv_field(&r.failures.join("; ")));
             let _ = writeln!(s, "{}", line.join(","));
@@ -953,7 +998,18 @@ mod tests {
             bytes: Some(if m == "q8" { 200 } else { 100 }),
             bpw: Some(if m == "q8" { 8.5 } else { 2.6 }),
         };
-        let vs = views(&[k, b, a], &facts);
+        let mut sp = outcome(
+            "speed/x",
+            "q8",
+            &[
+                ("pp_tps_mean", 400.0),
+                ("pp_tps_sd", 5.0),
+                ("tg_tps_mean", 80.0),
+                ("tg_tps_sd", 2.0),
+            ],
+        );
+        sp.reference = None;
+        let vs = views(&[k, b, a, sp], &facts);
         assert_eq!(vs.len(), 1);
         let v = &vs[0];
         assert_eq!(v.cases, ["ppl/x", "kld/x"]);
