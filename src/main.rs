@@ -223,23 +223,12 @@ fn engine_options(
     kv_type: &Option<String>,
     flash_attn: &Option<String>,
 ) -> Result<(), Error> {
-    let env = |k: &'static str| {
-        std::env::var(k)
-            .ok()
-            .filter(|v| !v.is_empty())
-            .map(|v| (v, k))
-    };
-    let pick = |flag: &Option<String>, name: &'static str, var: &'static str| {
-        flag.clone().map(|v| (v, name)).or_else(|| env(var))
-    };
-    let n = pick(n_gpu_layers, "--n-gpu-layers", "QUANTGATE_N_GPU_LAYERS");
-    let kv = pick(kv_type, "--kv-type", "QUANTGATE_KV_TYPE");
-    let fa = pick(flash_attn, "--flash-attn", "QUANTGATE_FLASH_ATTN");
-    fn r<'a>(o: &'a Option<(String, &'static str)>) -> Option<(&'a str, &'a str)> {
-        o.as_ref().map(|(v, k)| (v.as_str(), *k))
-    }
-    quantgate::core::EngineOptions::parse(r(&n), r(&kv), r(&fa))
-        .and_then(quantgate::core::EngineOptions::install)
+    quantgate::core::EngineOptions::from_flags_or_env([
+        n_gpu_layers.as_deref(),
+        kv_type.as_deref(),
+        flash_attn.as_deref(),
+    ])
+    .and_then(quantgate::core::EngineOptions::install)
 }
 
 /// The `--model` files and `--reference` of `quantgate run`, pinned and

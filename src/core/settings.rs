@@ -89,21 +89,32 @@ impl EngineOptions {
     /// Options from `QUANTGATE_N_GPU_LAYERS`, `QUANTGATE_KV_TYPE`,
     /// `QUANTGATE_FLASH_ATTN`.
     pub fn from_env() -> Result<EngineOptions> {
-        let var = |k: &'static str| {
-            std::env::var(k)
-                .ok()
-                .filter(|v| !v.is_empty())
-                .map(|v| (v, k))
-        };
-        let (n, kv, fa) = (
-            var("QUANTGATE_N_GPU_LAYERS"),
-            var("QUANTGATE_KV_TYPE"),
-            var("QUANTGATE_FLASH_ATTN"),
-        );
-        fn r<'a>(o: &'a Option<(String, &'static str)>) -> Option<(&'a str, &'a str)> {
-            o.as_ref().map(|(v, k)| (v.as_str(), *k))
-        }
-        EngineOptions::parse(r(&n), r(&kv), r(&fa))
+        EngineOptions::from_flags_or_env([None, None, None])
+    }
+
+    /// Options from the command line's `--n-gpu-layers`, `--kv-type` and
+    /// `--flash-attn` (in that order; None: not given), each falling back
+    /// to its environment variable; messages name the flag or the variable.
+    pub fn from_flags_or_env(flags: [Option<&str>; 3]) -> Result<EngineOptions> {
+        const NAMES: [(&str, &str); 3] = [
+            ("--n-gpu-layers", "QUANTGATE_N_GPU_LAYERS"),
+            ("--kv-type", "QUANTGATE_KV_TYPE"),
+            ("--flash-attn", "QUANTGATE_FLASH_ATTN"),
+        ];
+        let given: Vec<Option<(String, &str)>> = flags
+            .iter()
+            .zip(NAMES)
+            .map(|(flag, (name, var))| {
+                flag.map(|v| (v.to_string(), name)).or_else(|| {
+                    std::env::var(var)
+                        .ok()
+                        .filter(|v| !v.is_empty())
+                        .map(|v| (v, var))
+                })
+            })
+            .collect();
+        let r = |i: usize| given[i].as_ref().map(|(v, k)| (v.as_str(), *k));
+        EngineOptions::parse(r(0), r(1), r(2))
     }
 
     /// Fix this process's options (before any setting is made); an error
