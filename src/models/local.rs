@@ -293,8 +293,48 @@ pub fn alias_for(path: &Path) -> String {
     alias
 }
 
-/// Hash the model at `path` (every part of a split file): what the lock pins.
+/// Each part's modification time and length: what says a file is unchanged
+/// since it was hashed in this process.
+type Stamp = Vec<(Option<std::time::SystemTime>, u64)>;
+
+/// Files hashed in this process, by path and stamp: pinning a new file and
+/// verifying it for the same run hash it once.
+static MEASURED: std::sync::Mutex<Vec<(PathBuf, Stamp, Pinned)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Hash the model at `path` (every part of a split file): what the lock
+/// pins. Once per process while no part's time or length changes.
 pub fn measure(path: &Path) -> Result<Pinned> {
+    measured(path, false)
+}
+
+/// [`measure`]; with `fresh`, hashed again whatever the memo holds (an
+/// explicit re-pin reads the bytes, not a time stamp).
+fn measured(path: &Path, fresh: bool) -> Result<Pinned> {
+    let stamp: Stamp = gguf_parts(path)
+        .iter()
+        .map(|p| {
+            let m = std::fs::metadata(p).ok();
+            (
+                m.as_ref().and_then(|m| m.modified().ok()),
+                m.map_or(0, |m| m.len()),
+            )
+        })
+        .collect();
+    let mut memo = MEASURED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, _, p)) = memo
+        .iter()
+        .find(|(p, s, _)| !fresh && p == path && *s == stamp)
+    {
+        return Ok(p.clone());
+    }
+    let pinned = hash_parts(path)?;
+    memo.retain(|(p, _, _)| p != path);
+    memo.push((path.to_path_buf(), stamp, pinned.clone()));
+    Ok(pinned)
+}
+
+fn hash_parts(path: &Path) -> Result<Pinned> {
     let parts = gguf_parts(path);
     let mut total = Sha256::new();
     let mut bytes = 0u64;
@@ -393,7 +433,7 @@ pub fn pin(
                 )))
             }
             old => {
-                let new = measure(f)?;
+                let new = measured(f, repin)?;
                 if let Some(o) = old {
                     if *o != new {
                         eprintln!(
