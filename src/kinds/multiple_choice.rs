@@ -1158,12 +1158,17 @@ impl Kind for MultipleChoice {
             None => None,
         };
         out.timings.decode = t.elapsed();
-        let chosen: Vec<usize> = scores.iter().map(|s| pick(self.format, s)).collect();
-        let right: Vec<bool> = tasks
-            .iter()
-            .zip(&chosen)
-            .map(|((_, t), &c)| t.labels[c] == 1)
-            .collect();
+        // Each task's pick, and whether it is a correct choice.
+        let verdicts = |scores: &Scores| -> (Vec<usize>, Vec<bool>) {
+            let chosen: Vec<usize> = scores.iter().map(|s| pick(self.format, s)).collect();
+            let right = tasks
+                .iter()
+                .zip(&chosen)
+                .map(|((_, t), &c)| t.labels[c] == 1)
+                .collect();
+            (chosen, right)
+        };
+        let (chosen, right) = verdicts(&scores);
         let n = tasks.len();
         let k = right.iter().filter(|r| **r).count();
         let m = &mut out.metrics;
@@ -1183,12 +1188,7 @@ impl Kind for MultipleChoice {
             ("margin".into(), Column::F64(scores.iter().map(|s| margin(s)).collect())),
         ];
         if let Some(refs) = &refs {
-            let rchosen: Vec<usize> = refs.iter().map(|s| pick(self.format, s)).collect();
-            let rright: Vec<bool> = tasks
-                .iter()
-                .zip(&rchosen)
-                .map(|((_, t), &c)| t.labels[c] == 1)
-                .collect();
+            let (rchosen, rright) = verdicts(refs);
             let b = rright.iter().zip(&right).filter(|(r, c)| **r && !**c).count() as u64;
             let c = rright.iter().zip(&right).filter(|(r, c)| !**r && **c).count() as u64;
             let agree = rchosen.iter().zip(&chosen).filter(|(a, b)| a == b).count();

@@ -90,7 +90,7 @@ fn extract(alias: &str, f: &Fetch, dl: &Path, out: &mut fs::File, tmp: &Path) ->
             f.member
         ))
     })?;
-    let bar = bar(member.size(), &format!("extract {alias}"));
+    let bar = crate::core::progress::bar(member.size(), &format!("extract {alias}"), "bytes");
     let copy = (|| -> std::io::Result<()> {
         let mut buf = vec![0u8; 1 << 20];
         loop {
@@ -130,9 +130,4 @@ pub(super) fn derive(
     spinner.finish_and_clear();
     result.map_err(|e| e.context(format!("deriving model `{alias}`")))?;
     fsutil::commit(tmp, dest)
-}
-
-/// A byte-counting bar.
-pub(super) fn bar(len: u64, msg: &str) -> indicatif::ProgressBar {
-    crate::core::progress::bar(len, msg, "bytes")
 }

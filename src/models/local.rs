@@ -343,7 +343,7 @@ fn hash_parts(path: &Path) -> Result<Pinned> {
         .iter()
         .map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
         .sum();
-    let bar = super::fetch::bar(len, &format!("sha256 {}", alias_for(path)));
+    let bar = crate::core::progress::bar(len, &format!("sha256 {}", alias_for(path)), "bytes");
     for p in &parts {
         let mut f = std::fs::File::open(p).map_err(|e| {
             Error::input(format!(

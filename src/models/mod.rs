@@ -477,7 +477,7 @@ fn verify(reg: &Registry, alias: &str, entry: &ModelEntry, path: &Path) -> Resul
     let len = fs::metadata(path)
         .map_err(|e| Error::input(format!("model `{alias}`: {}: {e}", path.display())))?
         .len();
-    let bar = fetch::bar(len, &format!("sha256 {alias}"));
+    let bar = crate::core::progress::bar(len, &format!("sha256 {alias}"), "bytes");
     let (sha, bytes) = fsutil::sha256_file(path, |n| bar.inc(n))?;
     bar.finish_and_clear();
     match &entry.sha256 {

@@ -420,12 +420,22 @@ const CSV_METRICS: &[&str] = &[
     "same_top_wilson95_hi",
 ];
 
+/// CSV columns of the speed case, when one ran on the model.
+const CSV_SPEED: &[&str] = &[
+    "pp_tps_mean",
+    "pp_tps_sd",
+    "tg_tps_mean",
+    "tg_tps_sd",
+    "pp_ratio_vs_ref",
+    "tg_ratio_vs_ref",
+];
+
 /// The CSV report: one line per view × model.
 pub fn csv(views: &[View]) -> String {
     let mut s = String::from("reference,cases,model,bytes,bpw,");
     s.push_str(&CSV_METRICS.join(","));
     s.push_str(",top_flip_edge,top_flips,top_flip_n,top_flip_wilson95_lo,top_flip_wilson95_hi");
-    s.push_str(",pp_tps_mean,pp_tps_sd,tg_tps_mean,tg_tps_sd,pp_ratio_vs_ref,tg_ratio_vs_ref,status,failures\n");
+    let _ = writeln!(s, ",{},status,failures", CSV_SPEED.join(","));
     let f = |v: Option<f64>| v.map(|x| format!("{x}")).unwrap_or_default();
     for v in views {
         for r in &v.rows {
@@ -443,15 +453,8 @@ pub fn csv(views: &[View]) -> String {
             line.push(t.map(|t| t.n.to_string()).unwrap_or_default());
             line.push(f(t.map(|t| t.wilson.0)));
             line.push(f(t.map(|t| t.wilson.1)));
-            for k in [
-                "pp_tps_mean",
-                "pp_tps_sd",
-                "tg_tps_mean",
-                "tg_tps_sd",
-                "pp_ratio_vs_ref",
-                "tg_ratio_vs_ref",
-            ] {
-                line.push(f(r.speed.get(k).copied()));
+            for k in CSV_SPEED {
+                line.push(f(r.speed.get(*k).copied()));
             }
             line.push(r.status.as_str().into());
             line.push(csv_field(&r.failures.join("; ")));
