@@ -117,6 +117,32 @@ enum Command {
         #[arg(long, default_value = "report")]
         out: PathBuf,
     },
+    /// Merge the outcomes of shards (folders a `QUANTGATE_OUT=DIR` run under
+    /// nextest wrote, or `--json` files) into one run: every selected test
+    /// exactly once, one build, one settings line per case, gates judged
+    /// again; then the table, `--json` and `--report` as `run` writes them.
+    /// Exit 0: all pass; 1: a test failed; 2: the shards do not make one run.
+    Merge {
+        /// Shard output folders (walked for `*.json`) or `--json` files.
+        #[arg(required = true)]
+        sources: Vec<PathBuf>,
+        /// The cases the shards ran (files, directories or globs, as `run`
+        /// takes them; default: every case).
+        #[arg(long = "case")]
+        cases: Vec<String>,
+        /// Only these model aliases (or files), as `run --model`.
+        #[arg(long = "model")]
+        models: Vec<String>,
+        /// The reference of every selected case, as `run --reference`.
+        #[arg(long)]
+        reference: Option<String>,
+        /// Write the merged outcomes (one JSON array, as `run --json`).
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Also write the ladder report to DIR.
+        #[arg(long)]
+        report: Option<PathBuf>,
+    },
     /// Print the token ids of a text file, one per line (to pin as a `[tokens]` file).
     Tokenize {
         /// The text file.
@@ -162,6 +188,17 @@ enum ReferenceAction {
         /// Model to record (default: the case's `reference`).
         #[arg(long)]
         model: Option<String>,
+    },
+    /// Build the reference products (`.qgref` rows for KL, `.qgscores` for
+    /// paired ΔNLL) of the selected cases once, into DIR: shards then read
+    /// them with QUANTGATE_REFERENCE_DIR=DIR and never load the reference model.
+    Build {
+        /// Which cases and models, as `run` selects them.
+        #[command(flatten)]
+        select: Select,
+        /// The folder to write (created; products already in it are kept).
+        #[arg(long)]
+        out: PathBuf,
     },
 }
 
@@ -314,7 +351,9 @@ fn main() -> ExitCode {
                 models,
                 reference,
             } = select;
-            if let Err(e) = engine_options(&n_gpu_layers, &kv_type, &flash_attn) {
+            if let Err(e) = engine_options(&n_gpu_layers, &kv_type, &flash_attn)
+                .and_then(|()| quantgate::execute::reference::shipped_from_env().map(|_| ()))
+            {
                 return fail(&e);
             }
             // Output paths are checked before anything runs.
@@ -478,6 +517,68 @@ fn main() -> ExitCode {
                 Err(e) => fail(&e),
             }
         }
+        Command::Reference {
+            action: ReferenceAction::Build { select, out },
+        } => {
+            if out.exists() && !out.is_dir() {
+                return fail(&Error::input(format!(
+                    "--out {}: exists and is not a directory",
+                    out.display()
+                )));
+            }
+            let (registry, planned) = match overrides(
+                &cli.suites,
+                &select.models,
+                select.reference.as_deref(),
+            )
+            .and_then(|o| {
+                quantgate::plan::plan_with(&cli.suites, &select.patterns, &select.models, &o)
+            }) {
+                Ok(p) => p,
+                Err(e) => return fail(&e),
+            };
+            let mut runner =
+                RunContext::new(registry, Arc::new(LlamaEngine::new()), threads_per_trial(1));
+            // The products go to --out, whatever the environment ships.
+            runner.references =
+                quantgate::execute::reference::ReferenceStore::with_shipped(out.clone(), Ok(None));
+            let goldens = cli
+                .suites
+                .parent()
+                .unwrap_or(std::path::Path::new(""))
+                .join("goldens");
+            let t = std::time::Instant::now();
+            let work = quantgate::judge::build_references(&runner, &planned, &goldens);
+            for f in &work.failed {
+                eprintln!("error: {f}");
+            }
+            let mut files: Vec<(String, u64)> = std::fs::read_dir(&out)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+                .map(|e| {
+                    let bytes = e.metadata().map_or(0, |m| m.len());
+                    (e.file_name().to_string_lossy().into_owned(), bytes)
+                })
+                .collect();
+            files.sort();
+            for (name, bytes) in &files {
+                println!("{}  {bytes} bytes", out.join(name).display());
+            }
+            println!(
+                "quantgate: {} reference product(s) built in {:.1} s, {} in {}",
+                work.built.len(),
+                t.elapsed().as_secs_f64(),
+                files.len(),
+                out.display()
+            );
+            if work.failed.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
         Command::Prereg {
             action,
             dir,
@@ -622,6 +723,50 @@ fn main() -> ExitCode {
                     }
                 }
                 (Err(e), _) | (_, Err(e)) => fail(&e),
+            }
+        }
+        Command::Merge {
+            sources,
+            cases,
+            models,
+            reference,
+            json,
+            report: report_dir,
+        } => {
+            if let Some(p) = json.as_ref().filter(|p| p.is_dir()) {
+                return fail(&Error::input(format!(
+                    "--json {}: is a directory; give a file path",
+                    p.display()
+                )));
+            }
+            let merged = overrides(&cli.suites, &models, reference.as_deref())
+                .and_then(|o| quantgate::plan::plan_with(&cli.suites, &cases, &models, &o))
+                .and_then(|(registry, planned)| {
+                    let found = quantgate::judge::merge::read_outcomes(&sources)?;
+                    let pinned = |m: &str| registry.entry(m).ok()?.sha256.clone();
+                    let merged = quantgate::judge::merge::merge(&planned, found, &pinned)?;
+                    Ok((registry, merged))
+                });
+            let (registry, outcomes) = match merged {
+                Ok(m) => m,
+                Err(e) => return fail(&e),
+            };
+            print!("{}", report::table(&outcomes));
+            if let Some(path) = &json {
+                if let Err(e) = report::write_json(path, &outcomes) {
+                    return fail(&e);
+                }
+            }
+            if let Some(dir) = &report_dir {
+                let label = quantgate::engine::Engine::build(&LlamaEngine::new()).label();
+                if let Err(e) = write_report(dir, &outcomes, &registry, &label) {
+                    return fail(&e);
+                }
+            }
+            if outcomes.iter().all(|o| o.status == Status::Pass) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
             }
         }
         Command::Tokenize {

@@ -5,10 +5,19 @@
 //! Also the one check that a reference and a candidate share a tokenizer
 //! and the one check that a context fits a model.
 //!
+//! A reference built once can be shipped to other machines (shards):
+//! `quantgate reference build` writes the products into a folder, and
+//! `QUANTGATE_REFERENCE_DIR=DIR` makes every read look there first, read-only.
+//! A product the folder lacks (or holds corrupt) is then computed only when
+//! `QUANTGATE_REFERENCE_MISSING=compute`; by default it is an error naming
+//! the product, the folder and the case, so a shard never silently loads the
+//! reference model it was meant not to.
+//!
 //! Contract: a cache file is used only after every check its format has
 //! (a `.qgref` is rebuilt when any fails; a record must match the model's
 //! sha256, the build and the plan); a corrupt cache whose reference model
-//! is not available is an error naming both, never a partial result.
+//! is not available is an error naming both, never a partial result. A
+//! shipped folder is never written.
 
 use crate::core::error::{Error, Result};
 use crate::core::fsutil::{read_sealed, write_sealed};
@@ -24,6 +33,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 /// Reference rows for KL, and where they came from.
+#[derive(Debug)]
 pub struct RefRows {
     /// One per scored position.
     pub rows: Vec<RefPosition>,
@@ -47,8 +57,62 @@ type Memo<T> = Mutex<HashMap<String, Arc<T>>>;
 pub struct ReferenceStore {
     /// Where the caches live (`<cache>/reference` by default).
     pub dir: PathBuf,
+    /// A shipped, read-only reference folder (`QUANTGATE_REFERENCE_DIR`),
+    /// or why the environment that names it is unusable.
+    shipped: std::result::Result<Option<Shipped>, String>,
     scores: Memo<Scored>,
+    /// Per scores id: the vocabulary size and tokenizer fingerprint its
+    /// record was made with.
+    score_vocab: Mutex<HashMap<String, (usize, String)>>,
     rows: Memo<RefRows>,
+}
+
+/// A reference folder built elsewhere (`quantgate reference build`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shipped {
+    /// The folder (read only).
+    pub dir: PathBuf,
+    /// What to do about a product it lacks.
+    pub missing: Missing,
+}
+
+/// What a store with a shipped folder does about a product the folder lacks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Missing {
+    /// An error naming the product and the case (the default).
+    Error,
+    /// Compute it here (loading the reference model), into the local cache.
+    Compute,
+}
+
+/// The environment variable naming a shipped reference folder.
+pub const REFERENCE_DIR_ENV: &str = "QUANTGATE_REFERENCE_DIR";
+/// The environment variable saying what a missing shipped product does.
+pub const REFERENCE_MISSING_ENV: &str = "QUANTGATE_REFERENCE_MISSING";
+
+/// The shipped reference folder the environment names, if any: the folder
+/// must exist; `QUANTGATE_REFERENCE_MISSING` is `error` (default) or `compute`.
+pub fn shipped_from_env() -> Result<Option<Shipped>> {
+    let missing = match std::env::var(REFERENCE_MISSING_ENV).as_deref() {
+        Err(_) | Ok("") | Ok("error") => Missing::Error,
+        Ok("compute") => Missing::Compute,
+        Ok(other) => {
+            return Err(Error::input(format!(
+                "{REFERENCE_MISSING_ENV}=`{other}`: expected `error` or `compute`"
+            )))
+        }
+    };
+    let Some(dir) = std::env::var_os(REFERENCE_DIR_ENV).filter(|d| !d.is_empty()) else {
+        return Ok(None);
+    };
+    let dir = PathBuf::from(dir);
+    if !dir.is_dir() {
+        return Err(Error::input(format!(
+            "{REFERENCE_DIR_ENV}={}: not a folder (build one with `quantgate reference build CASE --out DIR`)",
+            dir.display()
+        )));
+    }
+    Ok(Some(Shipped { dir, missing }))
 }
 
 /// A product of this process's memo.
@@ -86,12 +150,72 @@ pub struct ScoresKey<'a> {
 }
 
 impl ReferenceStore {
-    /// A store with its caches under `dir`.
+    /// A store with its caches under `dir`, and the shipped folder the
+    /// environment names ([`shipped_from_env`]).
     pub fn new(dir: PathBuf) -> Self {
+        Self::with_shipped(dir, shipped_from_env().map_err(|e| e.message))
+    }
+
+    /// A store with its caches under `dir` and `shipped` as the shipped
+    /// folder (or why there is none to use).
+    pub fn with_shipped(
+        dir: PathBuf,
+        shipped: std::result::Result<Option<Shipped>, String>,
+    ) -> Self {
         ReferenceStore {
             dir,
+            shipped,
             scores: Mutex::new(HashMap::new()),
+            score_vocab: Mutex::new(HashMap::new()),
             rows: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The shipped folder, when one is in use.
+    pub fn shipped(&self) -> Option<&Shipped> {
+        self.shipped.as_ref().ok().and_then(|s| s.as_ref())
+    }
+
+    /// The shipped folder's copy of a product kept in `path` (its file name).
+    fn shipped_path(&self, path: &Path) -> Option<PathBuf> {
+        let s = self.shipped()?;
+        Some(s.dir.join(path.file_name()?))
+    }
+
+    /// May this store compute product `what` (a reference model decode)?
+    /// Not with a shipped folder that should have held it and
+    /// `QUANTGATE_REFERENCE_MISSING=error`, nor with an unusable environment.
+    fn may_compute(&self, what: &str, path: &Path) -> Result<()> {
+        match &self.shipped {
+            Err(why) => Err(Error::input(why.clone())),
+            Ok(Some(s)) if s.missing == Missing::Error => Err(Error::input(format!(
+                "{what}: not in the shipped reference folder {REFERENCE_DIR_ENV}={} (no {}), and \
+                 {REFERENCE_MISSING_ENV}=error: build the folder with `quantgate reference build` for \
+                 this case, or set {REFERENCE_MISSING_ENV}=compute to score the reference here",
+                s.dir.display(),
+                path.file_name().unwrap_or_default().to_string_lossy()
+            ))),
+            Ok(_) => Ok(()),
+        }
+    }
+
+    /// [`ReferenceStore::may_compute`] for the scores of `key`.
+    pub fn may_compute_scores(&self, key: &ScoresKey) -> Result<()> {
+        let (_, path) = self.scores_file(key);
+        self.may_compute(&format!("the scores of reference `{}`", key.alias), &path)
+    }
+
+    /// A shipped copy that fails its checks: an error under
+    /// `QUANTGATE_REFERENCE_MISSING=error`, else said and left for the
+    /// local cache or a new computation.
+    fn shipped_unusable(&self, path: &Path, why: &str) -> Result<()> {
+        let msg = format!("shipped reference {} is unusable ({why})", path.display());
+        match self.shipped() {
+            Some(s) if s.missing == Missing::Error => Err(Error::input(msg)),
+            _ => {
+                eprintln!("quantgate: {msg}; computing it here");
+                Ok(())
+            }
         }
     }
 
@@ -118,49 +242,85 @@ impl ReferenceStore {
     }
 
     /// The reference's scores of `key.plan`: from this process's memo, the
-    /// record cache (when it is for the same model file and build and reads
-    /// back against the plan), or `score` (which returns the record header
-    /// and the scores), then recorded. Building takes the product's lock, so
-    /// concurrent processes score a reference once.
+    /// shipped folder, the record cache (when it is for the same model file
+    /// and build and reads back against the plan), or `score` (which returns
+    /// the record header and the scores), then recorded. Building takes the
+    /// product's lock, so concurrent processes score a reference once.
     pub fn scores(
         &self,
         key: &ScoresKey,
         score: &dyn Fn() -> Result<(RecordHeader, Scored)>,
     ) -> Result<Arc<Scored>> {
         let (id, path) = self.scores_file(key);
-        if let Some(s) = memo_get(&self.scores, &id) {
+        if let Some(s) = self.stored_scores(key, &id, &path)? {
             return Ok(s);
         }
-        if let Some(s) = self.read_scores(key, &path) {
-            return Ok(memo_put(&self.scores, &id, s));
-        }
+        self.may_compute(&format!("the scores of reference `{}`", key.alias), &path)?;
         let _lock = self.lock(&id)?;
         // Another thread or process may have built it while this one waited.
-        if let Some(s) = memo_get(&self.scores, &id) {
+        if let Some(s) = self.stored_scores(key, &id, &path)? {
             return Ok(s);
         }
-        if let Some(s) = self.read_scores(key, &path) {
-            return Ok(memo_put(&self.scores, &id, s));
-        }
         let (header, scored) = score()?;
-        write_sealed(&path, record_jsonl(&header, key.plan, &scored).into_bytes())?;
-        Ok(memo_put(&self.scores, &id, Arc::new(scored)))
+        self.put_scores(key, &header, scored)
+    }
+
+    /// The scores of `key` from the memo, the shipped folder or the local
+    /// cache; never computes. An unusable shipped copy is an error under
+    /// `QUANTGATE_REFERENCE_MISSING=error`.
+    fn stored_scores(&self, key: &ScoresKey, id: &str, path: &Path) -> Result<Option<Arc<Scored>>> {
+        if let Some(s) = memo_get(&self.scores, id) {
+            return Ok(Some(s));
+        }
+        if let Some(shipped) = self.shipped_path(path) {
+            match Self::load_scores(key, &shipped) {
+                Ok(Some((h, s))) => return Ok(Some(self.remember_scores(id, &h, s))),
+                Ok(None) => {}
+                Err(why) => self.shipped_unusable(&shipped, &why)?,
+            }
+        }
+        Ok(self.read_scores(key, id, path))
+    }
+
+    /// Keep scores and their record's vocabulary in the memo.
+    fn remember_scores(&self, id: &str, header: &RecordHeader, scored: Scored) -> Arc<Scored> {
+        self.score_vocab
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(id.to_string())
+            .or_insert_with(|| (header.n_vocab, header.tokenizer_fingerprint.clone()));
+        memo_put(&self.scores, id, Arc::new(scored))
     }
 
     /// The scores of `key` when this process or an earlier one computed
-    /// them (memo, or an intact file for the same model file and build that
-    /// reads back against the plan); never computes. A model's scores are
-    /// the same product whether it plays the reference or the candidate.
+    /// them, or the shipped folder holds them (memo, or an intact file for
+    /// the same model file and build that reads back against the plan);
+    /// never computes. A model's scores are the same product whether it
+    /// plays the reference or the candidate.
     pub fn cached_scores(&self, key: &ScoresKey) -> Option<Arc<Scored>> {
         let (id, path) = self.scores_file(key);
-        if let Some(s) = memo_get(&self.scores, &id) {
-            return Some(s);
-        }
-        if !path.is_file() {
-            return None;
-        }
-        let s = self.read_scores(key, &path)?;
-        Some(memo_put(&self.scores, &id, s))
+        self.stored_scores(key, &id, &path).ok().flatten()
+    }
+
+    /// [`ReferenceStore::cached_scores`] with the vocabulary size and
+    /// tokenizer fingerprint of the model that made them (for the one
+    /// tokenizer check); an unusable shipped copy under
+    /// `QUANTGATE_REFERENCE_MISSING=error` is an error.
+    pub fn cached_scores_vocab(
+        &self,
+        key: &ScoresKey,
+    ) -> Result<Option<(Arc<Scored>, usize, String)>> {
+        let (id, path) = self.scores_file(key);
+        let Some(s) = self.stored_scores(key, &id, &path)? else {
+            return Ok(None);
+        };
+        let vocab = self
+            .score_vocab
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .cloned();
+        Ok(vocab.map(|(n, f)| (s, n, f)))
     }
 
     /// Put scores a decode computed into the store (file and memo). Two
@@ -173,37 +333,38 @@ impl ReferenceStore {
     ) -> Result<Arc<Scored>> {
         let (id, path) = self.scores_file(key);
         write_sealed(&path, record_jsonl(header, key.plan, &scored).into_bytes())?;
-        Ok(memo_put(&self.scores, &id, Arc::new(scored)))
+        Ok(self.remember_scores(&id, header, scored))
     }
 
-    /// The scores file of `key`, when it is intact and for `key`.
-    fn read_scores(&self, key: &ScoresKey, path: &Path) -> Option<Arc<Scored>> {
-        let cached = read_sealed(path).and_then(|b| match b {
-            None => Ok(None),
-            Some(b) => String::from_utf8(b).map(Some).map_err(|e| e.to_string()),
-        });
-        let text = cached.unwrap_or_else(|why| {
-            eprintln!(
-                "quantgate: reference cache {} is unusable ({why}); rescoring `{}`",
-                path.display(),
-                key.alias
-            );
-            None
-        })?;
-        match read_record(&text, key.plan) {
-            Ok((h, scored)) if h.model_sha256 == key.model_sha256 && h.build == key.build => {
-                Some(Arc::new(scored))
-            }
-            Ok(_) => {
+    /// A scores file: None when absent, the reason when it is not intact
+    /// or not for `key`.
+    fn load_scores(
+        key: &ScoresKey,
+        path: &Path,
+    ) -> std::result::Result<Option<(RecordHeader, Scored)>, String> {
+        let Some(bytes) = read_sealed(path)? else {
+            return Ok(None);
+        };
+        let text = String::from_utf8(bytes).map_err(|e| e.to_string())?;
+        let (h, scored) = read_record(&text, key.plan)?;
+        if h.model_sha256 != key.model_sha256 || h.build != key.build {
+            return Err(format!(
+                "it is for another model or build ({} {}, expected {} {})",
+                h.model_sha256, h.build, key.model_sha256, key.build
+            ));
+        }
+        Ok(Some((h, scored)))
+    }
+
+    /// The local scores file of `key`, when it is intact and for `key`
+    /// (said on stderr when it is not: it is scored again).
+    fn read_scores(&self, key: &ScoresKey, id: &str, path: &Path) -> Option<Arc<Scored>> {
+        match Self::load_scores(key, path) {
+            Ok(Some((h, s))) => Some(self.remember_scores(id, &h, s)),
+            Ok(None) => None,
+            Err(why) => {
                 eprintln!(
-                    "quantgate: reference cache {} is for another model or build; rescoring",
-                    path.display()
-                );
-                None
-            }
-            Err(e) => {
-                eprintln!(
-                    "quantgate: reference cache {} is unusable ({e}); rescoring `{}`",
+                    "quantgate: reference cache {} is unusable ({why}); rescoring `{}`",
                     path.display(),
                     key.alias
                 );
@@ -216,7 +377,10 @@ impl ReferenceStore {
     /// or on disk. Only a hint for planning work: a file on disk is
     /// verified when it is read, and rebuilt when it is not intact.
     pub fn holds(&self, id: &str, path: &Path) -> bool {
-        memo_holds(&self.scores, id) || memo_holds(&self.rows, id) || path.is_file()
+        memo_holds(&self.scores, id)
+            || memo_holds(&self.rows, id)
+            || path.is_file()
+            || self.shipped_path(path).is_some_and(|p| p.is_file())
     }
 
     /// An exclusive lock on the product `id` (a `flock` on
@@ -336,11 +500,27 @@ impl ReferenceStore {
         if let Some(r) = memo_get(&self.rows, &key) {
             return Ok(r);
         }
+        if let Some(shipped) = self.shipped_path(&path) {
+            match Self::read_rows(header, &shipped) {
+                Ok(Some(rows)) => return Ok(memo_put(&self.rows, &key, rows)),
+                Ok(None) => {}
+                Err(why) => self
+                    .shipped_unusable(&shipped, &why)
+                    .map_err(|e| e.context(case_path.display()))?,
+            }
+        }
         let mut corrupt = match Self::read_rows(header, &path) {
             Ok(Some(rows)) => return Ok(memo_put(&self.rows, &key, rows)),
             Ok(None) => None,
             Err(why) => Some(why),
         };
+        self.may_compute(
+            &format!(
+                "{}: the rows of reference `{ref_alias}`",
+                case_path.display()
+            ),
+            &path,
+        )?;
         let _lock = self.lock(&key)?;
         // Another thread or process may have built it while this one waited.
         if let Some(r) = memo_get(&self.rows, &key) {
@@ -460,5 +640,128 @@ pub fn rows_header(
         positions,
         n_vocab,
         tokenizer_fingerprint: String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::measure::kld::compress_row;
+
+    fn header() -> CacheHeader {
+        rows_header(
+            "a".repeat(64),
+            &"b".repeat(64),
+            "LlamaPerplexity".into(),
+            &Settings::new(512, 1),
+            "build".into(),
+            1e-6,
+            16,
+            2,
+            64,
+        )
+    }
+
+    fn rows() -> Vec<RefPosition> {
+        (0..2)
+            .map(|k| {
+                let row: Vec<f32> = (0..64).map(|j| ((j * 7 + k) % 13) as f32 * 0.5).collect();
+                compress_row(&row, &crate::measure::row_stats(&row), 3, 1e-6, 16)
+            })
+            .collect()
+    }
+
+    fn fetch(store: &ReferenceStore, built: &std::cell::Cell<u32>) -> Result<Arc<RefRows>> {
+        let candidate = Vocab {
+            alias: "cand",
+            n_vocab: 64,
+            fingerprint: "fp",
+        };
+        let at = Location("case.toml:3:13".into());
+        store.rows(
+            &header(),
+            Path::new("case.toml"),
+            ("ref", &at),
+            candidate,
+            &|| {
+                built.set(built.get() + 1);
+                Ok((64, "fp".to_string(), rows()))
+            },
+        )
+    }
+
+    /// A shipped folder is read first and never written; what it lacks is
+    /// an error naming the product (or, with `compute`, computed into the
+    /// local cache); a corrupt shipped file is never used.
+    #[test]
+    fn a_shipped_reference_folder_is_read_only_and_complete_or_refused() {
+        let root = std::env::temp_dir().join(format!("qg-shipped-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let built = std::cell::Cell::new(0);
+        // Build the artifact as `quantgate reference build` does.
+        let art = root.join("artifact");
+        let builder = ReferenceStore::with_shipped(art.clone(), Ok(None));
+        let made = fetch(&builder, &built).unwrap();
+        assert_eq!(built.get(), 1);
+        let (_, file) = builder.rows_product(&header());
+        let shipped_bytes = std::fs::read(&file).unwrap();
+        let ship = |dir: &Path, missing| {
+            ReferenceStore::with_shipped(
+                root.join("cache"),
+                Ok(Some(Shipped {
+                    dir: dir.to_path_buf(),
+                    missing,
+                })),
+            )
+        };
+        // A shard: read from the artifact, nothing computed or written there.
+        let shard = ship(&art, Missing::Error);
+        assert_eq!(fetch(&shard, &built).unwrap().rows, made.rows);
+        assert_eq!(built.get(), 1);
+        assert!(shard.holds(&header().key(), &shard.rows_product(&header()).1));
+        // An empty artifact: refused, naming the product and the folder.
+        let empty = root.join("empty");
+        std::fs::create_dir_all(&empty).unwrap();
+        let e = fetch(&ship(&empty, Missing::Error), &built).unwrap_err();
+        assert!(
+            e.message.contains("not in the shipped reference folder"),
+            "{}",
+            e.message
+        );
+        assert!(
+            e.message.contains(&format!("{}.qgref", header().key())),
+            "{}",
+            e.message
+        );
+        assert!(e.message.contains("case.toml"), "{}", e.message);
+        assert_eq!(built.get(), 1, "refused before any computation");
+        // With `compute`: computed here, into the local cache only.
+        let local = ship(&empty, Missing::Compute);
+        assert_eq!(fetch(&local, &built).unwrap().rows, made.rows);
+        assert_eq!(built.get(), 2);
+        assert!(std::fs::read_dir(&empty).unwrap().next().is_none());
+        // A corrupt shipped copy: an error under `error`, never rows.
+        let bad = root.join("bad");
+        std::fs::create_dir_all(&bad).unwrap();
+        let mut corrupt = shipped_bytes.clone();
+        let mid = corrupt.len() / 2;
+        corrupt[mid] ^= 1;
+        std::fs::write(bad.join(file.file_name().unwrap()), &corrupt).unwrap();
+        let e = fetch(&ship(&bad, Missing::Error), &built).unwrap_err();
+        assert!(e.message.contains("is unusable"), "{}", e.message);
+        assert_eq!(
+            std::fs::read(bad.join(file.file_name().unwrap())).unwrap(),
+            corrupt
+        );
+        // An unusable environment refuses to compute, naming the variable.
+        let broken = ReferenceStore::with_shipped(
+            root.join("cache2"),
+            Err(format!(
+                "{REFERENCE_MISSING_ENV}=`x`: expected `error` or `compute`"
+            )),
+        );
+        let e = fetch(&broken, &built).unwrap_err();
+        assert!(e.message.contains(REFERENCE_MISSING_ENV), "{}", e.message);
+        let _ = std::fs::remove_dir_all(&root);
     }
 }

@@ -204,10 +204,12 @@ pub fn run_with_args(
                 .exit_code()
         }
     };
-    // Engine options from the environment, checked before anything runs:
-    // a bad value fails every test rather than run under other settings.
-    if let Err(e) =
-        crate::core::EngineOptions::from_env().and_then(crate::core::EngineOptions::install)
+    // Engine options and the shipped reference folder from the environment,
+    // checked before anything runs: a bad value fails every test rather than
+    // run under other settings.
+    if let Err(e) = crate::core::EngineOptions::from_env()
+        .and_then(crate::core::EngineOptions::install)
+        .and_then(|()| crate::execute::reference::shipped_from_env().map(|_| ()))
     {
         let trials = planned
             .iter()

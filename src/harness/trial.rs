@@ -54,10 +54,17 @@ pub fn group_verdicts(
         .map(|(outcome, p)| {
             let errored = outcome.status == Status::Error;
             let mut messages: Vec<String> = outcome.failure_message().into_iter().collect();
-            // Per-position rows, when asked for (`QUANTGATE_OUT=DIR`).
+            // Per-position rows and the outcome as JSON (what `quantgate
+            // merge` reads from shards), when asked for (`QUANTGATE_OUT=DIR`).
             if let Some(dir) = std::env::var_os("QUANTGATE_OUT").filter(|d| !d.is_empty()) {
-                if let Err(e) = crate::report::write_parquet(Path::new(&dir), outcome) {
-                    messages.push(e.message);
+                let dir = Path::new(&dir);
+                for written in [
+                    crate::report::write_parquet(dir, outcome),
+                    crate::report::write_outcome_json(dir, outcome),
+                ] {
+                    if let Err(e) = written {
+                        messages.push(e.message);
+                    }
                 }
             }
             if let Ok(parsed) = &p.case {

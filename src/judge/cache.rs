@@ -154,12 +154,7 @@ pub fn latest(runner: &RunContext, p: &Planned) -> Option<Outcome> {
     }
     let (_, mut o) = best?;
     runner.verify_inputs(case, model).ok()?;
-    o.gates = crate::judge::gates::judge(&case.gates, &o.metrics);
-    o.status = if o.gates.iter().all(|g| g.passed) {
-        crate::core::Status::Pass
-    } else {
-        crate::core::Status::Fail
-    };
+    crate::judge::rejudge(parsed, &mut o);
     Some(o)
 }
 

@@ -11,6 +11,7 @@
 
 pub mod cache;
 pub mod gates;
+pub mod merge;
 pub mod prereg;
 
 use crate::core::error::{Error, ErrorKind, Result};
@@ -138,6 +139,15 @@ pub fn run_plan(
     (b.by_index.into_iter().flatten().collect(), b.reference_work)
 }
 
+/// The reference products of every planned trial, built into `cx`'s
+/// reference store (`quantgate reference build`): each reference model's
+/// observation decoded once for all the trials that read it, what the store
+/// already holds skipped. The work done (and what failed).
+pub fn build_references(cx: &RunContext, planned: &[Planned], goldens: &Path) -> GroupWork {
+    let all: Vec<&Planned> = planned.iter().collect();
+    trials(cx, &[], &all, goldens, false).1
+}
+
 /// What a group run did besides its trials: the reference work.
 #[derive(Debug, Default, Clone)]
 pub struct GroupWork {
@@ -181,6 +191,15 @@ pub fn trials(
     let mut work = GroupWork::default();
     let mut refs = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
+    // With a shipped reference folder the products come from there (read
+    // by each trial); what it lacks is computed by the trial that needs it,
+    // or refused, as `QUANTGATE_REFERENCE_MISSING` says: no shared
+    // reference decode is started here.
+    let provides = if cx.references.shipped().is_some() {
+        &[]
+    } else {
+        provides
+    };
     for d in provides {
         let Ok(parsed) = &d.case else { continue };
         // A trial the result cache answers reads no reference.
@@ -398,25 +417,32 @@ fn conclude(cx: &RunContext, p: &Planned, s: Started, cache: bool, t0: Instant) 
         }
         Ok(parsed) => {
             out.error = None;
-            out.gates = judge(&parsed.case.gates, &out.metrics);
-            let headline = parsed.kind.headline();
-            if !headline.is_empty() {
-                out.headline = headline.iter().map(|m| m.to_string()).collect();
-                for g in &parsed.case.gates {
-                    let m = g.gated_metric();
-                    if !out.headline.contains(&m) {
-                        out.headline.push(m);
-                    }
-                }
-            }
-            out.status = if out.gates.iter().all(|g| g.passed) {
-                Status::Pass
-            } else {
-                Status::Fail
-            };
+            rejudge(parsed, &mut out);
         }
     }
     out
+}
+
+/// Judge measured metrics by the case: every gate evaluated, the verdict,
+/// and the metrics the table shows (the kind's headline and every gated
+/// metric). For fresh results, cached ones and merged shards alike.
+pub fn rejudge(parsed: &crate::kinds::Parsed, out: &mut Outcome) {
+    out.gates = judge(&parsed.case.gates, &out.metrics);
+    let headline = parsed.kind.headline();
+    if !headline.is_empty() {
+        out.headline = headline.iter().map(|m| m.to_string()).collect();
+        for g in &parsed.case.gates {
+            let m = g.gated_metric();
+            if !out.headline.contains(&m) {
+                out.headline.push(m);
+            }
+        }
+    }
+    out.status = if out.gates.iter().all(|g| g.passed) {
+        Status::Pass
+    } else {
+        Status::Fail
+    };
 }
 
 /// A metric the kind did not declare has no type to compare it by.
@@ -566,6 +592,100 @@ mod tests {
             .iter()
             .map(|p| trial(&cx, p, &root.join("goldens")))
             .collect()
+    }
+
+    /// Shards merged: every planned test once, gates judged again; a
+    /// missing, doubled, foreign or inconsistent outcome is refused by name.
+    #[test]
+    fn shards_merge_into_the_unsharded_run_or_are_refused() {
+        let root = suite("merge", "[[gate]]\nmetric = \"ppl\"\nmax = 1e9\n");
+        let (_, planned) = plan(&root, &[], &[]).unwrap();
+        let out = run_all(&root, FakeEngine::new());
+        assert!(out.iter().all(|o| o.status == Status::Pass), "{out:?}");
+        let dirs: Vec<PathBuf> = (0..2).map(|k| root.join(format!("shard{k}"))).collect();
+        for (o, d) in out.iter().zip(&dirs) {
+            crate::report::write_outcome_json(d, o).unwrap();
+        }
+        let pinned = |_: &str| None;
+        let merge_of = |sources: &[PathBuf]| {
+            merge::merge(&planned, merge::read_outcomes(sources).unwrap(), &pinned)
+        };
+        let merged = merge_of(&dirs).unwrap();
+        assert_eq!(merged.len(), 2);
+        for (m, o) in merged.iter().zip(&out) {
+            assert_eq!((&m.case, &m.model, m.status), (&o.case, &o.model, o.status));
+            assert_eq!(m.metrics, o.metrics);
+            assert_eq!(m.gates, o.gates);
+            assert!(!m.headline.is_empty(), "judged again: the table's metrics");
+        }
+        // One shard gone: the missing test named.
+        let e = merge_of(&dirs[..1]).unwrap_err();
+        assert!(
+            e.message.contains("1 of 2 planned tests have no outcome"),
+            "{}",
+            e.message
+        );
+        assert!(e.message.contains(&planned[1].name), "{}", e.message);
+        assert_eq!(e.kind, ErrorKind::Input);
+        // A shard counted twice.
+        let twice = [dirs[0].clone(), dirs[1].clone(), dirs[0].clone()];
+        let e = merge_of(&twice).unwrap_err();
+        assert!(
+            e.message
+                .contains(&format!("{} ran 2 times", planned[0].name)),
+            "{}",
+            e.message
+        );
+        // A shard's outcome edited to pass with a violated gate: judged
+        // again, it fails.
+        let mut bad = out[1].clone();
+        bad.metrics.insert("ppl".into(), 2e9);
+        let edited = root.join("edited");
+        crate::report::write_outcome_json(&edited, &bad).unwrap();
+        let m = merge_of(&[dirs[0].clone(), edited.clone()]).unwrap();
+        assert_eq!(m[1].status, Status::Fail);
+        assert!(!m[1].gates[0].passed);
+        // NaN never passes either (serde writes it as null: not an outcome).
+        let mut nan = out[1].clone();
+        nan.metrics.insert("ppl".into(), f64::NAN);
+        crate::report::write_outcome_json(&edited, &nan).unwrap();
+        match merge::read_outcomes(&[dirs[0].clone(), edited.clone()]) {
+            Err(e) => assert!(e.message.contains("edited"), "{}", e.message),
+            Ok(found) => {
+                let m = merge::merge(&planned, found, &pinned).unwrap();
+                assert_ne!(m[1].status, Status::Pass, "{:?}", m[1]);
+            }
+        }
+        // Another case version, another model file, another build, other
+        // settings, a test the selection does not plan: each named.
+        let mut other = out[1].clone();
+        other.case_sha256 = Some("0".repeat(64));
+        other.model_sha256 = Some("1".repeat(64));
+        other.build.ggml = "another ggml".into();
+        if let Some(s) = other.settings.as_mut() {
+            s.n_ctx += 1;
+        }
+        crate::report::write_outcome_json(&edited, &other).unwrap();
+        let mut foreign = out[1].clone();
+        foreign.model = "nobody".into();
+        crate::report::write_outcome_json(&edited, &foreign).unwrap();
+        let found = merge::read_outcomes(&[dirs[0].clone(), edited.clone()]).unwrap();
+        let pin = |m: &str| (m == planned[1].model).then(|| "2".repeat(64));
+        let e = merge::merge(&planned, found, &pin).unwrap_err();
+        for want in [
+            "ran another version of",
+            "ran another file of",
+            "the shards ran 2 builds",
+            "ran under 2 settings",
+            "is not a test of this selection",
+        ] {
+            assert!(e.message.contains(want), "{want}: {}", e.message);
+        }
+        // A file that is not an outcome is an error naming it.
+        std::fs::write(edited.join("junk.json"), "{\"case\": 3}").unwrap();
+        let e = merge::read_outcomes(std::slice::from_ref(&edited)).unwrap_err();
+        assert!(e.message.contains("junk.json"), "{}", e.message);
+        let _ = std::fs::remove_dir_all(&root);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use crate::core::{Case, Outcome, Settings};
 use crate::engine::{BosPolicy, LoadedModel};
 use crate::execute::observe::{observe_one, Consumer, Mapped, Observation, Row};
 use crate::execute::record::RecordHeader;
-use crate::execute::reference::{fits_context, ScoresKey, Vocab};
+use crate::execute::reference::{fits_context, same_tokenizer, ScoresKey, Vocab};
 use crate::execute::windows::{
     parse_token_ids, plan_windows, PlanScorer, Scored, ScoringPlan, Windowing,
 };
@@ -524,18 +524,34 @@ impl ScoredText {
         model: &dyn LoadedModel,
         plan: &ScoringPlan,
     ) -> Result<Arc<Scored>> {
-        let (rv, rmodel) = cx.load_reference((ref_alias, ref_at), Vocab::of(model.info()))?;
-        self.check_context(&*rmodel)?;
-        let rplan = self.identical_plan(cx, ref_at, src, &*rmodel, model, plan)?;
+        // A store (memo, shipped folder, cache) that holds them: no load.
+        // The key is the candidate's plan, which the reference's must equal.
         let build = cx.identity_of(ref_alias);
         let settings = self.settings(cx.threads);
-        let key = self.scores_key(ref_alias, &rv.file.sha256, &rplan, &settings, &build);
+        let pinned = cx.pinned_sha256(ref_alias).map_err(|e| e.context(ref_at))?;
+        let key = self.scores_key(ref_alias, &pinned, plan, &settings, &build);
+        if let Some((scored, n_vocab, fingerprint)) = cx.references.cached_scores_vocab(&key)? {
+            let stored = Vocab {
+                alias: ref_alias,
+                n_vocab,
+                fingerprint: &fingerprint,
+            };
+            same_tokenizer(ref_at, "reference", stored, Vocab::of(model.info()))?;
+            return Ok(scored);
+        }
+        // Computed here, when the store may (a shipped folder can refuse):
+        // loaded, checked and scored under the product's lock.
+        cx.references
+            .may_compute_scores(&key)
+            .map_err(|e| e.context(ref_at))?;
         cx.references.scores(&key, &|| {
+            let (rv, rmodel) = cx.load_reference((ref_alias, ref_at), Vocab::of(model.info()))?;
+            self.check_context(&*rmodel)?;
+            let rplan = self.identical_plan(cx, ref_at, src, &*rmodel, model, plan)?;
             let obs = self.observation(cx, rmodel.clone(), &rplan);
             let mut b = ScoresBuild::new(self, ref_alias, &rv.file.sha256, &build, &rmodel, &rplan);
             observe_one(&obs, &mut b)?;
-            let (header, scored) = b.scored()?;
-            Ok((header, scored))
+            b.scored()
         })
     }
 

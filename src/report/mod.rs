@@ -186,6 +186,19 @@ pub fn write_json(path: &Path, outcomes: &[Outcome]) -> Result<()> {
     crate::core::fsutil::write_atomic(path, format!("{body}\n").as_bytes())
 }
 
+/// The JSON file of one outcome under `dir`: `<dir>/<case>/<model>.json`,
+/// the object `--json` writes for it (what `quantgate merge` reads back).
+pub fn outcome_json_path(dir: &Path, o: &Outcome) -> std::path::PathBuf {
+    dir.join(&o.case).join(format!("{}.json", o.model))
+}
+
+/// Write one outcome as its own JSON file ([`outcome_json_path`]).
+pub fn write_outcome_json(dir: &Path, o: &Outcome) -> Result<()> {
+    let body = serde_json::to_string_pretty(o)
+        .map_err(|e| crate::core::error::Error::harness(format!("serialising results: {e}")))?;
+    crate::core::fsutil::write_atomic(&outcome_json_path(dir, o), format!("{body}\n").as_bytes())
+}
+
 /// The Parquet file of one outcome under `dir`: `<dir>/<case>/<model>.parquet`.
 pub fn parquet_path(dir: &Path, o: &Outcome) -> std::path::PathBuf {
     dir.join(&o.case).join(format!("{}.parquet", o.model))
