@@ -101,6 +101,14 @@ for k in $(seq 1 "$n"); do
   [[ -s $junit ]] || die "shard $k wrote no JUnit"
   ran=$(find "$out" -name '*.json' | wc -l)
   say "shard $k/$n: $ran tests in $(since "$t") s, JUnit $junit"
+  python3 - "$out" <<'PY' >&2
+import json, pathlib, sys
+for f in sorted(pathlib.Path(sys.argv[1]).rglob("*.json")):
+    o = json.loads(f.read_text()); t = o["timings"]
+    s = lambda k: t[k]["secs"] + t[k]["nanos"] / 1e9
+    print(f"shards:   {o['case']}::{o['model']}: {o['status']}, prepare {s('prepare'):.1f} s, "
+          f"load {s('load'):.1f} s, decode {s('decode'):.1f} s (one model's windows), total {s('total'):.1f} s")
+PY
   # No shard had the reference model, and none made one.
   if ls "$shard_cache"/derived/*-F16-* "$shard_cache/models/$f16.gguf" >/dev/null 2>&1 \
     || grep -q "deriving \`smollm2-f16\`" "$work/shard$k.log"; then
