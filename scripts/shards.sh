@@ -21,7 +21,13 @@ root=$PWD
 n=${QG_SHARDS:-3}
 cases=(kld/wikitext2 ppl/delta_nll)
 filter='binary(suites) and (test(/^kld\/wikitext2::/) or test(/^ppl\/delta_nll::/))'
-work=${QG_SHARD_WORK:-$(mktemp -d "${TMPDIR:-/tmp}/qg-shards.XXXXXX")}
+# A work folder of its own (removed after a run that passed; kept after a
+# failure, to read), or QG_SHARD_WORK (always kept).
+made_work=
+if [[ -z ${QG_SHARD_WORK:-} ]]; then
+  made_work=$(mktemp -d "${TMPDIR:-/tmp}/qg-shards.XXXXXX")
+fi
+work=${QG_SHARD_WORK:-$made_work}
 mkdir -p "$work"
 target=${CARGO_TARGET_DIR:-$root/target}
 cache=${QUANTGATE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/quantgate}
@@ -183,4 +189,9 @@ done
 [[ $rc2 == 2 ]] && grep -q "ran 2 times" "$work/merge-twice.log" \
   || die "merge with shard 1 twice was not refused ($rc2)"
 say "merge without shard 2: exit 2, names $(echo "$missing" | wc -l) missing tests; shard 1 twice: exit 2"
-say "ok ($work)"
+if [[ -n $made_work ]]; then
+  rm -rf "$made_work"
+  say "ok"
+else
+  say "ok ($work)"
+fi
