@@ -537,6 +537,27 @@ fn main() -> ExitCode {
                 Ok(p) => p,
                 Err(e) => return fail(&e),
             };
+            // A selection that reads no reference builds nothing: say so
+            // rather than leave an empty folder that every shard refuses.
+            let reads = planned
+                .iter()
+                .filter(|p| {
+                    p.case
+                        .as_ref()
+                        .is_ok_and(|c| c.kind.reference_observation().is_some())
+                })
+                .count();
+            if reads == 0 {
+                return fail(&Error::input(format!(
+                    "nothing to build: none of the {} selected tests ({}) reads a reference model",
+                    planned.len(),
+                    if select.patterns.is_empty() {
+                        "every case".to_string()
+                    } else {
+                        select.patterns.join(" ")
+                    }
+                )));
+            }
             let mut runner =
                 RunContext::new(registry, Arc::new(LlamaEngine::new()), threads_per_trial(1));
             // The products go to --out, whatever the environment ships.

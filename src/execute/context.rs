@@ -131,12 +131,17 @@ impl RunContext {
     }
 
     /// The reference model of a case (`at` is where the case names it),
-    /// loaded and checked against the candidate's tokenizer.
+    /// loaded and checked against the candidate's tokenizer; refused on a
+    /// shard that ships its references
+    /// ([`ReferenceStore::may_load_reference`]).
     pub fn load_reference(
         &self,
         (alias, at): (&str, &Location),
         candidate: Vocab,
     ) -> Result<(Verified, Arc<dyn LoadedModel>)> {
+        self.references
+            .may_load_reference(alias)
+            .map_err(|e| e.context(at))?;
         let (verified, model) = self
             .load(alias)
             .map_err(|e| e.context(format!("{at}: reference")))?;

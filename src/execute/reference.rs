@@ -199,6 +199,23 @@ impl ReferenceStore {
         }
     }
 
+    /// May a trial load reference model `alias` itself? Not with a shipped
+    /// folder and `QUANTGATE_REFERENCE_MISSING=error`: a shard runs without
+    /// its reference models (a kind that reads its reference model directly,
+    /// as multiple choice does, then needs `compute`).
+    pub fn may_load_reference(&self, alias: &str) -> Result<()> {
+        match &self.shipped {
+            Err(why) => Err(Error::input(why.clone())),
+            Ok(Some(s)) if s.missing == Missing::Error => Err(Error::input(format!(
+                "reference `{alias}`: {REFERENCE_DIR_ENV}={} ships the references and \
+                 {REFERENCE_MISSING_ENV}=error, so no reference model is loaded here; this case \
+                 needs its reference model itself (set {REFERENCE_MISSING_ENV}=compute to load it)",
+                s.dir.display()
+            ))),
+            Ok(_) => Ok(()),
+        }
+    }
+
     /// [`ReferenceStore::may_compute`] for the scores of `key`.
     pub fn may_compute_scores(&self, key: &ScoresKey) -> Result<()> {
         let (_, path) = self.scores_file(key);
@@ -714,8 +731,19 @@ mod tests {
                 })),
             )
         };
-        // A shard: read from the artifact, nothing computed or written there.
+        // A shard: read from the artifact, nothing computed or written there,
+        // and no reference model loaded by a kind that would load it itself.
         let shard = ship(&art, Missing::Error);
+        let e = shard.may_load_reference("ref").unwrap_err();
+        assert!(
+            e.message.contains("QUANTGATE_REFERENCE_MISSING=compute"),
+            "{}",
+            e.message
+        );
+        assert!(ship(&art, Missing::Compute)
+            .may_load_reference("ref")
+            .is_ok());
+        assert!(builder.may_load_reference("ref").is_ok());
         assert_eq!(fetch(&shard, &built).unwrap().rows, made.rows);
         assert_eq!(built.get(), 1);
         assert!(shard.holds(&header().key(), &shard.rows_product(&header()).1));
