@@ -106,6 +106,13 @@ for k in $(seq 1 "$n"); do
   junit=$copy/target/nextest/shard/junit.xml
   [[ -s $junit ]] || die "shard $k wrote no JUnit"
   ran=$(find "$out" -name '*.json' | wc -l)
+  python3 - "$junit" "$ran" <<'PY' || die "shard $k: its JUnit does not say $ran tests, none failed"
+import sys, xml.etree.ElementTree as ET
+top = ET.parse(sys.argv[1]).getroot()
+got = (top.get("tests"), top.get("failures"), top.get("errors"))
+if got != (sys.argv[2], "0", "0"):
+    sys.exit(f"JUnit {sys.argv[1]}: tests, failures, errors = {got}")
+PY
   say "shard $k/$n: $ran tests in $(since "$t") s, JUnit $junit"
   python3 - "$out" <<'PY' >&2
 import json, pathlib, sys
