@@ -365,13 +365,7 @@ struct Grouped {
 impl Grouped {
     /// The row's ids, most probable first, and its exact log-probs.
     fn sorted(row: &[f32]) -> (Vec<usize>, Vec<f64>) {
-        let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-        let lse = row
-            .iter()
-            .map(|&l| (f64::from(l) - m).exp())
-            .sum::<f64>()
-            .ln()
-            + m;
+        let lse = log_sum_exp(row);
         let lp: Vec<f64> = row.iter().map(|&l| f64::from(l) - lse).collect();
         let mut order: Vec<usize> = (0..row.len()).collect();
         order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
@@ -424,13 +418,7 @@ impl Grouped {
 
     /// KL(ref‖cand) from this form and the candidate's full row.
     fn kl(&self, cand: &[f32]) -> f64 {
-        let m = cand.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-        let lse = cand
-            .iter()
-            .map(|&l| (f64::from(l) - m).exp())
-            .sum::<f64>()
-            .ln()
-            + m;
+        let lse = log_sum_exp(cand);
         let mut kl = 0.0;
         for &(j, lr) in &self.kept {
             kl += lr.exp() * (lr - (f64::from(cand[j]) - lse));
@@ -451,4 +439,14 @@ impl Grouped {
         // Σ p·lc = Σ p̃·lc − Σ (p̃ − p)·lc ≈ Σ p̃·lc − Σ (p̃ − p)·lr
         kl + self.neg_entropy - (cross - self.rounding)
     }
+}
+
+/// `ln Σ exp(l)` of a row in f64 (libm `exp`), the exact normaliser.
+fn log_sum_exp(row: &[f32]) -> f64 {
+    let m = f64::from(row.iter().copied().fold(f32::NEG_INFINITY, f32::max));
+    row.iter()
+        .map(|&l| (f64::from(l) - m).exp())
+        .sum::<f64>()
+        .ln()
+        + m
 }
