@@ -138,7 +138,8 @@ for c in "${cases[@]}"; do sel+=(--case "$c"); done
 cat "$work/merge.log"
 
 t=$(secs)
-"$qg" run "${cases[@]}" --json "$work/unsharded.json" --report "$work/unsharded-report" \
+# A fresh unsharded run (not the result cache), to compare with.
+"$qg" run "${cases[@]}" --no-cache --json "$work/unsharded.json" --report "$work/unsharded-report" \
   >"$work/unsharded.log" 2>&1 || { tail -20 "$work/unsharded.log"; die "the unsharded run"; }
 say "unsharded run: $(since "$t") s"
 
