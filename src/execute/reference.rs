@@ -60,11 +60,16 @@ pub struct ReferenceStore {
     /// A shipped, read-only reference folder (`QUANTGATE_REFERENCE_DIR`),
     /// or why the environment that names it is unusable.
     shipped: std::result::Result<Option<Shipped>, String>,
-    scores: Memo<Scored>,
-    /// Per scores id: the vocabulary size and tokenizer fingerprint its
-    /// record was made with.
-    score_vocab: Mutex<HashMap<String, (usize, String)>>,
+    scores: Memo<StoredScores>,
     rows: Memo<RefRows>,
+}
+
+/// Scores as the store keeps them: with the vocabulary size and tokenizer
+/// fingerprint of the model that made them (from their record's header).
+struct StoredScores {
+    scored: Arc<Scored>,
+    n_vocab: usize,
+    fingerprint: String,
 }
 
 /// A reference folder built elsewhere (`quantgate reference build`).
@@ -166,7 +171,6 @@ impl ReferenceStore {
             dir,
             shipped,
             scores: Mutex::new(HashMap::new()),
-            score_vocab: Mutex::new(HashMap::new()),
             rows: Mutex::new(HashMap::new()),
         }
     }
@@ -182,37 +186,45 @@ impl ReferenceStore {
         Some(s.dir.join(path.file_name()?))
     }
 
-    /// May this store compute product `what` (a reference model decode)?
-    /// Not with a shipped folder that should have held it and
-    /// `QUANTGATE_REFERENCE_MISSING=error`, nor with an unusable environment.
-    fn may_compute(&self, what: &str, path: &Path) -> Result<()> {
+    /// The shipped folder that forbids reference work here (a reference
+    /// model decode or load): one given with `QUANTGATE_REFERENCE_MISSING=error`;
+    /// an unusable environment forbids it too.
+    fn forbidding(&self) -> Result<Option<&Path>> {
         match &self.shipped {
             Err(why) => Err(Error::input(why.clone())),
-            Ok(Some(s)) if s.missing == Missing::Error => Err(Error::input(format!(
-                "{what}: not in the shipped reference folder {REFERENCE_DIR_ENV}={} (no {}), and \
-                 {REFERENCE_MISSING_ENV}=error: build the folder with `quantgate reference build` for \
-                 this case, or set {REFERENCE_MISSING_ENV}=compute to score the reference here",
-                s.dir.display(),
-                path.file_name().unwrap_or_default().to_string_lossy()
-            ))),
-            Ok(_) => Ok(()),
+            Ok(Some(s)) if s.missing == Missing::Error => Ok(Some(&s.dir)),
+            Ok(_) => Ok(None),
         }
     }
 
-    /// May a trial load reference model `alias` itself? Not with a shipped
-    /// folder and `QUANTGATE_REFERENCE_MISSING=error`: a shard runs without
-    /// its reference models (a kind that reads its reference model directly,
-    /// as multiple choice does, then needs `compute`).
+    /// May this store compute product `what` (a reference model decode),
+    /// kept in `path`? Not when a shipped folder forbids it ([`Self::forbidding`]).
+    fn may_compute(&self, what: &str, path: &Path) -> Result<()> {
+        match self.forbidding()? {
+            Some(dir) => Err(Error::input(format!(
+                "{what}: not in the shipped reference folder {REFERENCE_DIR_ENV}={} (no {}), and \
+                 {REFERENCE_MISSING_ENV}=error: build the folder with `quantgate reference build` for \
+                 this case, or set {REFERENCE_MISSING_ENV}=compute to score the reference here",
+                dir.display(),
+                path.file_name().unwrap_or_default().to_string_lossy()
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// May a trial load reference model `alias` itself? Not when a shipped
+    /// folder forbids it: a shard runs without its reference models (a kind
+    /// that reads its reference model directly, as multiple choice does,
+    /// then needs `compute`).
     pub fn may_load_reference(&self, alias: &str) -> Result<()> {
-        match &self.shipped {
-            Err(why) => Err(Error::input(why.clone())),
-            Ok(Some(s)) if s.missing == Missing::Error => Err(Error::input(format!(
+        match self.forbidding()? {
+            Some(dir) => Err(Error::input(format!(
                 "reference `{alias}`: {REFERENCE_DIR_ENV}={} ships the references and \
                  {REFERENCE_MISSING_ENV}=error, so no reference model is loaded here; this case \
                  needs its reference model itself (set {REFERENCE_MISSING_ENV}=compute to load it)",
-                s.dir.display()
+                dir.display()
             ))),
-            Ok(_) => Ok(()),
+            None => Ok(()),
         }
     }
 
@@ -227,13 +239,11 @@ impl ReferenceStore {
     /// local cache or a new computation.
     fn shipped_unusable(&self, path: &Path, why: &str) -> Result<()> {
         let msg = format!("shipped reference {} is unusable ({why})", path.display());
-        match self.shipped() {
-            Some(s) if s.missing == Missing::Error => Err(Error::input(msg)),
-            _ => {
-                eprintln!("quantgate: {msg}; computing it here");
-                Ok(())
-            }
+        if self.forbidding()?.is_some() {
+            return Err(Error::input(msg));
         }
+        eprintln!("quantgate: {msg}; computing it here");
+        Ok(())
     }
 
     /// The id and file of a reference's scores.
@@ -270,13 +280,13 @@ impl ReferenceStore {
     ) -> Result<Arc<Scored>> {
         let (id, path) = self.scores_file(key);
         if let Some(s) = self.stored_scores(key, &id, &path)? {
-            return Ok(s);
+            return Ok(s.scored.clone());
         }
-        self.may_compute(&format!("the scores of reference `{}`", key.alias), &path)?;
+        self.may_compute_scores(key)?;
         let _lock = self.lock(&id)?;
         // Another thread or process may have built it while this one waited.
         if let Some(s) = self.stored_scores(key, &id, &path)? {
-            return Ok(s);
+            return Ok(s.scored.clone());
         }
         let (header, scored) = score()?;
         self.put_scores(key, &header, scored)
@@ -285,7 +295,12 @@ impl ReferenceStore {
     /// The scores of `key` from the memo, the shipped folder or the local
     /// cache; never computes. An unusable shipped copy is an error under
     /// `QUANTGATE_REFERENCE_MISSING=error`.
-    fn stored_scores(&self, key: &ScoresKey, id: &str, path: &Path) -> Result<Option<Arc<Scored>>> {
+    fn stored_scores(
+        &self,
+        key: &ScoresKey,
+        id: &str,
+        path: &Path,
+    ) -> Result<Option<Arc<StoredScores>>> {
         if let Some(s) = memo_get(&self.scores, id) {
             return Ok(Some(s));
         }
@@ -300,13 +315,18 @@ impl ReferenceStore {
     }
 
     /// Keep scores and their record's vocabulary in the memo.
-    fn remember_scores(&self, id: &str, header: &RecordHeader, scored: Scored) -> Arc<Scored> {
-        self.score_vocab
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(id.to_string())
-            .or_insert_with(|| (header.n_vocab, header.tokenizer_fingerprint.clone()));
-        memo_put(&self.scores, id, Arc::new(scored))
+    fn remember_scores(
+        &self,
+        id: &str,
+        header: &RecordHeader,
+        scored: Scored,
+    ) -> Arc<StoredScores> {
+        let stored = StoredScores {
+            scored: Arc::new(scored),
+            n_vocab: header.n_vocab,
+            fingerprint: header.tokenizer_fingerprint.clone(),
+        };
+        memo_put(&self.scores, id, Arc::new(stored))
     }
 
     /// The scores of `key` when this process or an earlier one computed
@@ -316,7 +336,8 @@ impl ReferenceStore {
     /// plays the reference or the candidate.
     pub fn cached_scores(&self, key: &ScoresKey) -> Option<Arc<Scored>> {
         let (id, path) = self.scores_file(key);
-        self.stored_scores(key, &id, &path).ok().flatten()
+        let stored = self.stored_scores(key, &id, &path).ok().flatten()?;
+        Some(stored.scored.clone())
     }
 
     /// [`ReferenceStore::cached_scores`] with the vocabulary size and
@@ -328,16 +349,8 @@ impl ReferenceStore {
         key: &ScoresKey,
     ) -> Result<Option<(Arc<Scored>, usize, String)>> {
         let (id, path) = self.scores_file(key);
-        let Some(s) = self.stored_scores(key, &id, &path)? else {
-            return Ok(None);
-        };
-        let vocab = self
-            .score_vocab
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&id)
-            .cloned();
-        Ok(vocab.map(|(n, f)| (s, n, f)))
+        let stored = self.stored_scores(key, &id, &path)?;
+        Ok(stored.map(|s| (s.scored.clone(), s.n_vocab, s.fingerprint.clone())))
     }
 
     /// Put scores a decode computed into the store (file and memo). Two
@@ -350,7 +363,7 @@ impl ReferenceStore {
     ) -> Result<Arc<Scored>> {
         let (id, path) = self.scores_file(key);
         write_sealed(&path, record_jsonl(header, key.plan, &scored).into_bytes())?;
-        Ok(self.remember_scores(&id, header, scored))
+        Ok(self.remember_scores(&id, header, scored).scored.clone())
     }
 
     /// A scores file: None when absent, the reason when it is not intact
@@ -375,7 +388,7 @@ impl ReferenceStore {
 
     /// The local scores file of `key`, when it is intact and for `key`
     /// (said on stderr when it is not: it is scored again).
-    fn read_scores(&self, key: &ScoresKey, id: &str, path: &Path) -> Option<Arc<Scored>> {
+    fn read_scores(&self, key: &ScoresKey, id: &str, path: &Path) -> Option<Arc<StoredScores>> {
         match Self::load_scores(key, path) {
             Ok(Some((h, s))) => Some(self.remember_scores(id, &h, s)),
             Ok(None) => None,
