@@ -254,6 +254,26 @@ fn write_report(
     Ok(ladder::markdown(&views))
 }
 
+/// The planned tests of a selection: cases × models, the files named by
+/// `--model` / `--reference` pinned first.
+fn plan_selection(
+    suites: &std::path::Path,
+    patterns: &[String],
+    models: &[String],
+    reference: Option<&str>,
+) -> Result<(Registry, Vec<quantgate::plan::Planned>), Error> {
+    overrides(suites, models, reference)
+        .and_then(|o| quantgate::plan::plan_with(suites, patterns, models, &o))
+}
+
+/// The goldens folder beside the suites folder.
+fn default_goldens(suites: &std::path::Path) -> PathBuf {
+    suites
+        .parent()
+        .unwrap_or(std::path::Path::new(""))
+        .join("goldens")
+}
+
 /// Fix the engine options: each flag, else its environment variable.
 fn engine_options(
     n_gpu_layers: &Option<String>,
@@ -379,16 +399,9 @@ fn main() -> ExitCode {
                 }
                 t.clamp(1, cores)
             });
-            let goldens = goldens.unwrap_or_else(|| {
-                let root = cli.suites.parent().unwrap_or(std::path::Path::new(""));
-                root.join("goldens")
-            });
-            let overrides = match overrides(&cli.suites, &models, reference.as_deref()) {
-                Ok(o) => o,
-                Err(e) => return fail(&e),
-            };
+            let goldens = goldens.unwrap_or_else(|| default_goldens(&cli.suites));
             let (registry, planned) =
-                match quantgate::plan::plan_with(&cli.suites, &patterns, &models, &overrides) {
+                match plan_selection(&cli.suites, &patterns, &models, reference.as_deref()) {
                     Ok(p) => p,
                     Err(e) => return fail(&e),
                 };
@@ -526,14 +539,12 @@ fn main() -> ExitCode {
                     out.display()
                 )));
             }
-            let (registry, planned) = match overrides(
+            let (registry, planned) = match plan_selection(
                 &cli.suites,
+                &select.patterns,
                 &select.models,
                 select.reference.as_deref(),
-            )
-            .and_then(|o| {
-                quantgate::plan::plan_with(&cli.suites, &select.patterns, &select.models, &o)
-            }) {
+            ) {
                 Ok(p) => p,
                 Err(e) => return fail(&e),
             };
@@ -563,11 +574,7 @@ fn main() -> ExitCode {
             // The products go to --out, whatever the environment ships.
             runner.references =
                 quantgate::execute::reference::ReferenceStore::with_shipped(out.clone(), Ok(None));
-            let goldens = cli
-                .suites
-                .parent()
-                .unwrap_or(std::path::Path::new(""))
-                .join("goldens");
+            let goldens = default_goldens(&cli.suites);
             let t = std::time::Instant::now();
             let work = quantgate::judge::build_references(&runner, &planned, &goldens);
             for f in &work.failed {
@@ -706,8 +713,7 @@ fn main() -> ExitCode {
                     Ok(all)
                 })
             } else {
-                overrides(&cli.suites, &models, reference.as_deref())
-                    .and_then(|o| quantgate::plan::plan_with(&cli.suites, &patterns, &models, &o))
+                plan_selection(&cli.suites, &patterns, &models, reference.as_deref())
                     .and_then(|(reg, planned)| {
                     let runner =
                         RunContext::new(reg, Arc::new(LlamaEngine::new()), threads_per_trial(1));
@@ -760,8 +766,7 @@ fn main() -> ExitCode {
                     p.display()
                 )));
             }
-            let merged = overrides(&cli.suites, &models, reference.as_deref())
-                .and_then(|o| quantgate::plan::plan_with(&cli.suites, &cases, &models, &o))
+            let merged = plan_selection(&cli.suites, &cases, &models, reference.as_deref())
                 .and_then(|(registry, planned)| {
                     let found = quantgate::judge::merge::read_outcomes(&sources)?;
                     let pinned = |m: &str| registry.entry(m).ok()?.sha256.clone();
