@@ -25,10 +25,16 @@ fn fixture_path() -> PathBuf {
         .path
 }
 
+/// `<tmp>/qg-cli-<tag>-<pid>/`, emptied: a test's own folder.
+fn fresh_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("qg-cli-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
 /// A suites dir with the real fixture registered as `tiny` and the corpus.
 fn suites(tag: &str) -> PathBuf {
-    let root = std::env::temp_dir().join(format!("qg-cli-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
+    let root = fresh_dir(tag);
     std::fs::create_dir_all(root.join("ppl")).unwrap();
     std::fs::write(
         root.join("models.toml"),
@@ -471,8 +477,7 @@ fn the_suites_binary_tests_the_checkout_it_runs_in() {
 /// Another checkout in a temp dir: the registry, the corpus as `ppl/t.txt`,
 /// and one case `ppl/NAME` on Q8_0 (n_ctx 64, `chunks` windows).
 fn other_checkout(tag: &str, name: &str, chunks: usize) -> PathBuf {
-    let other = std::env::temp_dir().join(format!("qg-cli-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&other);
+    let other = fresh_dir(tag);
     let suites = other.join("suites");
     std::fs::create_dir_all(suites.join("ppl")).unwrap();
     std::fs::copy(
@@ -1098,8 +1103,7 @@ fn the_html_report_renders_its_plots_in_chromium() {
 /// nothing is an error at the case's line and column.
 #[test]
 fn a_case_names_local_files_by_path() {
-    let root = std::env::temp_dir().join(format!("qg-cli-pathcase-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
+    let root = fresh_dir("pathcase");
     let suites = root.join("suites");
     std::fs::create_dir_all(suites.join("ppl")).unwrap();
     std::fs::create_dir_all(root.join("mine")).unwrap();
@@ -1156,8 +1160,7 @@ fn a_case_names_local_files_by_path() {
 /// ways, the agreement, and every margin bin's counts and rate.
 #[test]
 fn multiple_choice_flips_equal_a_recount_from_the_parquet_rows() {
-    let dir = std::env::temp_dir().join(format!("qg-cli-mc-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = fresh_dir("mc");
     let json = dir.join("mc.json");
     let (code, stdout, stderr) = run(
         &repo().join("suites"),
@@ -1267,8 +1270,7 @@ fn multiple_choice_flips_equal_a_recount_from_the_parquet_rows() {
 #[test]
 fn jsonl_tasks_score_as_the_binary_format_does() {
     use quantgate::kinds::multiple_choice::{computed_tasks, write_binary};
-    let root = std::env::temp_dir().join(format!("qg-cli-jsonl-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
+    let root = fresh_dir("jsonl");
     let suites = root.join("suites");
     std::fs::create_dir_all(suites.join("mc")).unwrap();
     std::fs::copy(
@@ -1321,8 +1323,7 @@ fn jsonl_tasks_score_as_the_binary_format_does() {
 /// can take away) and `cand` (Q8_0), a kld and a paired-ΔNLL case of two
 /// 128-token windows against `ref`.
 fn reference_suites(tag: &str) -> (PathBuf, PathBuf) {
-    let root = std::env::temp_dir().join(format!("qg-cli-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
+    let root = fresh_dir(tag);
     let suites = root.join("suites");
     for d in ["kld", "ppl"] {
         std::fs::create_dir_all(suites.join(d)).unwrap();

@@ -137,16 +137,10 @@ fn interrupted_runs_leave_every_golden_whole() -> Result<(), Failed> {
     // leaves; the next run removes it (and any real one).
     let stale = goldens.join("c0/.m1.snap.quantgate-tmp-999999999-AbCdEf");
     std::fs::write(&stale, "half").unwrap();
-    // Its writer is long gone (and holds no lock).
-    std::fs::File::options()
-        .write(true)
-        .open(&stale)
-        .unwrap()
-        .set_modified(std::time::SystemTime::now() - Duration::from_secs(3600))
-        .unwrap();
-    // A killed writer's own temp file (when a kill landed mid-write) is
-    // swept only once it is over a minute old (a younger one may be a
-    // writer between creating and locking it): let that minute pass.
+    // Its writer is long gone (and holds no lock), as is a killed writer's
+    // own temp file (when a kill landed mid-write). A temp file is swept
+    // only once it is over a minute old (a younger one may be a writer
+    // between creating and locking it): let that minute pass for all.
     for (p, _) in common::tree(&goldens) {
         if p.to_string_lossy().contains(".quantgate-tmp-") {
             std::fs::File::options()
