@@ -114,7 +114,7 @@ fn kept_scores(
         windowing: format!("{windowing:?}"),
     };
     store
-        .scores(&key, &|| {
+        .scores(&key, &alias, &|| {
             let scored = score_plan(model.clone(), plan, n_batch, 2)?;
             let info = model.info();
             let header = RecordHeader {
@@ -132,6 +132,8 @@ fn kept_scores(
             Ok((header, scored))
         })
         .unwrap()
+        .scored
+        .clone()
 }
 
 /// The engine, and the registry's `aliases` fetched or derived and verified.

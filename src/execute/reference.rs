@@ -65,11 +65,15 @@ pub struct ReferenceStore {
 }
 
 /// Scores as the store keeps them: with the vocabulary size and tokenizer
-/// fingerprint of the model that made them (from their record's header).
-struct StoredScores {
-    scored: Arc<Scored>,
-    n_vocab: usize,
-    fingerprint: String,
+/// fingerprint of the model that made them (from their record's header),
+/// for the one tokenizer check.
+pub struct StoredScores {
+    /// The scores.
+    pub scored: Arc<Scored>,
+    /// Vocabulary size of the model that scored them.
+    pub n_vocab: usize,
+    /// Its tokenizer fingerprint.
+    pub fingerprint: String,
 }
 
 /// A reference folder built elsewhere (`quantgate reference build`).
@@ -228,12 +232,6 @@ impl ReferenceStore {
         }
     }
 
-    /// [`ReferenceStore::may_compute`] for the scores of `key`.
-    pub fn may_compute_scores(&self, key: &ScoresKey) -> Result<()> {
-        let (_, path) = self.scores_file(key);
-        self.may_compute(&format!("the scores of reference `{}`", key.alias), &path)
-    }
-
     /// A shipped copy that fails its checks: an error under
     /// `QUANTGATE_REFERENCE_MISSING=error`, else said and left for the
     /// local cache or a new computation.
@@ -268,28 +266,35 @@ impl ReferenceStore {
         self.scores_file(key)
     }
 
-    /// The reference's scores of `key.plan`: from this process's memo, the
-    /// shipped folder, the record cache (when it is for the same model file
-    /// and build and reads back against the plan), or `score` (which returns
-    /// the record header and the scores), then recorded. Building takes the
-    /// product's lock, so concurrent processes score a reference once.
+    /// The reference's scores of `key.plan`, with the vocabulary that made
+    /// them: from this process's memo, the shipped folder, the record cache
+    /// (when it is for the same model file and build and reads back against
+    /// the plan), or `score` (which returns the record header and the
+    /// scores), then recorded. Building takes the product's lock, so
+    /// concurrent processes score a reference once. `at` (where the case
+    /// names the reference) prefixes the store's own errors: a shipped copy
+    /// that is unusable, or a computation a shipped folder refuses.
     pub fn scores(
         &self,
         key: &ScoresKey,
+        at: &dyn Display,
         score: &dyn Fn() -> Result<(RecordHeader, Scored)>,
-    ) -> Result<Arc<Scored>> {
+    ) -> Result<Arc<StoredScores>> {
         let (id, path) = self.scores_file(key);
-        if let Some(s) = self.stored_scores(key, &id, &path)? {
-            return Ok(s.scored.clone());
+        let stored = |s: &Self| s.stored_scores(key, &id, &path).map_err(|e| e.context(at));
+        if let Some(s) = stored(self)? {
+            return Ok(s);
         }
-        self.may_compute_scores(key)?;
+        self.may_compute(&format!("the scores of reference `{}`", key.alias), &path)
+            .map_err(|e| e.context(at))?;
         let _lock = self.lock(&id)?;
         // Another thread or process may have built it while this one waited.
-        if let Some(s) = self.stored_scores(key, &id, &path)? {
-            return Ok(s.scored.clone());
+        if let Some(s) = stored(self)? {
+            return Ok(s);
         }
         let (header, scored) = score()?;
-        self.put_scores(key, &header, scored)
+        write_sealed(&path, record_jsonl(&header, key.plan, &scored).into_bytes())?;
+        Ok(self.remember_scores(&id, &header, scored))
     }
 
     /// The scores of `key` from the memo, the shipped folder or the local
@@ -338,19 +343,6 @@ impl ReferenceStore {
         let (id, path) = self.scores_file(key);
         let stored = self.stored_scores(key, &id, &path).ok().flatten()?;
         Some(stored.scored.clone())
-    }
-
-    /// [`ReferenceStore::cached_scores`] with the vocabulary size and
-    /// tokenizer fingerprint of the model that made them (for the one
-    /// tokenizer check); an unusable shipped copy under
-    /// `QUANTGATE_REFERENCE_MISSING=error` is an error.
-    pub fn cached_scores_vocab(
-        &self,
-        key: &ScoresKey,
-    ) -> Result<Option<(Arc<Scored>, usize, String)>> {
-        let (id, path) = self.scores_file(key);
-        let stored = self.stored_scores(key, &id, &path)?;
-        Ok(stored.map(|s| (s.scored.clone(), s.n_vocab, s.fingerprint.clone())))
     }
 
     /// Put scores a decode computed into the store (file and memo). Two

@@ -524,27 +524,15 @@ impl ScoredText {
         model: &dyn LoadedModel,
         plan: &ScoringPlan,
     ) -> Result<Arc<Scored>> {
-        // A store (memo, shipped folder, cache) that holds them: no load.
-        // The key is the candidate's plan, which the reference's must equal.
+        // From the store (memo, shipped folder, cache) when it holds them:
+        // no load. The key is the candidate's plan, which the reference's
+        // must equal. Else computed here, when the store may (a shipped
+        // folder can refuse): loaded, checked and scored under its lock.
         let build = cx.identity_of(ref_alias);
         let settings = self.settings(cx.threads);
         let pinned = cx.pinned_sha256(ref_alias).map_err(|e| e.context(ref_at))?;
         let key = self.scores_key(ref_alias, &pinned, plan, &settings, &build);
-        if let Some((scored, n_vocab, fingerprint)) = cx.references.cached_scores_vocab(&key)? {
-            let stored = Vocab {
-                alias: ref_alias,
-                n_vocab,
-                fingerprint: &fingerprint,
-            };
-            same_tokenizer(ref_at, "reference", stored, Vocab::of(model.info()))?;
-            return Ok(scored);
-        }
-        // Computed here, when the store may (a shipped folder can refuse):
-        // loaded, checked and scored under the product's lock.
-        cx.references
-            .may_compute_scores(&key)
-            .map_err(|e| e.context(ref_at))?;
-        cx.references.scores(&key, &|| {
+        let stored = cx.references.scores(&key, ref_at, &|| {
             let (rv, rmodel) = cx.load_reference((ref_alias, ref_at), Vocab::of(model.info()))?;
             self.check_context(&*rmodel)?;
             let rplan = self.identical_plan(cx, ref_at, src, &*rmodel, model, plan)?;
@@ -552,7 +540,14 @@ impl ScoredText {
             let mut b = ScoresBuild::new(self, ref_alias, &rv.file.sha256, &build, &rmodel, &rplan);
             observe_one(&obs, &mut b)?;
             b.scored()
-        })
+        })?;
+        let recorded = Vocab {
+            alias: ref_alias,
+            n_vocab: stored.n_vocab,
+            fingerprint: &stored.fingerprint,
+        };
+        same_tokenizer(ref_at, "reference", recorded, Vocab::of(model.info()))?;
+        Ok(stored.scored.clone())
     }
 
     /// The reference's scores of the case's windows as work for a shared
