@@ -252,9 +252,11 @@ impl Settings {
 #[serde(rename_all = "kebab-case")]
 pub enum Decoding {
     /// Every pass that picks a token has the kernel shape of teacher forcing
-    /// with `Settings::min_rows`: the trailing `padded_rows(1)` tokens are
-    /// re-decoded each step (padded while the text is shorter). Greedy
-    /// output then equals the argmax of the teacher-forced rows, bitwise.
+    /// with `Settings::min_rows`: `padded_rows(1)` rows ending at the last
+    /// token drafted by cheap one-row passes (trailing tokens re-decoded,
+    /// padded while the text is shorter), each confirmed draft a token
+    /// picked. Greedy output then equals the argmax of the teacher-forced
+    /// rows, bitwise.
     Invariant,
     /// One new token per pass (llama.cpp's usual generation): other kernels
     /// than a many-row pass, so near-ties can flip.

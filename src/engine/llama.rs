@@ -52,12 +52,21 @@ fn backend() -> Result<&'static LlamaBackend> {
 
 /// The llama.cpp engine.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct LlamaEngine;
+pub struct LlamaEngine {
+    drafts: bool,
+}
 
 impl LlamaEngine {
     /// The engine (initialises the backend on first use).
     pub fn new() -> Self {
-        LlamaEngine
+        LlamaEngine { drafts: true }
+    }
+
+    /// The engine without drafted invariant generation: every pass of
+    /// [`Decoding::Invariant`] picks one token (the slower way to the same
+    /// tokens, kept to measure and test the drafted one against).
+    pub fn without_drafts() -> Self {
+        LlamaEngine { drafts: false }
     }
 }
 
@@ -220,7 +229,11 @@ impl Engine for LlamaEngine {
             bos: vocab.bos().0,
             tokenizer_fingerprint: fingerprint(&model),
         };
-        Ok(Arc::new(Loaded { model, info }))
+        Ok(Arc::new(Loaded {
+            model,
+            info,
+            drafts: self.drafts,
+        }))
     }
 
     fn build(&self) -> EngineBuild {
@@ -241,6 +254,8 @@ impl Engine for LlamaEngine {
 struct Loaded {
     model: LlamaModel,
     info: ModelInfo,
+    /// Invariant generation checks drafted tokens (see `generate`).
+    drafts: bool,
 }
 
 impl Loaded {
@@ -399,6 +414,43 @@ impl Loaded {
             last = (chunk.len() - 1) as i32;
         }
         Ok(last)
+    }
+
+    /// Up to `k` tokens that greedy one-row passes (llama.cpp's usual
+    /// generation) predict after `tokens`, whose cache holds [0, `done`):
+    /// guesses for an invariant pass to check, never a result. A pass that
+    /// fails or a row that is not finite ends the guessing; the cache is
+    /// left holding [0, `done`) again.
+    fn draft(
+        &self,
+        ctx: &mut LlamaContext<'_>,
+        batch: &mut LlamaBatch,
+        unpadded: &Settings,
+        tokens: &[TokenId],
+        done: usize,
+        k: usize,
+    ) -> Result<Vec<TokenId>> {
+        let vocab = self.model.vocab();
+        let mut seq = tokens.to_vec();
+        let mut at = done;
+        while seq.len() - tokens.len() < k {
+            let Ok(last) = self.decode_range(ctx, batch, unpadded, &seq, at) else {
+                break;
+            };
+            at = seq.len();
+            let row = ctx.get_logits_ith(last);
+            if row.len() != self.info.n_vocab || first_non_finite(row).is_some() {
+                break;
+            }
+            let next = top_gap(row).0 as TokenId;
+            if vocab.is_eog(LlamaToken::new(next)) {
+                break;
+            }
+            seq.push(next);
+        }
+        ctx.clear_kv_cache_seq(Some(0), Some(done as u32), None)
+            .map_err(|e| self.err(format!("dropping drafts: {e}")))?;
+        Ok(seq.split_off(tokens.len()))
     }
 
     /// A fresh context for generating `max_new` tokens after `prompt`.
@@ -657,11 +709,30 @@ impl LoadedModel for Loaded {
         let mut out = Vec::new();
         // Positions [0, done) hold their final cache entries.
         let mut done = 0usize;
+        // How many drafted tokens the next invariant pass checks.
+        let mut want = r - 1;
         while out.len() < max_new {
             let n = tokens.len();
-            // This pass decodes [s, n); its last row picks the next token.
+            // Invariant mode: the pass that picks the next token has r rows
+            // whatever they hold. Drafted, its rows after the last token carry
+            // the tokens that cheap one-row passes guess come next; each row's
+            // logits depend only on the tokens up to it (the contract the
+            // invariant mode rests on), so every guess the pass confirms is the
+            // token a pass of its own would pick, bitwise, and saves that pass.
+            let drafts = if decoding == Decoding::Invariant && self.drafts {
+                let k = want
+                    .min(r.saturating_sub(n - done))
+                    .min(max_new - out.len() - 1);
+                self.draft(&mut ctx, &mut batch, &unpadded, &tokens, done, k)?
+            } else {
+                Vec::new()
+            };
+            let k = drafts.len();
+            tokens.extend_from_slice(&drafts);
+            let m = tokens.len();
+            // This pass decodes [s, m); its rows from n − 1 on pick tokens.
             let s = match decoding {
-                Decoding::Invariant => n.saturating_sub(r),
+                Decoding::Invariant => m.saturating_sub(r),
                 Decoding::Incremental => done,
             };
             if done > s {
@@ -671,18 +742,46 @@ impl LoadedModel for Loaded {
             // The prompt before the trailing rows.
             self.decode_range(&mut ctx, &mut batch, settings, &tokens[..s], done.min(s))?;
             let last = self.decode_range(&mut ctx, &mut batch, settings, &tokens, s)?;
-            done = n;
-            let row = self.row(&ctx, last, n - 1)?;
-            let (next, gap) = top_gap(row);
-            let next = next as TokenId;
-            if vocab.is_eog(LlamaToken::new(next)) {
+            tokens.truncate(n);
+            // Rows n − 1 .. m of the last pass, every row kept (padded
+            // passes keep all logits) and in it (k + 1 ≤ r ≤ n_batch rows).
+            let mut matched = 0;
+            let mut finished = false;
+            for i in 0..=k {
+                let row = self.row(&ctx, last - (k - i) as i32, n - 1 + i)?;
+                let (next, gap) = top_gap(row);
+                let next = next as TokenId;
+                if vocab.is_eog(LlamaToken::new(next)) {
+                    finished = true;
+                    break;
+                }
+                out.push(Step { token: next, gap });
+                tokens.push(next);
+                if stop(&tokens[prompt.len()..]) {
+                    finished = true;
+                    break;
+                }
+                if out.len() == max_new || drafts.get(i) != Some(&next) {
+                    break;
+                }
+                matched += 1;
+            }
+            if finished {
                 break;
             }
-            out.push(Step { token: next, gap });
-            tokens.push(next);
-            if stop(&tokens[prompt.len()..]) {
-                break;
+            // Entries up to the last confirmed guess are final; those of
+            // the guesses after it go.
+            done = n + matched;
+            if done < m {
+                ctx.clear_kv_cache_seq(Some(0), Some(done as u32), None)
+                    .map_err(|e| self.err(format!("dropping unconfirmed drafts: {e}")))?;
             }
+            // Draft as far as the guesses held, at least a few tokens.
+            want = if matched == k {
+                r - 1
+            } else {
+                (2 * matched).clamp(4, r - 1)
+            };
         }
         Ok(out)
     }
