@@ -207,6 +207,66 @@ fn threads_share_one_loaded_model_and_agree() {
     assert_eq!(r[0], r[1]);
 }
 
+/// With two threads or more, one-pass windows are decoded two at a time,
+/// each in a context of its own on one share of the threads: the rows must
+/// be bitwise those of one context decoding the windows one after another,
+/// and in the same order — an odd count of windows (the last pair is one
+/// window), windows shorter than `min_rows` (padded) and longer, logits
+/// from anywhere.
+#[test]
+fn windows_decoded_in_two_lanes_give_the_rows_of_one_context_bitwise() {
+    let m = fixture();
+    let text = "The quick brown fox jumps over the lazy dog. Pi is 3.14159, e is 2.71828. ";
+    let ids: Vec<i32> = m
+        .tokenize(&text.repeat(8), BosPolicy::Always)
+        .unwrap()
+        .iter()
+        .map(|t| t.id)
+        .collect();
+    assert!(ids.len() > 200, "{}", ids.len());
+    let windows: Vec<Window> = [
+        (0, 96, 48),
+        (96, 200, 0),
+        (10, 30, 5),
+        (40, 60, 19),
+        (100, 190, 89),
+    ]
+    .iter()
+    .map(|&(a, b, from)| Window {
+        tokens: ids[a..b].to_vec(),
+        logits_from: from,
+    })
+    .collect();
+    let expected: usize = windows.iter().map(|w| w.tokens.len() - w.logits_from).sum();
+    let rows = |threads: u32, min_rows: u32| {
+        let mut settings = Settings::new(128, threads);
+        settings.min_rows = min_rows;
+        let mut out: Vec<(usize, usize, Vec<u32>)> = Vec::new();
+        m.score(&settings, &windows, &mut |w, pos, row| {
+            out.push((w, pos, row.iter().map(|x| x.to_bits()).collect()));
+            Ok(())
+        })
+        .unwrap();
+        out
+    };
+    for min_rows in [0, 32] {
+        let one = rows(1, min_rows);
+        assert_eq!(one.len(), expected);
+        let two = rows(2, min_rows);
+        assert_eq!(two.len(), one.len());
+        for (a, b) in one.iter().zip(&two) {
+            assert!(
+                a == b,
+                "min_rows {min_rows}: window {} position {} differs from one context's (window {} position {})",
+                b.0,
+                b.1,
+                a.0,
+                a.1
+            );
+        }
+    }
+}
+
 #[test]
 fn window_longer_than_the_context_is_an_error_naming_the_model() {
     let m = fixture();
