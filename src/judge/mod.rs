@@ -53,6 +53,18 @@ pub fn run_plan(
     use std::sync::{Condvar, Mutex};
     let everything = vec![true; planned.len()];
     let groups = crate::plan::groups::groups(planned, &everything, true);
+    // A group that measures the machine's speed runs with nothing beside it.
+    let alone: Vec<bool> = groups
+        .iter()
+        .map(|g| {
+            g.trials.iter().any(|&i| {
+                planned[i]
+                    .case
+                    .as_ref()
+                    .is_ok_and(|p| p.kind.measures_speed())
+            })
+        })
+        .collect();
     /// Per group: 0 waiting, 1 running, 2 done.
     struct Board<'a> {
         state: Vec<u8>,
@@ -73,8 +85,7 @@ pub fn run_plan(
         let g = {
             let mut b = board.lock().unwrap_or_else(|p| p.into_inner());
             loop {
-                let ready = (0..groups.len())
-                    .find(|&g| b.state[g] == 0 && groups[g].after.iter().all(|&a| b.state[a] == 2));
+                let ready = next_group(&b.state, &groups, &alone);
                 match ready {
                     Some(g) => {
                         b.state[g] = 1;
@@ -137,6 +148,24 @@ pub fn run_plan(
     }
     let b = board.into_inner().unwrap_or_else(|p| p.into_inner());
     (b.by_index.into_iter().flatten().collect(), b.reference_work)
+}
+
+/// The group to start next (in the groups' order), given each group's
+/// state (0 waiting, 1 running, 2 done): one whose reference work is done,
+/// and — when a group is running — neither one that must run alone nor
+/// beside one that does.
+fn next_group(
+    state: &[u8],
+    groups: &[crate::plan::groups::Group],
+    alone: &[bool],
+) -> Option<usize> {
+    let running: Vec<usize> = (0..state.len()).filter(|&g| state[g] == 1).collect();
+    let blocked = running.iter().any(|&r| alone[r]);
+    (0..groups.len()).find(|&g| {
+        state[g] == 0
+            && groups[g].after.iter().all(|&a| state[a] == 2)
+            && (running.is_empty() || !(blocked || alone[g]))
+    })
 }
 
 /// The reference products of every planned trial, built into `cx`'s
@@ -524,6 +553,33 @@ fn decide_prereg(
 mod tests {
     use super::*;
     use crate::core::{Outcome, Status};
+
+    /// Groups 0..4, group 3 after group 0; group 2 measures speed.
+    #[test]
+    fn a_speed_group_starts_alone_and_nothing_starts_beside_it() {
+        let group = |after: Vec<usize>| crate::plan::groups::Group {
+            model: "m".into(),
+            observation: None,
+            trials: Vec::new(),
+            provides: Vec::new(),
+            after,
+            weight: 0,
+        };
+        let groups = vec![group(vec![]), group(vec![]), group(vec![]), group(vec![0])];
+        let alone = [false, false, true, false];
+        // Nothing running: the first waiting group.
+        assert_eq!(next_group(&[0, 0, 0, 0], &groups, &alone), Some(0));
+        // Group 0 running: 1 may start beside it, not the speed group 2,
+        // nor 3, which waits for 0.
+        assert_eq!(next_group(&[1, 0, 0, 0], &groups, &alone), Some(1));
+        assert_eq!(next_group(&[1, 1, 0, 0], &groups, &alone), None);
+        // Nothing running: the speed group starts.
+        assert_eq!(next_group(&[2, 2, 0, 0], &groups, &alone), Some(2));
+        // While it runs, nothing starts, though 3 is ready.
+        assert_eq!(next_group(&[2, 2, 1, 0], &groups, &alone), None);
+        assert_eq!(next_group(&[2, 2, 2, 0], &groups, &alone), Some(3));
+        assert_eq!(next_group(&[2, 2, 2, 2], &groups, &alone), None);
+    }
     use crate::engine::fake::{FakeEngine, FakeSpec};
     use crate::execute::RunContext;
     use crate::plan::plan;

@@ -89,6 +89,12 @@ pub trait Kind: Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// Whether a trial measures the machine's speed: its group runs with
+    /// no other group beside it (`quantgate run --jobs N`).
+    fn measures_speed(&self) -> bool {
+        false
+    }
+
     /// Whether a result may be kept in and taken from the result cache
     /// (not a measurement of the machine's speed).
     fn cacheable(&self) -> bool {

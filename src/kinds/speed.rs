@@ -191,6 +191,10 @@ impl Kind for Speed {
         false
     }
 
+    fn measures_speed(&self) -> bool {
+        true
+    }
+
     /// Measured whole here: the candidate (and the reference) in rounds.
     fn start(&self, cx: &RunContext, case: &Case, alias: &str, out: &mut Outcome) -> Result<Start> {
         let t = Instant::now();
