@@ -416,102 +416,68 @@ impl Loaded {
         Ok(last)
     }
 
-    /// The threads of each decode lane when `windows` can be decoded in
-    /// lanes ([`Self::score_in_lanes`]): on a CPU build, with two threads
-    /// or more, two windows or more and every window one pass of one
-    /// sequence. On this 2-core machine two one-thread decodes side by side
-    /// take ~15% less time than one two-thread decode after the other
-    /// (llama.cpp's threads wait for each other at every operation).
-    fn lanes(&self, settings: &Settings, windows: &[Window]) -> Option<Vec<u32>> {
-        let one_pass = windows
-            .iter()
-            .all(|w| w.tokens.len() <= (settings.n_batch as usize).min(settings.n_ctx as usize));
-        (compute_backend() == "cpu"
-            && settings.threads >= 2
-            && settings.n_seq <= 1
-            && windows.len() >= 2
-            && one_pass)
-            .then(|| {
-                let t = settings.threads;
-                vec![t - t / 2, t / 2]
-            })
-    }
-
-    /// [`LoadedModel::score_passes`] with windows decoded two at a time,
-    /// each in a context of its own on its share of the threads, the rows
-    /// handed on in window order as one context would hand them. Each
-    /// window starts from empty memory either way, and llama.cpp's logits
-    /// do not depend on the thread count, so the rows are bitwise those of
-    /// one context (`tests/engine_llama.rs`).
-    fn score_in_lanes(
+    /// Decode `items` (windows or batches, each from empty memory) and hand
+    /// each on in order: `decode(ctx, batch, settings, index, item)`, then
+    /// `deliver(index, ctx, decoded)`. On a CPU build with two threads or
+    /// more, items are decoded two at a time, each in a context of its own
+    /// on its share of the threads: on this 2-core machine two one-thread
+    /// decodes side by side take ~15% less time than one two-thread decode
+    /// after the other (llama.cpp's threads wait for each other at every
+    /// operation). Each item starts from empty memory either way and
+    /// llama.cpp's logits do not depend on the thread count, so what is
+    /// delivered is bitwise what one context gives (`tests/engine_llama.rs`).
+    /// The first error in item order is returned, after the items before it
+    /// are delivered.
+    fn decode_each<T: Sync, R: Send>(
         &self,
         settings: &Settings,
-        windows: &[Window],
-        sink: &mut PassSink<'_>,
-        lanes: Vec<u32>,
-    ) -> Result<EngineTimings> {
-        let mut timings = EngineTimings::default();
-        let t0 = Instant::now();
-        let n_batch = settings.n_batch as usize;
-        let mut lanes: Vec<(Settings, LlamaContext<'_>, LlamaBatch)> = lanes
+        batch: (usize, i32),
+        items: &[T],
+        decode: &(dyn Fn(&mut LlamaContext<'_>, &mut LlamaBatch, &Settings, usize, &T) -> Result<R>
+              + Sync),
+        deliver: &mut dyn FnMut(usize, &LlamaContext<'_>, R) -> Result<()>,
+    ) -> Result<()> {
+        let t = settings.threads;
+        let threads = if compute_backend() == "cpu" && t >= 2 && items.len() >= 2 {
+            vec![t - t / 2, t / 2]
+        } else {
+            vec![t]
+        };
+        let mut lanes: Vec<(Settings, LlamaContext<'_>, LlamaBatch)> = threads
             .into_iter()
             .map(|threads| {
                 let mut s = settings.clone();
                 s.threads = threads;
                 let ctx = self.context(&s)?;
-                Ok((s, ctx, LlamaBatch::new(settings.padded_rows(n_batch), 1)))
+                Ok((s, ctx, LlamaBatch::new(batch.0, batch.1)))
             })
             .collect::<Result<_>>()?;
-        let mut in_callback = std::time::Duration::ZERO;
-        let n_lanes = lanes.len();
-        for (c, pair) in windows.chunks(n_lanes).enumerate() {
-            let decoded: Vec<Result<()>> = std::thread::scope(|scope| {
-                let running: Vec<_> = pair
-                    .iter()
-                    .zip(lanes.iter_mut())
-                    .enumerate()
-                    .map(|(j, (window, (s, ctx, batch)))| {
-                        let w = c * n_lanes + j;
-                        scope.spawn(move || {
-                            ctx.clear_kv_cache();
-                            let from = window.logits_from;
-                            self.decode_padded(
-                                ctx,
-                                batch,
-                                s,
-                                &window.tokens,
-                                0,
-                                &|pos| pos >= from,
-                                &|| {
-                                    format!("in window {w} at positions 0..{}", window.tokens.len())
-                                },
-                            )
+        let n = lanes.len();
+        for (c, group) in items.chunks(n).enumerate() {
+            let decoded: Vec<Result<R>> = if n == 1 {
+                let (s, ctx, batch) = &mut lanes[0];
+                vec![decode(ctx, batch, s, c, &group[0])]
+            } else {
+                std::thread::scope(|scope| {
+                    let running: Vec<_> = group
+                        .iter()
+                        .zip(lanes.iter_mut())
+                        .enumerate()
+                        .map(|(j, (item, (s, ctx, batch)))| {
+                            scope.spawn(move || decode(ctx, batch, s, c * n + j, item))
                         })
-                    })
-                    .collect();
-                running
-                    .into_iter()
-                    .map(|h| h.join().expect("a decode lane panicked"))
-                    .collect()
-            });
-            for (j, (window, result)) in pair.iter().zip(decoded).enumerate() {
-                result?;
-                let w = c * n_lanes + j;
-                let ctx = &lanes[j].1;
-                let mut rows: Vec<(usize, &[f32])> = Vec::with_capacity(window.tokens.len());
-                for pos in window.logits_from..window.tokens.len() {
-                    rows.push((pos, self.row(ctx, pos as i32, pos)?));
-                }
-                if !rows.is_empty() {
-                    let tc = Instant::now();
-                    sink(w, &rows)?;
-                    in_callback += tc.elapsed();
-                }
+                        .collect();
+                    running
+                        .into_iter()
+                        .map(|h| h.join().expect("a decode lane panicked"))
+                        .collect()
+                })
+            };
+            for (j, r) in decoded.into_iter().enumerate() {
+                deliver(c * n + j, &lanes[j].1, r?)?;
             }
         }
-        timings.callback = in_callback;
-        timings.decode = t0.elapsed().saturating_sub(in_callback);
-        Ok(timings)
+        Ok(())
     }
 
     /// Up to `k` tokens that greedy one-row passes (llama.cpp's usual
@@ -607,39 +573,46 @@ impl LoadedModel for Loaded {
     ) -> Result<EngineTimings> {
         let t0 = Instant::now();
         let mut callback = std::time::Duration::ZERO;
-        let mut ctx = self.context(settings)?;
         let n_batch = settings.n_batch as usize;
-        let mut batch = LlamaBatch::new(n_batch, settings.n_seq.max(1) as i32);
-        for (b, tokens) in batches.iter().enumerate() {
-            if tokens.len() > settings.n_ctx as usize {
-                return Err(self.err(format!(
-                    "batch {b} holds {} tokens, more than n_ctx {}",
-                    tokens.len(),
-                    settings.n_ctx
-                )));
-            }
-            ctx.clear_kv_cache();
-            let mut rows: Vec<Vec<f32>> = Vec::new();
-            for chunk in tokens.chunks(n_batch) {
-                batch.clear();
-                for t in chunk {
-                    batch
-                        .add(LlamaToken(t.id), t.pos as i32, &t.seqs, t.output)
-                        .map_err(|e| self.err(format!("batch {b}: {e}")))?;
+        self.decode_each(
+            settings,
+            (n_batch, settings.n_seq.max(1) as i32),
+            batches,
+            &|ctx, batch, _, b, tokens: &Vec<super::SeqToken>| {
+                if tokens.len() > settings.n_ctx as usize {
+                    return Err(self.err(format!(
+                        "batch {b} holds {} tokens, more than n_ctx {}",
+                        tokens.len(),
+                        settings.n_ctx
+                    )));
                 }
-                ctx.decode(&mut batch)
-                    .map_err(|e| self.err(format!("llama_decode of batch {b}: {e}")))?;
-                for (i, t) in chunk.iter().enumerate() {
-                    if t.output {
-                        rows.push(self.row(&ctx, i as i32, t.pos)?.to_vec());
+                ctx.clear_kv_cache();
+                let mut rows: Vec<Vec<f32>> = Vec::new();
+                for chunk in tokens.chunks(n_batch) {
+                    batch.clear();
+                    for t in chunk {
+                        batch
+                            .add(LlamaToken(t.id), t.pos as i32, &t.seqs, t.output)
+                            .map_err(|e| self.err(format!("batch {b}: {e}")))?;
+                    }
+                    ctx.decode(batch)
+                        .map_err(|e| self.err(format!("llama_decode of batch {b}: {e}")))?;
+                    for (i, t) in chunk.iter().enumerate() {
+                        if t.output {
+                            rows.push(self.row(ctx, i as i32, t.pos)?.to_vec());
+                        }
                     }
                 }
-            }
-            let t = Instant::now();
-            let refs: Vec<&[f32]> = rows.iter().map(Vec::as_slice).collect();
-            sink(b, &refs)?;
-            callback += t.elapsed();
-        }
+                Ok(rows)
+            },
+            &mut |b, _, rows| {
+                let t = Instant::now();
+                let refs: Vec<&[f32]> = rows.iter().map(Vec::as_slice).collect();
+                sink(b, &refs)?;
+                callback += t.elapsed();
+                Ok(())
+            },
+        )?;
         Ok(EngineTimings {
             decode: t0.elapsed() - callback,
             callback,
@@ -731,13 +704,54 @@ impl LoadedModel for Loaded {
         windows: &[Window],
         sink: &mut PassSink<'_>,
     ) -> Result<EngineTimings> {
-        if let Some(lanes) = self.lanes(settings, windows) {
-            return self.score_in_lanes(settings, windows, sink, lanes);
+        let n_batch = settings.n_batch as usize;
+        let one_pass = windows
+            .iter()
+            .all(|w| w.tokens.len() <= n_batch.min(settings.n_ctx as usize));
+        if one_pass {
+            let t0 = Instant::now();
+            let mut in_callback = std::time::Duration::ZERO;
+            self.decode_each(
+                settings,
+                (settings.padded_rows(n_batch), 1),
+                windows,
+                &|ctx, batch, s, w, window| {
+                    ctx.clear_kv_cache();
+                    if window.tokens.is_empty() {
+                        return Ok(());
+                    }
+                    let from = window.logits_from;
+                    self.decode_padded(
+                        ctx,
+                        batch,
+                        s,
+                        &window.tokens,
+                        0,
+                        &|pos| pos >= from,
+                        &|| format!("in window {w} at positions 0..{}", window.tokens.len()),
+                    )
+                },
+                &mut |w, ctx, ()| {
+                    let window = &windows[w];
+                    let rows = (window.logits_from..window.tokens.len())
+                        .map(|pos| Ok((pos, self.row(ctx, pos as i32, pos)?)))
+                        .collect::<Result<Vec<(usize, &[f32])>>>()?;
+                    if !rows.is_empty() {
+                        let tc = Instant::now();
+                        sink(w, &rows)?;
+                        in_callback += tc.elapsed();
+                    }
+                    Ok(())
+                },
+            )?;
+            return Ok(EngineTimings {
+                decode: t0.elapsed().saturating_sub(in_callback),
+                callback: in_callback,
+            });
         }
         let mut timings = EngineTimings::default();
         let t0 = Instant::now();
         let mut ctx = self.context(settings)?;
-        let n_batch = settings.n_batch as usize;
         let mut batch = LlamaBatch::new(settings.padded_rows(n_batch), 1);
         let mut in_callback = std::time::Duration::ZERO;
         for (w, window) in windows.iter().enumerate() {
