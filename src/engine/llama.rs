@@ -251,6 +251,11 @@ impl Engine for LlamaEngine {
     }
 }
 
+/// How [`Loaded::decode_each`] decodes one item: (context, batch, the
+/// lane's settings, item index, item).
+type LaneDecode<'f, T, R> =
+    dyn Fn(&mut LlamaContext<'_>, &mut LlamaBatch, &Settings, usize, &T) -> Result<R> + Sync + 'f;
+
 struct Loaded {
     model: LlamaModel,
     info: ModelInfo,
@@ -433,8 +438,7 @@ impl Loaded {
         settings: &Settings,
         batch: (usize, i32),
         items: &[T],
-        decode: &(dyn Fn(&mut LlamaContext<'_>, &mut LlamaBatch, &Settings, usize, &T) -> Result<R>
-              + Sync),
+        decode: &LaneDecode<'_, T, R>,
         deliver: &mut dyn FnMut(usize, &LlamaContext<'_>, R) -> Result<()>,
     ) -> Result<()> {
         let t = settings.threads;
