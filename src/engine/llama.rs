@@ -899,7 +899,7 @@ impl LoadedModel for Loaded {
             want = if matched == k {
                 r - 1
             } else {
-                (2 * matched).clamp(4, r - 1)
+                (2 * matched).max(4).min(r - 1)
             };
         }
         Ok(out)
