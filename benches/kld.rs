@@ -67,12 +67,7 @@ fn main() -> ExitCode {
     let text = std::fs::read_to_string(repo.join("suites/data/wikitext-2-test.txt")).unwrap();
     let reference = load("smollm2-f16");
     let info = reference.info().clone();
-    let ids: Vec<i32> = reference
-        .tokenize(&text, BosPolicy::Model)
-        .unwrap()
-        .iter()
-        .map(|t| t.id)
-        .collect();
+    let ids: Vec<i32> = common::token_ids(&*reference, &text, BosPolicy::Model);
     let w = Windowing::LlamaPerplexity {
         n_ctx: 512,
         chunks: Some(chunks),

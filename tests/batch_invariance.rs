@@ -58,12 +58,8 @@ fn invariant_greedy_is_the_teacher_forced_argmax_bitwise() {
     let mut report = Vec::new();
     for alias in MODELS {
         let m = load(&pool, alias);
-        let prompt: Vec<i32> = m
-            .tokenize("Pi to 1000 decimal places: 3.", BosPolicy::Model)
-            .unwrap()
-            .iter()
-            .map(|t| t.id)
-            .collect();
+        let prompt: Vec<i32> =
+            common::token_ids(&*m, "Pi to 1000 decimal places: 3.", BosPolicy::Model);
         let mut settings = Settings::new(512, 2);
         settings.min_rows = 32;
         let n_new = 48;

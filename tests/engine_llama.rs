@@ -123,12 +123,7 @@ fn teacher_forced_window_matches_an_independent_log_softmax() {
 #[test]
 fn greedy_generation_starts_with_the_teacher_forced_argmax() {
     let m = fixture();
-    let prompt: Vec<i32> = m
-        .tokenize("The capital of France is", BosPolicy::Model)
-        .unwrap()
-        .iter()
-        .map(|t| t.id)
-        .collect();
+    let prompt: Vec<i32> = common::token_ids(&*m, "The capital of France is", BosPolicy::Model);
     let settings = Settings::new(128, 1);
     let out: Vec<i32> = m
         .generate(&settings, &prompt, 8, Decoding::Incremental, &mut |_| false)
@@ -178,12 +173,8 @@ fn drafted_generation_with_four_row_passes_equals_undrafted() {
     };
     let m = load(&LlamaEngine::new());
     let plain = load(&LlamaEngine::without_drafts());
-    let prompt: Vec<i32> = m
-        .tokenize("Pi to 1000 decimal places: 3.", BosPolicy::Model)
-        .unwrap()
-        .iter()
-        .map(|t| t.id)
-        .collect();
+    let prompt: Vec<i32> =
+        common::token_ids(&*m, "Pi to 1000 decimal places: 3.", BosPolicy::Model);
     let mut settings = Settings::new(128, 2);
     settings.min_rows = 4;
     let run = |model: &dyn LoadedModel| -> Vec<(i32, u32)> {
@@ -216,12 +207,8 @@ fn threads_share_one_loaded_model_and_agree() {
         .map(|_| {
             std::thread::spawn(|| {
                 let m = fixture();
-                let ids: Vec<i32> = m
-                    .tokenize("Hello world, hello world.", BosPolicy::Always)
-                    .unwrap()
-                    .iter()
-                    .map(|t| t.id)
-                    .collect();
+                let ids: Vec<i32> =
+                    common::token_ids(&*m, "Hello world, hello world.", BosPolicy::Always);
                 let mut sum = 0.0;
                 m.score(
                     &Settings::new(32, 1),
@@ -253,12 +240,7 @@ fn threads_share_one_loaded_model_and_agree() {
 fn windows_decoded_in_two_lanes_give_the_rows_of_one_context_bitwise() {
     let m = fixture();
     let text = "The quick brown fox jumps over the lazy dog. Pi is 3.14159, e is 2.71828. ";
-    let ids: Vec<i32> = m
-        .tokenize(&text.repeat(8), BosPolicy::Always)
-        .unwrap()
-        .iter()
-        .map(|t| t.id)
-        .collect();
+    let ids: Vec<i32> = common::token_ids(&*m, &text.repeat(8), BosPolicy::Always);
     assert!(ids.len() > 200, "{}", ids.len());
     let windows: Vec<Window> = [
         (0, 96, 48),

@@ -21,12 +21,7 @@ fn stored_reference_rows_give_the_exact_kl_on_real_models() {
     let load = |alias: &str| runner.load(alias).unwrap().1;
     let f16 = load("smollm2-f16");
     let text = std::fs::read_to_string(repo.join("suites/data/wikitext-2-test.txt")).unwrap();
-    let ids: Vec<i32> = f16
-        .tokenize(&text, BosPolicy::Model)
-        .unwrap()
-        .iter()
-        .map(|t| t.id)
-        .collect();
+    let ids: Vec<i32> = common::token_ids(&*f16, &text, BosPolicy::Model);
     let info = f16.info().clone();
     let w = Windowing::LlamaPerplexity {
         n_ctx: 512,

@@ -220,12 +220,7 @@ fn perplexity_equals_llama_perplexity() {
         let (running, ppl, pm) = reference(&tool, &v.file.path, &text_path, 2);
         assert_eq!(running.len(), 16);
         let model = pool.get(&v.file).unwrap();
-        let ids: Vec<i32> = model
-            .tokenize(&text, BosPolicy::Model)
-            .unwrap()
-            .iter()
-            .map(|t| t.id)
-            .collect();
+        let ids: Vec<i32> = common::token_ids(&*model, &text, BosPolicy::Model);
         let bos = model.info().add_bos.then_some(model.info().bos);
         let windowing = Windowing::LlamaPerplexity {
             n_ctx: 512,
@@ -289,12 +284,7 @@ fn strided_mode_equals_ppl_stride() {
     let pool = ModelPool::new(engine.clone());
     let model = pool.get(&v.file).unwrap();
     let text = std::fs::read_to_string(&text_path).unwrap();
-    let ids: Vec<i32> = model
-        .tokenize(&text, BosPolicy::Model)
-        .unwrap()
-        .iter()
-        .map(|t| t.id)
-        .collect();
+    let ids: Vec<i32> = common::token_ids(&*model, &text, BosPolicy::Model);
     let strided = Windowing::Strided {
         n_ctx: 256,
         stride: 128,

@@ -82,12 +82,7 @@ fn logprob_and_kl_vs_ref_match_an_independent_computation() {
     let picks = [0usize, 5, 17, n - 1];
     let raw = |alias: &str| -> Vec<Vec<f32>> {
         let m = runner.load(alias).unwrap().1;
-        let ids: Vec<i32> = m
-            .tokenize(&text, BosPolicy::Model)
-            .unwrap()
-            .iter()
-            .map(|t| t.id)
-            .collect();
+        let ids: Vec<i32> = common::token_ids(&*m, &text, BosPolicy::Model);
         let want: Vec<usize> = picks
             .iter()
             .map(|&k| rows[k].token_index as usize - 1)

@@ -506,10 +506,9 @@ impl Loaded {
                 break;
             };
             at = seq.len();
-            let row = ctx.get_logits_ith(last);
-            if row.len() != self.info.n_vocab || first_non_finite(row).is_some() {
+            let Ok(row) = self.row(ctx, last, at - 1) else {
                 break;
-            }
+            };
             let next = top_gap(row).0 as TokenId;
             if vocab.is_eog(LlamaToken::new(next)) {
                 break;

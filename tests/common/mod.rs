@@ -15,6 +15,19 @@ pub const REAL_MODELS: &[&str] = &[
     "gemma3-270m-q4_k_m",
 ];
 
+/// The token ids of `text` on model `m`.
+pub fn token_ids(
+    m: &dyn quantgate::engine::LoadedModel,
+    text: &str,
+    bos: quantgate::engine::BosPolicy,
+) -> Vec<i32> {
+    m.tokenize(text, bos)
+        .unwrap()
+        .iter()
+        .map(|t| t.id)
+        .collect()
+}
+
 /// A GGUF v3 header with no tensors, padded to `len` bytes (so files differ
 /// in size and sha256). The fake engine never reads it; the preflight does.
 pub fn gguf(len: usize) -> Vec<u8> {
