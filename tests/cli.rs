@@ -1543,3 +1543,71 @@ fn concurrent_runs_on_a_cold_cache_build_one_reference() {
     assert_eq!(qgref, 1);
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// A speed result is measured once per machine: an unchanged rerun takes it
+/// from the result cache (the numbers bit for bit, the machine named in
+/// `--json`), `--no-cache` measures again, and the same run on fewer CPUs
+/// (`taskset -c 0`: another machine as far as speed goes) is not answered
+/// from the cache either.
+#[test]
+fn a_speed_result_is_given_again_only_on_the_machine_that_measured_it() {
+    let root = suites("speed-cache");
+    std::fs::create_dir_all(root.join("speed")).unwrap();
+    std::fs::write(
+        root.join("speed/s.toml"),
+        "kind = \"speed\"\nmodels = [\"tiny\"]\npp = 16\ntg = 4\nrepetitions = 2\nrounds = 1\n",
+    )
+    .unwrap();
+    let cache = root.join("cache");
+    std::fs::create_dir_all(&cache).unwrap();
+    let run_once = |tag: &str, pin_cpu: bool, extra: &[&str]| {
+        let json = root.join(format!("{tag}.json"));
+        let mut c = if pin_cpu {
+            let mut c = Command::new("taskset");
+            c.args(["-c", "0", env!("CARGO_BIN_EXE_quantgate")]);
+            c
+        } else {
+            Command::new(env!("CARGO_BIN_EXE_quantgate"))
+        };
+        c.arg("--suites")
+            .arg(&root)
+            .args(["run", "--threads", "1", "--json", json.to_str().unwrap()])
+            .args(extra)
+            .env("QUANTGATE_CACHE", &cache)
+            .env_remove("QUANTGATE_RESULT_CACHE");
+        let out = c.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(0), "{tag}: {stderr}");
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let cached = stderr.contains("speed/s::tiny: result from the result cache");
+        (cached, v[0].clone())
+    };
+    let (cached, first) = run_once("first", false, &[]);
+    assert!(!cached, "nothing was cached yet");
+    let machine = first["machine"].as_str().unwrap().to_string();
+    assert!(
+        machine.starts_with("cpu ") && machine.contains(" cpus | ") && machine.contains("| host "),
+        "{machine}"
+    );
+    assert!(first["metrics"]["tg_tps_mean"].as_f64().unwrap() > 0.0);
+    let (cached, again) = run_once("again", false, &[]);
+    assert!(cached, "an unchanged rerun measures again");
+    assert_eq!(again["metrics"], first["metrics"]);
+    assert_eq!(again["machine"], first["machine"]);
+    let (cached, forced) = run_once("forced", false, &["--no-cache"]);
+    assert!(!cached, "--no-cache took the cached result");
+    assert_eq!(forced["machine"], first["machine"]);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cores > 1 {
+        let (cached, pinned) = run_once("one-cpu", true, &[]);
+        assert!(
+            !cached,
+            "a result measured on {cores} CPUs was given on one"
+        );
+        assert!(pinned["machine"].as_str().unwrap().contains("| 1 cpus |"));
+    } else {
+        eprintln!("one CPU here: the other-machine half of this test needs two");
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}

@@ -27,9 +27,36 @@ fn repo() -> std::path::PathBuf {
     quantgate::harness::project_root()
 }
 
-/// The tests here each run two multi-threaded llama.cpp processes' worth of
-/// work; one at a time keeps threads ≤ cores (OpenMP collapses otherwise).
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+/// Tests holding a lane ([`lane`]).
+static BUSY: std::sync::Mutex<usize> = std::sync::Mutex::new(0);
+static FREED: std::sync::Condvar = std::sync::Condvar::new();
+
+/// A test's share of the machine: held while it runs.
+struct Lane;
+
+impl Drop for Lane {
+    fn drop(&mut self) {
+        *BUSY.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
+        FREED.notify_one();
+    }
+}
+
+/// Each test here runs the tool, then quantgate, on llama.cpp threads. Two
+/// tests run side by side on half the cores each (on two cores two
+/// one-thread decodes beat two two-thread decodes one after the other, as
+/// quantgate's decode lanes do), and never more, so threads stay ≤ cores
+/// (OpenMP collapses otherwise). The lane, and the threads to use in it.
+/// llama.cpp's numbers do not depend on the thread count.
+fn lane() -> (Lane, u32) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let (lanes, threads) = if cores >= 2 { (2, cores / 2) } else { (1, 1) };
+    let mut busy = BUSY.lock().unwrap_or_else(|p| p.into_inner());
+    while *busy >= lanes {
+        busy = FREED.wait(busy).unwrap_or_else(|p| p.into_inner());
+    }
+    *busy += 1;
+    (Lane, threads as u32)
+}
 
 /// The tool's log for `args` on `model` and `text`. The tool is
 /// deterministic for one binary, model, text, input files and arguments, so
@@ -99,10 +126,11 @@ fn kept_scores(
     plan: &quantgate::execute::windows::ScoringPlan,
     windowing: &Windowing,
     n_batch: u32,
+    threads: u32,
 ) -> Arc<quantgate::execute::windows::Scored> {
     let alias = v.file.alias.as_str();
     let store = ReferenceStore::new(quantgate::models::cache_dir().join("reference"));
-    let mut settings = quantgate::core::Settings::new(plan.n_ctx, 2);
+    let mut settings = quantgate::core::Settings::new(plan.n_ctx, threads);
     settings.n_batch = n_batch;
     let build = engine.model_identity(alias);
     let key = ScoresKey {
@@ -115,7 +143,7 @@ fn kept_scores(
     };
     store
         .scores(&key, &alias, &|| {
-            let scored = score_plan(model.clone(), plan, n_batch, 2)?;
+            let scored = score_plan(model.clone(), plan, n_batch, threads)?;
             let info = model.info();
             let header = RecordHeader {
                 quantgate_reference_record: 1,
@@ -161,14 +189,13 @@ fn running(log: &str) -> Vec<f64> {
         .collect()
 }
 
-fn reference(tool: &str, model: &Path, text: &Path, threads: u32) -> (Vec<f64>, f64, f64) {
-    let t = threads.to_string();
+fn reference(tool: &str, model: &Path, text: &Path, t: &str) -> (Vec<f64>, f64, f64) {
     let log = run_tool(
         tool,
         model,
         text,
         &[
-            "-c", "512", "--chunks", "16", "-b", "512", "-fa", "off", "-t", &t,
+            "-c", "512", "--chunks", "16", "-b", "512", "-fa", "off", "-t", t,
         ],
     );
     let running = running(&log);
@@ -209,7 +236,8 @@ fn same_printed(ours: f64, printed: f64, decimals: i32) -> bool {
 
 #[test]
 fn perplexity_equals_llama_perplexity() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let (_lane, threads) = lane();
+    let t = threads.to_string();
     let tool = common::llama_perplexity_tool();
     let (engine, verified) = models(&["smollm2-f16", "smollm2-q2_k"]);
     let pool = ModelPool::new(engine.clone());
@@ -217,7 +245,7 @@ fn perplexity_equals_llama_perplexity() {
     let text = std::fs::read_to_string(&text_path).unwrap();
     for v in &verified {
         let alias = v.file.alias.as_str();
-        let (running, ppl, pm) = reference(&tool, &v.file.path, &text_path, 2);
+        let (running, ppl, pm) = reference(&tool, &v.file.path, &text_path, &t);
         assert_eq!(running.len(), 16);
         let model = pool.get(&v.file).unwrap();
         let ids: Vec<i32> = common::token_ids(&*model, &text, BosPolicy::Model);
@@ -228,7 +256,7 @@ fn perplexity_equals_llama_perplexity() {
             skip: 0,
         };
         let plan = plan_windows(&ids, &windowing, bos).unwrap();
-        let obs = kept_scores(&engine, v, &model, &plan, &windowing, 512);
+        let obs = kept_scores(&engine, v, &model, &plan, &windowing, 512, threads);
         assert_running_matches(&obs.windows, &running, alias);
         let m = perplexity_metrics(&obs.windows);
         assert!(
@@ -251,7 +279,8 @@ fn perplexity_equals_llama_perplexity() {
 
 #[test]
 fn strided_mode_equals_ppl_stride() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let (_lane, threads) = lane();
+    let t = threads.to_string();
     let tool = common::llama_perplexity_tool();
     let (engine, verified) = models(&["smollm2-f16"]);
     let v = &verified[0];
@@ -272,7 +301,7 @@ fn strided_mode_equals_ppl_stride() {
             "-fa",
             "off",
             "-t",
-            "2",
+            &t,
         ],
     );
     assert!(
@@ -295,7 +324,7 @@ fn strided_mode_equals_ppl_stride() {
     // n_batch = min(-b, -c) = 256, as the tool sets it before enlarging the context.
     assert_eq!(plan.n_ctx, 512);
     assert!(log.contains("Calculation chunk = 512"), "{log}");
-    let obs = kept_scores(&engine, v, &model, &plan, &strided, 256);
+    let obs = kept_scores(&engine, v, &model, &plan, &strided, 256, threads);
     assert!(obs.windows.iter().all(|w| w.count == 128));
     assert_running_matches(&obs.windows, &printed, "strided");
     let (sum, n) = obs
@@ -332,7 +361,8 @@ fn printed_after(log: &str, label: &str) -> f64 {
 /// rows approximate.
 #[test]
 fn kld_equals_llama_perplexity_kl_divergence() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let (_lane, threads) = lane();
+    let t = threads.to_string();
     let tool = common::llama_perplexity_tool();
     let (engine, verified) = models(&["smollm2-f16", "smollm2-q8_0"]);
     let (f16, q8) = (&verified[0], &verified[1]);
@@ -342,7 +372,7 @@ fn kld_equals_llama_perplexity_kl_divergence() {
     let base = dir.join("suites/f16.kld");
     let text_path = repo().join("suites/data/wikitext-2-test.txt");
     let common = [
-        "-c", "512", "--chunks", "4", "-b", "512", "-fa", "off", "-t", "2",
+        "-c", "512", "--chunks", "4", "-b", "512", "-fa", "off", "-t", &t,
     ];
     let b = base.display().to_string();
     let mut args = common.to_vec();
@@ -384,7 +414,7 @@ fn kld_equals_llama_perplexity_kl_divergence() {
     )
     .unwrap();
     let (registry, planned) = quantgate::plan::plan(&dir.join("suites"), &[], &[]).unwrap();
-    let runner = quantgate::execute::RunContext::new(registry, engine.clone(), 2);
+    let runner = quantgate::execute::RunContext::new(registry, engine.clone(), threads);
     // Both cases score the same windows of Q8_0: one decode.
     let (outcomes, _) = quantgate::judge::run_plan(
         &runner,
@@ -471,7 +501,8 @@ fn multiple_choice_equals_llama_perplexity() {
         choice, computed_hellaswag, computed_tasks, read_binary, read_hellaswag, score,
         write_binary, write_hellaswag, Format,
     };
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let (_lane, threads) = lane();
+    let t = threads.to_string();
     let mc = repo().join("suites/data/mc-computed.bin");
     let hs = repo().join("suites/data/hs-computed.txt");
     let mc_bytes = std::fs::read(&mc).unwrap();
@@ -508,7 +539,7 @@ fn multiple_choice_equals_llama_perplexity() {
     let (engine, verified) = models(&["smollm2-f16", "smollm2-q4_k_m"]);
     for v in &verified {
         let model = engine.load(&v.file).unwrap();
-        let mut settings = quantgate::core::Settings::new(2048, 2);
+        let mut settings = quantgate::core::Settings::new(2048, threads);
         settings.n_batch = 2048;
         settings.n_ubatch = 512;
         settings.n_seq = 4;
@@ -523,7 +554,7 @@ fn multiple_choice_equals_llama_perplexity() {
             &tool,
             &v.file.path,
             &wg,
-            &["--winogrande", "-c", "512", "-t", "2", "-fa", "off"],
+            &["--winogrande", "-c", "512", "-t", &t, "-fa", "off"],
         );
         let printed: Vec<(f64, f64, usize)> = log
             .lines()
@@ -564,7 +595,7 @@ fn multiple_choice_equals_llama_perplexity() {
             let args: Vec<&str> = flags
                 .iter()
                 .copied()
-                .chain(["-c", "512", "-t", "2", "-fa", "off"])
+                .chain(["-c", "512", "-t", &t, "-fa", "off"])
                 .collect();
             let log = run_tool(&tool, &v.file.path, file, &args);
             let running = running_accuracy(&log);

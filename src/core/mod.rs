@@ -5,6 +5,7 @@
 pub mod case;
 pub mod error;
 pub mod fsutil;
+pub mod machine;
 pub mod outcome;
 pub mod parse;
 pub mod progress;

@@ -257,6 +257,10 @@ pub struct Outcome {
     pub series: BTreeMap<String, Vec<f64>>,
     /// Engine settings.
     pub settings: Option<Settings>,
+    /// The machine a measurement of speed was taken on (CPU, CPUs, memory,
+    /// host, the engine's devices); None for every other kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<String>,
     /// Engine build.
     pub build: EngineBuild,
     /// Time per stage.
@@ -298,6 +302,7 @@ impl Outcome {
             reference: None,
             series: BTreeMap::new(),
             settings: None,
+            machine: None,
             build,
             timings: StageTimings::default(),
             prereg: None,

@@ -249,6 +249,19 @@ impl Engine for LlamaEngine {
     fn quantize(&self, src: &Path, dst: &Path, quant: &str, threads: u32) -> Result<()> {
         quantize(src, dst, quant, threads)
     }
+
+    /// ggml's backend devices as registered for this build: `name
+    /// (description, total bytes)` each, `; `-separated.
+    fn devices(&self) -> String {
+        if backend().is_err() {
+            return String::new();
+        }
+        llama_cpp_2::list_llama_ggml_backend_devices()
+            .iter()
+            .map(|d| format!("{} ({}, {} B)", d.name, d.description, d.memory_total))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
 }
 
 /// How [`Loaded::decode_each`] decodes one item: (context, batch, the

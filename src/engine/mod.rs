@@ -280,6 +280,12 @@ pub trait Engine: Send + Sync {
     fn identity(&self) -> String {
         self.build().label()
     }
+    /// The compute devices this engine runs on (name, description,
+    /// memory), for the keys of measurements of speed; empty where there
+    /// is nothing to name.
+    fn devices(&self) -> String {
+        String::new()
+    }
     /// What decides the numbers of model `alias` besides its file's bytes,
     /// for cache keys of its products: the build (a fake engine adds the
     /// behaviour it gives that alias).

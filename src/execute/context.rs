@@ -68,6 +68,14 @@ impl RunContext {
         self.pool.engine().model_identity(alias)
     }
 
+    /// The machine speed is measured on here ([`crate::core::machine`]) and
+    /// the engine's devices, as one line; None when the CPU cannot be read.
+    pub fn machine(&self) -> Option<String> {
+        static HERE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+        let here = HERE.get_or_init(crate::core::machine::describe).clone()?;
+        Some(format!("{here} | devices {}", self.engine().devices()))
+    }
+
     /// Make a model available and verified (fetch/derive as needed).
     pub fn prepare(&self, alias: &str) -> Result<Verified> {
         let engine = self.pool.engine().clone();

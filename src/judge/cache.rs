@@ -21,14 +21,19 @@ pub fn enabled() -> bool {
 
 /// The entry of a trial: keyed by this executable, the case's bytes (its
 /// pins cover texts, token files and reference files), the model's and the
-/// reference's pinned sha256, the engine and the threads. None when the
-/// trial has no key (an unpinned model).
+/// reference's pinned sha256, the engine and the threads; a trial that
+/// measures speed also by the machine ([`RunContext::machine`]), so a speed
+/// result is given again only where it was measured. None when the trial
+/// has no key (an unpinned model, or speed on a machine that cannot be told
+/// apart).
 fn entry(runner: &RunContext, p: &Planned) -> Option<PathBuf> {
     static EXE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     let parsed = p.case.as_ref().ok()?;
-    if !parsed.kind.cacheable() {
-        return None;
-    }
+    let machine = if parsed.kind.measures_speed() {
+        format!("|machine {}", runner.machine()?)
+    } else {
+        String::new()
+    };
     let case = &parsed.case;
     let exe = EXE
         .get_or_init(|| {
@@ -46,7 +51,7 @@ fn entry(runner: &RunContext, p: &Planned) -> Option<PathBuf> {
     };
     let key = crate::core::fsutil::sha256_bytes(
         format!(
-            "{exe}|{}|{}|{}={model}|{reference}|{}|{}",
+            "{exe}|{}|{}|{}={model}|{reference}|{}|{}{machine}",
             case.name,
             case.content_sha256,
             p.model,
@@ -142,8 +147,11 @@ pub fn latest(runner: &RunContext, p: &Planned) -> Option<Outcome> {
         else {
             continue;
         };
+        // A speed result counts only on the machine it was measured on.
+        let here = parsed.kind.measures_speed().then(|| runner.machine());
         let same = o.case == name
             && o.model == model
+            && here.as_ref().is_none_or(|m| m.is_some() && *m == o.machine)
             && o.case_sha256.as_deref() == Some(case.content_sha256.as_str())
             && o.model_sha256.as_deref() == Some(model_sha.as_str())
             && o.reference == reference;

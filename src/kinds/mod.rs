@@ -90,15 +90,10 @@ pub trait Kind: Send + Sync + std::fmt::Debug {
     }
 
     /// Whether a trial measures the machine's speed: its group runs with
-    /// no other group beside it (`quantgate run --jobs N`).
+    /// no other group beside it (`quantgate run --jobs N`), and its result
+    /// cache entry is keyed by the machine as well.
     fn measures_speed(&self) -> bool {
         false
-    }
-
-    /// Whether a result may be kept in and taken from the result cache
-    /// (not a measurement of the machine's speed).
-    fn cacheable(&self) -> bool {
-        true
     }
 
     /// Start the case on model `alias`: everything before the decode (load,

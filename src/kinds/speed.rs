@@ -10,8 +10,10 @@
 //! candidate / reference of mean t/s; noise a shared machine adds to a
 //! round cancels in its ratio. The ratio's interval is a Student-t interval
 //! over rounds of ln(ratio). Speed metrics are measurements (goldens compare
-//! them within a wide tolerance) and a speed result is never taken from the
-//! result cache: gates on the ratios carry the decision.
+//! them within a wide tolerance; gates on the ratios carry the decision). A
+//! result is given again from the result cache only for the same
+//! executable, files, settings and machine (CPU, CPUs, memory, host, the
+//! engine's devices); `--no-cache` measures again.
 
 use crate::core::case::{Metric, MetricType};
 use crate::core::error::Result;
@@ -187,10 +189,6 @@ impl Kind for Speed {
         ]
     }
 
-    fn cacheable(&self) -> bool {
-        false
-    }
-
     fn measures_speed(&self) -> bool {
         true
     }
@@ -211,6 +209,7 @@ impl Kind for Speed {
         out.model_sha256 = Some(verified.file.sha256.clone());
         let settings = self.settings(&*model, cx.threads);
         out.settings = Some(settings.clone());
+        out.machine = cx.machine();
         let m = &mut out.metrics;
         m.insert("model_bytes".into(), verified.bytes as f64);
         let tensor_bytes = verified
