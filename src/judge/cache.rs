@@ -134,6 +134,8 @@ pub fn latest(runner: &RunContext, p: &Planned) -> Option<Outcome> {
     let model_sha = runner.registry().entry(model).ok()?.sha256.clone()?;
     let reference = case.reference.as_ref().map(|r| r.0.clone());
     let dir = crate::models::cache_dir().join("results");
+    // A speed result counts only on the machine it was measured on.
+    let here = parsed.kind.measures_speed().then(|| runner.machine());
     let mut best: Option<(std::time::SystemTime, Outcome)> = None;
     for e in std::fs::read_dir(&dir).ok()?.flatten() {
         let path = e.path();
@@ -147,8 +149,6 @@ pub fn latest(runner: &RunContext, p: &Planned) -> Option<Outcome> {
         else {
             continue;
         };
-        // A speed result counts only on the machine it was measured on.
-        let here = parsed.kind.measures_speed().then(|| runner.machine());
         let same = o.case == name
             && o.model == model
             && here.as_ref().is_none_or(|m| m.is_some() && *m == o.machine)
