@@ -1125,6 +1125,14 @@ impl Kind for MultipleChoice {
         vec![self.file.clone()]
     }
 
+    /// About a row per 4 bytes of the task file (every ending is scored
+    /// after its context), for the candidate and the reference; read from
+    /// the file's size, 0 when it cannot be read (the run says why).
+    fn weight(&self) -> usize {
+        let bytes = std::fs::metadata(&self.file.path).map_or(0, |m| m.len() as usize);
+        bytes / 4 * (1 + usize::from(self.reference.is_some()))
+    }
+
     fn start(&self, cx: &RunContext, case: &Case, alias: &str, out: &mut Outcome) -> Result<Start> {
         let t = Instant::now();
         let shown = self.file.path.display().to_string();

@@ -193,6 +193,15 @@ impl Kind for Speed {
         true
     }
 
+    /// Every round runs each model (the candidate, and the reference) a
+    /// warm-up and `repetitions` times: `pp` rows in batches, and `tg`
+    /// one-row passes, each about two batched rows' time on a CPU.
+    fn weight(&self) -> usize {
+        let models = 1 + usize::from(self.reference.is_some());
+        let runs = self.repetitions + usize::from(self.warmup);
+        self.rounds * models * runs * (self.pp + 2 * self.tg)
+    }
+
     /// Measured whole here: the candidate (and the reference) in rounds.
     fn start(&self, cx: &RunContext, case: &Case, alias: &str, out: &mut Outcome) -> Result<Start> {
         let t = Instant::now();

@@ -237,3 +237,38 @@ fn a_shared_decode_gives_every_trial_its_outcome_alone_bitwise() {
     assert!(reference < first_kld, "{heard:?}");
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// The default suites, planned with no model loaded: groups start heaviest
+/// first, so a speed trial (3 rounds of F16 and a quant, ~50 s on one
+/// core) and a multiple-choice trial (the candidate's and the reference's
+/// scores) start before every recitation (a few seconds each), which fill
+/// the end of a run instead of one long trial running alone there.
+#[test]
+fn speed_and_multiple_choice_groups_start_before_recitations() {
+    let root = quantgate::harness::project_root().join("suites");
+    let (_, planned) = plan(&root, &[], &[]).unwrap();
+    let all = vec![true; planned.len()];
+    let gs = groups(&planned, &all, true);
+    let kind = |g: &quantgate::plan::groups::Group| -> String {
+        match g.trials.first() {
+            Some(&i) => planned[i].case.as_ref().unwrap().case.kind.to_string(),
+            None => "reference".into(),
+        }
+    };
+    let at = |k: &str| -> Vec<usize> { (0..gs.len()).filter(|&g| kind(&gs[g]) == k).collect() };
+    let (speed, mc, recite) = (at("speed"), at("multiple_choice"), at("recite"));
+    assert_eq!(speed.len(), 2, "{speed:?}");
+    assert_eq!(mc.len(), 6, "{mc:?}");
+    assert!(!recite.is_empty());
+    let first_recitation = recite[0];
+    for g in speed.iter().chain(&mc) {
+        assert!(
+            *g < first_recitation,
+            "group {g} ({}, weight {}) starts after recitation group {first_recitation}",
+            kind(&gs[*g]),
+            gs[*g].weight
+        );
+    }
+    let w = |g: usize| gs[g].weight;
+    assert!(speed.iter().all(|&g| w(g) == 3 * 2 * 4 * (256 + 2 * 32)));
+}
