@@ -1611,3 +1611,83 @@ fn a_speed_result_is_given_again_only_on_the_machine_that_measured_it() {
     }
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// A multiple-choice case's scores are kept in the reference store, the
+/// reference's as the candidate's: a rerun (`--no-cache`, so not from the
+/// result cache) with the reference model's file gone still runs, on the
+/// kept scores, and gives bitwise the metrics it gave; with those kept
+/// scores corrupted it is an error that names the unusable cache and the
+/// missing file, never a result; with the file back it scores again and
+/// gives the same metrics.
+#[test]
+fn multiple_choice_scores_are_kept_and_never_read_back_corrupt() {
+    let (suites, link) = reference_suites("mc-kept");
+    let root = suites.parent().unwrap().to_path_buf();
+    std::fs::create_dir_all(suites.join("mc")).unwrap();
+    std::fs::copy(
+        repo().join("suites/data/mc-computed.bin"),
+        suites.join("mc/tasks.bin"),
+    )
+    .unwrap();
+    let sha = quantgate::core::fsutil::sha256_file(&suites.join("mc/tasks.bin"), |_| {})
+        .unwrap()
+        .0;
+    std::fs::write(
+        suites.join("mc/m.toml"),
+        format!(
+            "kind = \"multiple_choice\"\nmodels = [\"cand\"]\nreference = \"ref\"\nn_ctx = 512\ntasks = 12\n\
+             [tasks_file]\npath = \"tasks.bin\"\nsha256 = \"{sha}\"\n"
+        ),
+    )
+    .unwrap();
+    let cache = root.join("cache");
+    let go = |tag: &str| {
+        let json = root.join(format!("{tag}.json"));
+        let (code, stdout, stderr) = quantgate_env(
+            &suites,
+            &[("QUANTGATE_CACHE", &cache)],
+            &[
+                "run",
+                "mc",
+                "--threads",
+                "1",
+                "--no-cache",
+                "--json",
+                json.to_str().unwrap(),
+            ],
+        );
+        (code, format!("{stdout}\n{stderr}"), json)
+    };
+    let (code, log, json) = go("first");
+    assert_eq!(code, 0, "{log}");
+    let first = json_metrics(&json);
+    assert_eq!(first[0].1["tasks"].as_f64(), Some(12.0), "{log}");
+    let kept: Vec<PathBuf> = std::fs::read_dir(cache.join("reference"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "qgmc"))
+        .collect();
+    assert_eq!(kept.len(), 2, "the candidate's and the reference's scores");
+    // The reference's file gone: the kept scores answer.
+    let target = std::fs::read_link(&link).unwrap();
+    std::fs::remove_file(&link).unwrap();
+    let (code, log, json) = go("kept");
+    assert_eq!(code, 0, "{log}");
+    assert_eq!(json_metrics(&json), first, "read back bitwise");
+    // Corrupt: computed again, which needs the missing file: an error.
+    for p in &kept {
+        let mut bytes = std::fs::read(p).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 1;
+        std::fs::write(p, bytes).unwrap();
+    }
+    let (code, log, _) = go("corrupt");
+    assert_eq!(code, 2, "{log}");
+    assert!(log.contains("is unusable"), "{log}");
+    assert!(log.contains("ref.gguf"), "{log}");
+    std::os::unix::fs::symlink(target, &link).unwrap();
+    let (code, log, json) = go("again");
+    assert_eq!(code, 0, "{log}");
+    assert_eq!(json_metrics(&json), first, "scored again: the same");
+    let _ = std::fs::remove_dir_all(&root);
+}

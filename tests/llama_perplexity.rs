@@ -473,6 +473,37 @@ fn kld_equals_llama_perplexity_kl_divergence() {
     assert!((exact["same_top"] - tool_same).abs() <= 2.0 / 1020.0);
 }
 
+/// quantgate's scores of a task file on `v` as the reference store keeps
+/// them for every multiple-choice case (read back when an earlier run or
+/// case kept them, `score`d otherwise): the very numbers the kind reads.
+#[allow(clippy::too_many_arguments)]
+fn kept_mc_scores(
+    engine: &LlamaEngine,
+    v: &quantgate::models::Verified,
+    model: &dyn quantgate::engine::LoadedModel,
+    file: &Path,
+    format: quantgate::kinds::multiple_choice::Format,
+    tasks: usize,
+    settings: &quantgate::core::Settings,
+    score: &dyn Fn() -> quantgate::core::error::Result<quantgate::kinds::multiple_choice::Scores>,
+) -> Arc<quantgate::kinds::multiple_choice::KeptScores> {
+    use quantgate::kinds::multiple_choice::{kept_scores, KeptScores, ScoresId};
+    let store = ReferenceStore::new(quantgate::models::cache_dir().join("reference"));
+    let build = engine.model_identity(&v.file.alias);
+    let file_sha256 = quantgate::core::fsutil::sha256_file(file, |_| {})
+        .unwrap()
+        .0;
+    let id = ScoresId {
+        model_sha256: &v.file.sha256,
+        build: &build,
+        file_sha256: &file_sha256,
+        format,
+        tasks,
+        settings,
+    };
+    kept_scores(&store, &id, &|| Ok(KeptScores::of(model, score()?))).unwrap()
+}
+
 /// The running accuracy × 100 the tool prints after each task
 /// (`task\tacc_norm…` lines, a `%` after the value for HellaSwag).
 fn running_accuracy(log: &str) -> Vec<f64> {
@@ -494,7 +525,8 @@ fn running_accuracy(log: &str) -> Vec<f64> {
 /// verdict, in the tool's order (its running accuracy, printed per task,
 /// gives each task right or wrong), and the final accuracy equal the
 /// tool's, on F16 and Q4_K_M; the pinned files are byte for byte what the
-/// generators write.
+/// generators write. quantgate's side is the scores as the reference store
+/// keeps them for every multiple-choice case.
 #[test]
 fn multiple_choice_equals_llama_perplexity() {
     use quantgate::kinds::multiple_choice::{
@@ -570,10 +602,21 @@ fn multiple_choice_equals_llama_perplexity() {
             })
             .collect();
         assert_eq!(printed.len(), wtasks.len(), "{log}");
-        let scores =
-            quantgate::kinds::multiple_choice::score_winogrande(&*model, &settings, &wtasks, "wg")
-                .unwrap();
-        for (i, (s, p)) in scores.iter().zip(&printed).enumerate() {
+        let scores = kept_mc_scores(
+            &engine,
+            v,
+            &*model,
+            &wg,
+            Format::Winogrande,
+            0,
+            &settings,
+            &|| {
+                quantgate::kinds::multiple_choice::score_winogrande(
+                    &*model, &settings, &wtasks, "wg",
+                )
+            },
+        );
+        for (i, (s, p)) in scores.scores.iter().zip(&printed).enumerate() {
             let pick = quantgate::kinds::multiple_choice::pick(Format::Winogrande, s) + 1;
             assert_eq!(
                 pick, p.2,
@@ -600,9 +643,11 @@ fn multiple_choice_equals_llama_perplexity() {
             let log = run_tool(&tool, &v.file.path, file, &args);
             let running = running_accuracy(&log);
             assert_eq!(running.len(), tasks.len(), "{flags:?}: {log}");
-            let scores = score(&*model, &settings, &tasks, format, "tasks").unwrap();
+            let scores = kept_mc_scores(&engine, v, &*model, file, format, n, &settings, &|| {
+                score(&*model, &settings, &tasks, format, "tasks")
+            });
             let mut correct = 0;
-            for (i, ((_, t), s)) in tasks.iter().zip(&scores).enumerate() {
+            for (i, ((_, t), s)) in tasks.iter().zip(&scores.scores).enumerate() {
                 let right = t.labels[choice(s)] == 1;
                 correct += usize::from(right);
                 let ours = 100.0 * correct as f64 / (i + 1) as f64;

@@ -1,7 +1,9 @@
 //! The one reference store: what a reference model observed, computed once
 //! per process per key and shared by every candidate, kept across processes
 //! in `<cache>/reference` — compact full-distribution rows (`.qgref`) for KL,
-//! and per-target scores (reference records, `.jsonl`) for paired ΔNLL.
+//! and per-target scores (reference records, `.jsonl`) for paired ΔNLL; and
+//! products a kind keeps by an id of its own ([`ReferenceStore::kept`], such
+//! as a model's multiple-choice scores).
 //! Also the one check that a reference and a candidate share a tokenizer
 //! and the one check that a context fits a model.
 //!
@@ -62,6 +64,23 @@ pub struct ReferenceStore {
     shipped: std::result::Result<Option<Shipped>, String>,
     scores: Memo<StoredScores>,
     rows: Memo<RefRows>,
+    kept: Memo<dyn std::any::Any + Send + Sync>,
+}
+
+/// A kept product's file: the id it was computed for, and the value.
+#[derive(serde::Deserialize)]
+struct KeptFile<T> {
+    quantgate_kept: u32,
+    id: String,
+    value: T,
+}
+
+/// A kept product as it is written.
+#[derive(serde::Serialize)]
+struct KeptOut<'a, T> {
+    quantgate_kept: u32,
+    id: &'a str,
+    value: &'a T,
 }
 
 /// Scores as the store keeps them: with the vocabulary size and tokenizer
@@ -125,7 +144,7 @@ pub fn shipped_from_env() -> Result<Option<Shipped>> {
 }
 
 /// A product of this process's memo.
-fn memo_get<T>(memo: &Memo<T>, id: &str) -> Option<Arc<T>> {
+fn memo_get<T: ?Sized>(memo: &Memo<T>, id: &str) -> Option<Arc<T>> {
     memo.lock()
         .unwrap_or_else(|p| p.into_inner())
         .get(id)
@@ -133,7 +152,7 @@ fn memo_get<T>(memo: &Memo<T>, id: &str) -> Option<Arc<T>> {
 }
 
 /// Remember a product (the first one stays: equal ids, equal products).
-fn memo_put<T>(memo: &Memo<T>, id: &str, value: Arc<T>) -> Arc<T> {
+fn memo_put<T: ?Sized>(memo: &Memo<T>, id: &str, value: Arc<T>) -> Arc<T> {
     memo.lock()
         .unwrap_or_else(|p| p.into_inner())
         .entry(id.to_string())
@@ -176,6 +195,7 @@ impl ReferenceStore {
             shipped,
             scores: Mutex::new(HashMap::new()),
             rows: Mutex::new(HashMap::new()),
+            kept: Mutex::new(HashMap::new()),
         }
     }
 
@@ -395,6 +415,62 @@ impl ReferenceStore {
         }
     }
 
+    /// A product named by `id` — which must name everything the value
+    /// depends on — kept in the local cache as `<sha256(id)>.<ext>` (sealed
+    /// JSON that names its id): from this process's memo, or from the file
+    /// when it is intact and for `id` (said on stderr and computed again
+    /// when it is not), else `compute`d under the product's lock, so that
+    /// concurrent processes compute it once, and kept when `keep` accepts
+    /// it (a value that would not read back exactly, such as a non-finite
+    /// number, is returned but not kept). Never read from a shipped folder.
+    pub fn kept<T>(
+        &self,
+        id: &str,
+        ext: &str,
+        keep: &dyn Fn(&T) -> bool,
+        compute: &dyn Fn() -> Result<T>,
+    ) -> Result<Arc<T>>
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static,
+    {
+        let memo = || memo_get(&self.kept, id).and_then(|v| v.downcast::<T>().ok());
+        if let Some(v) = memo() {
+            return Ok(v);
+        }
+        let path = self.dir.join(format!(
+            "{}.{ext}",
+            crate::core::fsutil::sha256_bytes(id.as_bytes())
+        ));
+        let remember = |v: T| -> Arc<T> {
+            let any: Arc<dyn std::any::Any + Send + Sync> = Arc::new(v);
+            memo_put(&self.kept, id, any)
+                .downcast::<T>()
+                .expect("one id, one type")
+        };
+        if let Some(v) = read_kept::<T>(id, &path) {
+            return Ok(remember(v));
+        }
+        let _lock = self.lock(id)?;
+        if let Some(v) = memo() {
+            return Ok(v);
+        }
+        if let Some(v) = read_kept::<T>(id, &path) {
+            return Ok(remember(v));
+        }
+        let v = compute()?;
+        if keep(&v) {
+            let out = KeptOut {
+                quantgate_kept: 1,
+                id,
+                value: &v,
+            };
+            let bytes = serde_json::to_vec(&out)
+                .map_err(|e| Error::harness(format!("{}: {e}", path.display())))?;
+            write_sealed(&path, bytes)?;
+        }
+        Ok(remember(v))
+    }
+
     /// Whether a product (`id`, kept in `path`) is in this process's memo
     /// or on disk. Only a hint for planning work: a file on disk is
     /// verified when it is read, and rebuilt when it is not intact.
@@ -575,7 +651,29 @@ impl ReferenceStore {
 }
 
 /// Whether `id` is in a memo.
-fn memo_holds<T>(m: &Memo<T>, id: &str) -> bool {
+/// The value of a kept product's file when it is intact and for `id`;
+/// None when there is none, or (said on stderr) when it is unusable.
+fn read_kept<T: serde::de::DeserializeOwned>(id: &str, path: &Path) -> Option<T> {
+    let why = match read_sealed(path) {
+        Ok(None) => return None,
+        Err(why) => why,
+        Ok(Some(bytes)) => match serde_json::from_slice::<KeptFile<T>>(&bytes) {
+            Ok(f) if f.quantgate_kept == 1 && f.id == id => return Some(f.value),
+            Ok(f) if f.quantgate_kept != 1 => {
+                format!("version {}, this build reads 1", f.quantgate_kept)
+            }
+            Ok(f) => format!("it is for `{}`, not `{id}`", f.id),
+            Err(e) => e.to_string(),
+        },
+    };
+    eprintln!(
+        "quantgate: reference cache {} is unusable ({why}); computing it again",
+        path.display()
+    );
+    None
+}
+
+fn memo_holds<T: ?Sized>(m: &Memo<T>, id: &str) -> bool {
     m.lock().unwrap_or_else(|p| p.into_inner()).contains_key(id)
 }
 
@@ -795,6 +893,87 @@ mod tests {
         );
         let e = fetch(&broken, &built).unwrap_err();
         assert!(e.message.contains(REFERENCE_MISSING_ENV), "{}", e.message);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// A kept product is computed once per id: then from the memo, from
+    /// its file in another process (a new store), and computed again when
+    /// the file is corrupt, written for another id or of another version;
+    /// a value `keep` refuses is returned but never written.
+    #[test]
+    fn a_kept_product_is_computed_once_and_never_read_back_wrong() {
+        let root = std::env::temp_dir().join(format!("qg-kept-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let made = std::cell::Cell::new(0);
+        let value = vec![vec![-1.25f64, -0.1 / 3.0], vec![f64::MIN_POSITIVE, 2.0]];
+        let get = |store: &ReferenceStore, id: &str, v: &Vec<Vec<f64>>| {
+            let v = v.clone();
+            store
+                .kept(id, "qgtest", &|_: &Vec<Vec<f64>>| true, &|| {
+                    made.set(made.get() + 1);
+                    Ok(v.clone())
+                })
+                .unwrap()
+        };
+        let one = ReferenceStore::with_shipped(root.clone(), Ok(None));
+        assert_eq!(*get(&one, "a", &value), value);
+        assert_eq!(*get(&one, "a", &value), value);
+        assert_eq!(made.get(), 1, "the memo answers");
+        // Another process: read back bitwise from the file.
+        let files: Vec<_> = std::fs::read_dir(&root)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "qgtest"))
+            .collect();
+        assert_eq!(files.len(), 1);
+        let fresh = || ReferenceStore::with_shipped(root.clone(), Ok(None));
+        let back = get(&fresh(), "a", &value);
+        assert_eq!(made.get(), 1);
+        assert!(back
+            .iter()
+            .flatten()
+            .zip(value.iter().flatten())
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        // Another id is another product.
+        assert_eq!(*get(&fresh(), "b", &vec![vec![3.0]]), vec![vec![3.0]]);
+        assert_eq!(made.get(), 2);
+        // A corrupt file is computed again (and rewritten), never read.
+        let file = &files[0];
+        let mut bytes = std::fs::read(file).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 1;
+        std::fs::write(file, &bytes).unwrap();
+        assert_eq!(*get(&fresh(), "a", &value), value);
+        assert_eq!(made.get(), 3);
+        assert_eq!(*get(&fresh(), "a", &value), value);
+        assert_eq!(made.get(), 3, "rewritten whole");
+        // Intact, but written for another id (or another version): not used.
+        let path_of = |id: &str| {
+            root.join(format!(
+                "{}.qgtest",
+                crate::core::fsutil::sha256_bytes(id.as_bytes())
+            ))
+        };
+        std::fs::copy(path_of("b"), path_of("a")).unwrap();
+        assert_eq!(*get(&fresh(), "a", &value), value);
+        assert_eq!(made.get(), 4);
+        let other = br#"{"quantgate_kept":2,"id":"a","value":[[0.0]]}"#.to_vec();
+        write_sealed(&path_of("a"), other).unwrap();
+        assert_eq!(*get(&fresh(), "a", &value), value);
+        assert_eq!(made.get(), 5);
+        // Refused by `keep`: returned, not written.
+        let nan = vec![vec![f64::NAN]];
+        let store = fresh();
+        let v = store
+            .kept(
+                "c",
+                "qgtest",
+                &|v: &Vec<Vec<f64>>| v.iter().flatten().all(|x| x.is_finite()),
+                &|| Ok(nan.clone()),
+            )
+            .unwrap();
+        assert!(v[0][0].is_nan());
+        assert!(!path_of("c").exists());
         let _ = std::fs::remove_dir_all(&root);
     }
 }

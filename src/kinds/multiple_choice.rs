@@ -14,7 +14,9 @@
 //! test, and changed answers binned by the reference's margin. A task that
 //! cannot be scored (no question, fewer than 2 choices, no correct choice,
 //! longer than the context) is an error naming the file and task, never a
-//! task counted as wrong.
+//! task counted as wrong. A model's scores of a task file are kept in the
+//! reference store ([`kept_scores`]), whichever role it plays: a reference
+//! is scored once for all its candidates.
 
 use crate::core::case::{Metric, Pin};
 use crate::core::error::{Error, Result};
@@ -22,6 +24,7 @@ use crate::core::outcome::{Column, Table};
 use crate::core::parse::{case_table, parse_toml, Diagnostics};
 use crate::core::{Case, Outcome, Settings};
 use crate::engine::{BosPolicy, LoadedModel, SeqToken, TokenId};
+use crate::execute::reference::{same_tokenizer, Vocab};
 use crate::execute::RunContext;
 use crate::kinds::scored_text::PinnedFile;
 use crate::kinds::{Kind, Start};
@@ -860,6 +863,85 @@ fn prepare(model: &dyn LoadedModel, t: &Task) -> Result<Prepared> {
 /// it (in float for `--multiple-choice`, in double for `--hellaswag`).
 pub type Scores = Vec<Vec<f64>>;
 
+/// A model's scores of a task file, as the reference store keeps them.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct KeptScores {
+    /// Vocabulary size of the model that scored them (the tokenizer check).
+    pub n_vocab: usize,
+    /// Its tokenizer fingerprint.
+    pub fingerprint: String,
+    /// Per task, per choice.
+    pub scores: Scores,
+}
+
+impl KeptScores {
+    /// `model`'s `scores`, with its vocabulary.
+    pub fn of(model: &dyn LoadedModel, scores: Scores) -> Self {
+        KeptScores {
+            n_vocab: model.info().n_vocab,
+            fingerprint: model.info().tokenizer_fingerprint.clone(),
+            scores,
+        }
+    }
+}
+
+/// What a model's scores of tasks are computed from.
+#[derive(Debug, Clone, Copy)]
+pub struct ScoresId<'a> {
+    /// The model file's sha256.
+    pub model_sha256: &'a str,
+    /// The engine build that scores it ([`crate::engine::Engine::model_identity`]).
+    pub build: &'a str,
+    /// The task file's sha256.
+    pub file_sha256: &'a str,
+    /// Its format.
+    pub format: Format,
+    /// How many tasks are drawn (0: all), as the tool draws them.
+    pub tasks: usize,
+    /// The engine settings (threads aside, which change no score).
+    pub settings: &'a Settings,
+}
+
+/// The sha256 of the code that turns tasks into scores (this kind and the
+/// llama.cpp engine): part of every kept score's id, so that a change to
+/// how tasks are scored scores them again instead of reading old numbers.
+fn scoring_source() -> &'static str {
+    static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SOURCE.get_or_init(|| {
+        let code = [
+            include_str!("multiple_choice.rs"),
+            include_str!("../engine/mod.rs"),
+            include_str!("../engine/llama.rs"),
+        ]
+        .concat();
+        crate::core::fsutil::sha256_bytes(code.as_bytes())
+    })
+}
+
+/// A model's scores of `id`'s tasks as the reference store keeps them for
+/// every case and test that scores the same (a candidate's and a
+/// reference's scores are one product): `score` runs only when no cache
+/// holds them, once across concurrent processes. Scores that are not all
+/// finite are returned but not kept.
+pub fn kept_scores(
+    store: &crate::execute::reference::ReferenceStore,
+    id: &ScoresId,
+    score: &dyn Fn() -> Result<KeptScores>,
+) -> Result<Arc<KeptScores>> {
+    let key = format!(
+        "multiple_choice scores|model {}|{}|tasks {} {:?} {}|{}|code {}",
+        id.model_sha256,
+        id.build,
+        id.file_sha256,
+        id.format,
+        id.tasks,
+        id.settings.describe(),
+        scoring_source()
+    );
+    let finite = |k: &KeptScores| k.scores.iter().flatten().all(|x| x.is_finite());
+    store.kept(&key, "qgmc", &finite, score)
+}
+
 /// The tool's softmax: float exps, a double sum, float quotients.
 fn tool_softmax_at(row: &[f32], tok: usize) -> f32 {
     let max = row.iter().copied().fold(row[0], f32::max);
@@ -1157,14 +1239,42 @@ impl Kind for MultipleChoice {
         let settings = self.settings(cx.threads);
         out.settings = Some(settings.clone());
         let t = Instant::now();
-        let scores = score(&*model, &settings).map_err(|e| e.context(case.path.display()))?;
+        // Both models' scores through the reference store: a reference
+        // scored for one candidate (or a model scored by another case or
+        // test) is not scored again.
+        let build = cx.identity_of(alias);
+        let of = |model_sha256, build| ScoresId {
+            model_sha256,
+            build,
+            file_sha256: &self.file.sha256,
+            format: self.format,
+            tasks: self.tasks,
+            settings: &settings,
+        };
+        let kept = kept_scores(&cx.references, &of(&verified.file.sha256, &build), &|| {
+            Ok(KeptScores::of(&*model, score(&*model, &settings)?))
+        })
+        .map_err(|e| e.context(case.path.display()))?;
+        let scores = &kept.scores;
         let refs = match &self.reference {
             Some((r, at)) => {
-                let (_, rmodel) = cx.load_reference((r, at), crate::execute::reference::Vocab::of(model.info()))?;
-                Some(score(&*rmodel, &settings)?)
+                let pinned = cx.pinned_sha256(r).map_err(|e| e.context(at))?;
+                let rbuild = cx.identity_of(r);
+                let kept = kept_scores(&cx.references, &of(&pinned, &rbuild), &|| {
+                    let (_, rmodel) = cx.load_reference((r, at), Vocab::of(model.info()))?;
+                    Ok(KeptScores::of(&*rmodel, score(&*rmodel, &settings)?))
+                })?;
+                let scored_by = Vocab {
+                    alias: r,
+                    n_vocab: kept.n_vocab,
+                    fingerprint: &kept.fingerprint,
+                };
+                same_tokenizer(at, "reference", scored_by, Vocab::of(model.info()))?;
+                Some(kept)
             }
             None => None,
         };
+        let refs = refs.as_ref().map(|k| &k.scores);
         out.timings.decode = t.elapsed();
         // Each task's pick, and whether it is a correct choice.
         let verdicts = |scores: &Scores| -> (Vec<usize>, Vec<bool>) {
@@ -1176,7 +1286,7 @@ impl Kind for MultipleChoice {
                 .collect();
             (chosen, right)
         };
-        let (chosen, right) = verdicts(&scores);
+        let (chosen, right) = verdicts(scores);
         let n = tasks.len();
         let k = right.iter().filter(|r| **r).count();
         let m = &mut out.metrics;
