@@ -58,7 +58,8 @@ pub fn fake_root(tag: &str, models: &[(&str, usize)]) -> PathBuf {
     root
 }
 
-/// Every file under `dir`, with its bytes, sorted by path.
+/// Every file under `dir`, with its bytes, sorted by path (a file gone
+/// between listing and reading is not in it).
 pub fn tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
@@ -67,7 +68,13 @@ pub fn tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
             if e.path().is_dir() {
                 stack.push(e.path());
             } else {
-                out.push((e.path(), std::fs::read(e.path()).unwrap()));
+                match std::fs::read(e.path()) {
+                    Ok(bytes) => out.push((e.path(), bytes)),
+                    // Renamed or removed since it was listed (a writer's
+                    // temp file, polled while the writer runs): not there.
+                    Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(err) => panic!("{}: {err}", e.path().display()),
+                }
             }
         }
     }
