@@ -650,7 +650,6 @@ impl ReferenceStore {
     }
 }
 
-/// Whether `id` is in a memo.
 /// The value of a kept product's file when it is intact and for `id`;
 /// None when there is none, or (said on stderr) when it is unusable.
 fn read_kept<T: serde::de::DeserializeOwned>(id: &str, path: &Path) -> Option<T> {
@@ -673,6 +672,7 @@ fn read_kept<T: serde::de::DeserializeOwned>(id: &str, path: &Path) -> Option<T>
     None
 }
 
+/// Whether `id` is in a memo.
 fn memo_holds<T: ?Sized>(m: &Memo<T>, id: &str) -> bool {
     m.lock().unwrap_or_else(|p| p.into_inner()).contains_key(id)
 }
