@@ -670,6 +670,7 @@ fn the_preflight_checks_every_tensor_lies_within_the_file() {
         "{}",
         e.message
     );
+    let _ = std::fs::remove_dir_all(&root);
 }
 
 /// `reference export --out` naming a directory is refused before the
