@@ -8,7 +8,8 @@
 # on PyPI (pinned version and sha256); nothing of them is kept in this repository.
 # With the argument `bench`, builds llama.cpp's `llama-bench` instead (its
 # llama-bench.cpp from the same sdist), in the same build tree.
-# Prints the binary's path on stdout. Idempotent: a finished build is reused.
+# Prints the binary's path on stdout. Idempotent: a finished build (its stamp
+# names the binary's sha256) is reused; concurrent callers build once (flock).
 set -euo pipefail
 tool=${1:-perplexity}
 case "$tool" in perplexity|bench) ;; *) echo "usage: $0 [perplexity|bench]" >&2; exit 2;; esac
@@ -30,8 +31,21 @@ src=$(find_src) || { (cd "$here" && cargo fetch -q >&2); src=$(find_src); } \
 
 out=${QUANTGATE_LLAMA_BUILD_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/quantgate/llama-perplexity-$sys_version}
 bin="$out/build/llama-$tool"
-if [ -x "$bin" ]; then echo "$bin"; exit 0; fi
+# A finished build leaves a stamp with the binary's sha256: a binary whose
+# build was interrupted (or that was changed since) is built again.
+stamp="$out/llama-$tool.built"
+finished() { [ -x "$bin" ] && [ -f "$stamp" ] && [ "$(sha256sum "$bin" | cut -d' ' -f1)" = "$(cat "$stamp")" ]; }
+if finished; then echo "$bin"; exit 0; fi
 mkdir -p "$out"
+# One build at a time per build directory: tests run two at a time and each
+# asks for the tool; a second caller waits here, then uses the first's build.
+exec 9>"$out/.build.lock"
+if ! flock -n 9; then
+  echo "waiting for another build of llama-$tool in $out" >&2
+  flock 9
+fi
+if finished; then echo "$bin"; exit 0; fi
+rm -f "$stamp"
 
 if [ ! -f "$out/perplexity.cpp" ] || { [ "$tool" = bench ] && [ ! -f "$out/llama-bench.cpp" ]; }; then
   tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -78,4 +92,5 @@ CMAKE
 echo "building llama-$tool against $src (a few minutes)" >&2
 cmake -S "$out" -B "$out/build" -DCMAKE_BUILD_TYPE=Release >&2
 cmake --build "$out/build" --target "llama-$tool" -j "$(nproc)" >&2
+sha256sum "$bin" | cut -d' ' -f1 > "$stamp.tmp" && mv "$stamp.tmp" "$stamp"
 echo "$bin"
