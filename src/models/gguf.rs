@@ -226,8 +226,18 @@ fn scalar_size(t: u32) -> Option<u64> {
     }
 }
 
-/// Check the header of `path`; return what it says.
+/// Check the header of `path` (its structure and the hyperparameters
+/// llama.cpp asserts on); return what it says.
 pub fn preflight(path: &Path) -> Result<GgufHeader> {
+    let h = header_structure(path)?;
+    hyperparameters(&h.meta, h.architecture.as_deref())
+        .map_err(|m| Error::input(format!("{}: not a usable GGUF file: {m}", path.display())))?;
+    Ok(h)
+}
+
+/// Check the structure of `path`'s header (magic, version, bounded counts,
+/// every tensor within the file), not what its values say.
+pub fn header_structure(path: &Path) -> Result<GgufHeader> {
     let file = File::open(path).map_err(|e| Error::input(format!("{}: {e}", path.display())))?;
     let len = file
         .metadata()
@@ -251,7 +261,9 @@ pub fn preflight_bytes(bytes: &[u8]) -> std::result::Result<GgufHeader, String> 
         len: bytes.len() as u64,
         hash: None,
     };
-    parse(&mut r)
+    let h = parse(&mut r)?;
+    hyperparameters(&h.meta, h.architecture.as_deref())?;
+    Ok(h)
 }
 
 fn parse<R: Read>(r: &mut Reader<R>) -> std::result::Result<GgufHeader, String> {
@@ -405,6 +417,125 @@ fn parse<R: Read>(r: &mut Reader<R>) -> std::result::Result<GgufHeader, String> 
         n_vocab,
         chat_template,
     })
+}
+
+/// The most layers llama.cpp takes (`LLAMA_MAX_LAYERS`).
+const MAX_LAYERS: i128 = 512;
+
+/// The hyperparameters llama.cpp asserts on (a GGML_ASSERT aborts the whole
+/// process; it is no error a caller can catch) or divides by, checked as
+/// input errors naming each key: norm epsilons finite and ≥ 0, a block count
+/// of 1 to 512, head counts of at least 1 with the KV heads dividing the
+/// heads, an embedding width the heads divide (unless a key length is
+/// given). Per-layer arrays and absent keys are left to llama.cpp.
+fn hyperparameters(
+    meta: &BTreeMap<String, Meta>,
+    arch: Option<&str>,
+) -> std::result::Result<(), String> {
+    let Some(arch) = arch else {
+        return Ok(());
+    };
+    let key = |k: &str| format!("{arch}.{k}");
+    let mut problems: Vec<String> = Vec::new();
+    let mut int = |k: &str| -> Option<i128> {
+        match meta.get(&key(k)) {
+            Some(Meta::Int(v)) => Some(*v),
+            None | Some(Meta::Array(_)) => None,
+            Some(other) => {
+                problems.push(format!("`{}` = {other}: not an integer", key(k)));
+                None
+            }
+        }
+    };
+    let blocks = int("block_count");
+    let heads = int("attention.head_count");
+    let kv_heads = int("attention.head_count_kv");
+    let width = int("embedding_length");
+    let key_length = int("attention.key_length");
+    for k in [
+        "attention.layer_norm_rms_epsilon",
+        "attention.layer_norm_epsilon",
+        "attention.group_norm_epsilon",
+    ] {
+        match meta.get(&key(k)) {
+            None => {}
+            Some(Meta::Float(v)) if v.is_finite() && *v >= 0.0 => {}
+            Some(v) => problems.push(format!(
+                "`{}` = {v}: a norm epsilon must be a finite number ≥ 0 (llama.cpp aborts on \
+                 GGML_ASSERT(eps >= 0.0f))",
+                key(k)
+            )),
+        }
+    }
+    if let Some(b) = blocks.filter(|b| !(1..=MAX_LAYERS).contains(b)) {
+        problems.push(format!(
+            "`{}` = {b}: llama.cpp takes 1 to {MAX_LAYERS} blocks",
+            key("block_count")
+        ));
+    }
+    if let Some(h) = heads.filter(|h| *h < 1) {
+        problems.push(format!(
+            "`{}` = {h}: a model needs at least one attention head",
+            key("attention.head_count")
+        ));
+    }
+    match (heads, kv_heads) {
+        (_, Some(kv)) if kv < 1 => problems.push(format!(
+            "`{}` = {kv}: llama.cpp divides the heads by it",
+            key("attention.head_count_kv")
+        )),
+        (Some(h), Some(kv)) if h >= 1 && h % kv != 0 => problems.push(format!(
+            "`{}` = {kv} does not divide `{}` = {h} (grouped-query attention shares each KV \
+             head among a whole number of heads)",
+            key("attention.head_count_kv"),
+            key("attention.head_count")
+        )),
+        _ => {}
+    }
+    if let Some(w) = width.filter(|w| *w < 1) {
+        problems.push(format!("`{}` = {w}: not a width", key("embedding_length")));
+    }
+    if let (Some(w), Some(h), None) = (width, heads, key_length) {
+        if w >= 1 && h >= 1 && w % h != 0 {
+            problems.push(format!(
+                "`{}` = {w} is not a multiple of `{}` = {h} (the head width is their quotient)",
+                key("embedding_length"),
+                key("attention.head_count")
+            ));
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "hyperparameters llama.cpp cannot run: {}",
+            problems.join("; ")
+        ))
+    }
+}
+
+/// A part of a split file says which part it is: `split.no` (0-based) and
+/// `split.count`, when present, must match its place among `n` parts.
+pub fn check_split_part(h: &GgufHeader, index: usize, n: usize) -> std::result::Result<(), String> {
+    let mut problems = Vec::new();
+    for (k, want) in [("split.no", index), ("split.count", n)] {
+        match h.meta.get(k) {
+            None => {}
+            Some(Meta::Int(v)) if *v == want as i128 => {}
+            Some(v) => problems.push(format!(
+                "`{k}` = {v}, but it is part {} of {n} by its name",
+                index + 1
+            )),
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "the split parts are not in order: {} (parts renamed or mixed up?)",
+            problems.join("; ")
+        ))
+    }
 }
 
 /// Read one value of GGUF type `t`: a scalar or a string of at most 4 KiB
@@ -618,6 +749,124 @@ pub(crate) mod tests {
             }
         }
         v
+    }
+
+    /// A header of typed scalars: `u` a u32 (type 4), `i` an i32 (type 5),
+    /// `f` an f32 (type 6), `s` a string.
+    fn header_typed(kvs: &[(&str, char, &str)]) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.extend_from_slice(b"GGUF");
+        v.extend_from_slice(&3u32.to_le_bytes());
+        v.extend_from_slice(&0u64.to_le_bytes());
+        v.extend_from_slice(&(kvs.len() as u64).to_le_bytes());
+        for (k, t, val) in kvs {
+            v.extend_from_slice(&(k.len() as u64).to_le_bytes());
+            v.extend_from_slice(k.as_bytes());
+            match t {
+                'u' => {
+                    v.extend_from_slice(&4u32.to_le_bytes());
+                    v.extend_from_slice(&val.parse::<u32>().unwrap().to_le_bytes());
+                }
+                'i' => {
+                    v.extend_from_slice(&5u32.to_le_bytes());
+                    v.extend_from_slice(&val.parse::<i32>().unwrap().to_le_bytes());
+                }
+                'f' => {
+                    v.extend_from_slice(&6u32.to_le_bytes());
+                    v.extend_from_slice(&val.parse::<f32>().unwrap().to_le_bytes());
+                }
+                _ => {
+                    v.extend_from_slice(&8u32.to_le_bytes());
+                    v.extend_from_slice(&(val.len() as u64).to_le_bytes());
+                    v.extend_from_slice(val.as_bytes());
+                }
+            }
+        }
+        v
+    }
+
+    /// What llama.cpp asserts on (an abort of the whole process) is an
+    /// input error naming the key; a well-formed model's values pass.
+    #[test]
+    fn hyperparameters_llama_cpp_aborts_on_are_input_errors() {
+        let good: Vec<(&str, char, &str)> = vec![
+            ("general.architecture", 's', "llama"),
+            ("llama.block_count", 'u', "30"),
+            ("llama.embedding_length", 'u', "576"),
+            ("llama.attention.head_count", 'u', "9"),
+            ("llama.attention.head_count_kv", 'u', "3"),
+            ("llama.attention.layer_norm_rms_epsilon", 'f', "0.00001"),
+        ];
+        preflight_bytes(&header_typed(&good)).unwrap();
+        let with = |key: &str, t: char, val: &'static str| {
+            let kvs: Vec<(&str, char, &str)> = good
+                .iter()
+                .map(|kv| if kv.0 == key { (kv.0, t, val) } else { *kv })
+                .collect();
+            preflight_bytes(&header_typed(&kvs)).unwrap_err()
+        };
+        for (key, t, val, says) in [
+            (
+                "llama.attention.layer_norm_rms_epsilon",
+                'f',
+                "-1",
+                "eps >= 0.0f",
+            ),
+            (
+                "llama.attention.layer_norm_rms_epsilon",
+                'f',
+                "NaN",
+                "finite",
+            ),
+            (
+                "llama.attention.layer_norm_rms_epsilon",
+                's',
+                "tiny",
+                "finite",
+            ),
+            ("llama.block_count", 'u', "0", "1 to 512 blocks"),
+            ("llama.block_count", 'u', "513", "1 to 512 blocks"),
+            (
+                "llama.attention.head_count",
+                'u',
+                "0",
+                "at least one attention head",
+            ),
+            (
+                "llama.attention.head_count_kv",
+                'u',
+                "0",
+                "divides the heads by it",
+            ),
+            ("llama.attention.head_count_kv", 'u', "2", "does not divide"),
+            ("llama.embedding_length", 'u', "577", "not a multiple"),
+            ("llama.block_count", 'i', "-3", "1 to 512 blocks"),
+        ] {
+            let e = with(key, t, val);
+            assert!(
+                e.contains(&format!("`{key}`")) && e.contains(says),
+                "{key}={val}: {e}"
+            );
+        }
+        // With a key length the heads need not divide the width (Gemma-3).
+        let mut gemma = good.clone();
+        gemma[2] = ("llama.embedding_length", 'u', "640");
+        gemma[3] = ("llama.attention.head_count", 'u', "4");
+        gemma[4] = ("llama.attention.head_count_kv", 'u', "1");
+        gemma.push(("llama.attention.key_length", 'u', "256"));
+        preflight_bytes(&header_typed(&gemma)).unwrap();
+        // Split numbering.
+        let part = |no: &'static str, count: &'static str| {
+            let mut kvs = good.clone();
+            kvs.push(("split.no", 'u', no));
+            kvs.push(("split.count", 'u', count));
+            preflight_bytes(&header_typed(&kvs)).unwrap()
+        };
+        check_split_part(&part("1", "3"), 1, 3).unwrap();
+        let e = check_split_part(&part("2", "3"), 1, 3).unwrap_err();
+        assert!(e.contains("`split.no` = 2, but it is part 2 of 3"), "{e}");
+        let e = check_split_part(&part("1", "4"), 1, 3).unwrap_err();
+        assert!(e.contains("`split.count` = 4"), "{e}");
     }
 
     /// The tokenizer hash covers the vocabulary, merges and every other

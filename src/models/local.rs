@@ -187,6 +187,9 @@ pub fn expand(spec: &str, base: &Path) -> Result<Vec<PathBuf>> {
     } else {
         base.join(pattern)
     };
+    // `./lm/*.gguf` under `.` is `././lm/*.gguf`: a glob of that text never
+    // matches the `./lm/x.gguf` the walk yields. Components drop inner `.`.
+    let full: PathBuf = full.components().collect();
     let is_glob = |s: &str| s.contains(['*', '?', '[', '{']);
     let mut found = Vec::new();
     if !is_glob(pattern) {
@@ -433,6 +436,13 @@ pub fn pin(
                 )))
             }
             old => {
+                // Only a GGUF is pinned: random bytes, a text, a git-lfs
+                // pointer are refused here, naming the file, and never
+                // enter the lock. (Hyperparameters are checked when the
+                // model loads, so that one bad model fails only its tests.)
+                for part in crate::models::gguf::gguf_parts(f) {
+                    crate::models::gguf::header_structure(&part)?;
+                }
                 let new = measured(f, repin)?;
                 if let Some(o) = old {
                     if *o != new {
@@ -518,6 +528,19 @@ mod tests {
         std::fs::write(dir.join("out/notes.txt"), b"x").unwrap();
         let files = expand("out/*.gguf", dir).unwrap();
         assert_eq!(files.len(), 2, "{files:?}");
+        // README's form, `./out/*.gguf`, under `.` as under any folder; and
+        // in a case, `path:./out/*.gguf`.
+        assert_eq!(expand("./out/*.gguf", dir).unwrap(), files);
+        assert_eq!(expand("path:./out/*.gguf", dir).unwrap(), files);
+        assert_eq!(expand("./out/./a.gguf", dir).unwrap(), files[..1]);
+        let cwd = std::env::current_dir().unwrap();
+        let rel = pathdiff(dir, &cwd);
+        let dotted = format!("./{}/out/*.gguf", rel.display());
+        assert_eq!(
+            expand(&dotted, Path::new(".")).unwrap().len(),
+            2,
+            "{dotted}"
+        );
         assert!(files[1].ends_with("b-00001-of-00003.gguf"));
         let reg = dir.join("models.toml");
         let aliases = pin(&reg, &[], &files, false).unwrap();
@@ -548,5 +571,19 @@ mod tests {
             e.contains("out/*.bin") && e.contains("matches no file"),
             "{e}"
         );
+    }
+
+    /// `to` relative to `from` (both absolute), with `..` steps.
+    fn pathdiff(to: &Path, from: &Path) -> PathBuf {
+        let (to, from): (Vec<_>, Vec<_>) = (to.components().collect(), from.components().collect());
+        let common = to.iter().zip(&from).take_while(|(a, b)| a == b).count();
+        let mut p = PathBuf::new();
+        for _ in common..from.len() {
+            p.push("..");
+        }
+        for c in &to[common..] {
+            p.push(c);
+        }
+        p
     }
 }

@@ -567,10 +567,18 @@ fn verify_pinned(alias: &str, entry: &ModelEntry, lock: &Path, path: &Path) -> R
     }
     let mut header =
         crate::models::gguf::preflight(path).map_err(|e| e.context(format!("model `{alias}`")))?;
+    let in_place = |h: &crate::models::gguf::GgufHeader, i: usize, part: &Path| {
+        crate::models::gguf::check_split_part(h, i, is.len())
+            .map_err(|m| Error::input(format!("model `{alias}`: {}: {m}", part.display())))
+    };
+    if is.len() > 1 {
+        in_place(&header, 0, path)?;
+    }
     // A split file's tensors are spread over its parts: count them all.
-    for p in is.iter().skip(1) {
+    for (i, p) in is.iter().enumerate().skip(1) {
         let h = crate::models::gguf::preflight(&p.path)
             .map_err(|e| e.context(format!("model `{alias}`: part {}", p.path.display())))?;
+        in_place(&h, i, &p.path)?;
         header.n_params = header.n_params.saturating_add(h.n_params);
         for (name, t) in &h.types {
             header.types.entry(name.clone()).or_default().add(t);
