@@ -71,6 +71,9 @@ enum Command {
         /// Also write the ladder report (report.md, report.csv, report.html) to DIR.
         #[arg(long)]
         report: Option<PathBuf>,
+        /// Replace a report that DIR of --report holds already.
+        #[arg(long)]
+        force: bool,
     },
     /// List registry models with status, bytes and sha256; `models fetch` fetches/derives them.
     Models {
@@ -116,6 +119,12 @@ enum Command {
         /// Where to write the report.
         #[arg(long, default_value = "report")]
         out: PathBuf,
+        /// Accept a selection of no case × model (otherwise an error).
+        #[arg(long)]
+        allow_empty: bool,
+        /// Replace a report that --out holds already.
+        #[arg(long)]
+        force: bool,
     },
     /// Merge the outcomes of shards (folders a `QUANTGATE_OUT=DIR` run under
     /// nextest wrote, or `--json` files) into one run: every selected test
@@ -142,6 +151,12 @@ enum Command {
         /// Also write the ladder report to DIR.
         #[arg(long)]
         report: Option<PathBuf>,
+        /// Accept a selection of no case × model (otherwise an error).
+        #[arg(long)]
+        allow_empty: bool,
+        /// Replace a report that --report holds already.
+        #[arg(long)]
+        force: bool,
     },
     /// Print the token ids of a text file, one per line (to pin as a `[tokens]` file).
     Tokenize {
@@ -339,6 +354,41 @@ fn overrides(
     })
 }
 
+/// `--json FILE` and a report folder can be written (a report folder that
+/// holds a report only with `force`): checked before any work.
+fn outputs_ready(
+    json: Option<&std::path::Path>,
+    report_dir: Option<(&str, &std::path::Path)>,
+    force: bool,
+) -> Result<(), Error> {
+    if let Some(p) = json {
+        quantgate::core::fsutil::writable_file("--json", p)?;
+    }
+    if let Some((flag, d)) = report_dir {
+        quantgate::report::ladder::ready(flag, d, force)?;
+    }
+    Ok(())
+}
+
+/// A selection of no case × model: an input error (a mistyped filter must
+/// not pass), unless the command was given `--allow-empty`.
+fn nothing_selected(what: &str, patterns: &[String], models: &[String]) -> Error {
+    Error::input(format!(
+        "nothing to {what}: {}{} selects no case × model (a case runs only the models it \
+         lists); pass --allow-empty to accept an empty {what}",
+        if patterns.is_empty() {
+            "every case".to_string()
+        } else {
+            patterns.join(" ")
+        },
+        if models.is_empty() {
+            String::new()
+        } else {
+            format!(" with --model {}", models.join(" --model "))
+        }
+    ))
+}
+
 fn fail(e: &Error) -> ExitCode {
     eprintln!("error: {}", e.message);
     match e.kind {
@@ -348,7 +398,24 @@ fn fail(e: &Error) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    // A worker of `quantgate run` (this executable run again per model, so
+    // that a llama.cpp abort fails only its own tests): its selection and
+    // options come from its parent, its jobs on stdin.
+    if let Some(alias) = std::env::var_os(quantgate::harness::WORKER_ENV) {
+        return quantgate::harness::worker::serve(
+            &quantgate::harness::Selection::default(),
+            Arc::new(LlamaEngine::new()),
+            &alias.to_string_lossy(),
+        );
+    }
     let cli = Cli::parse();
+    // A bad signing key is refused before anything runs or is read.
+    if let Err(e) = quantgate::core::auth::signing_key()
+        .map(|_| ())
+        .and_then(|()| quantgate::models::check_cache_dir())
+    {
+        return fail(&e);
+    }
     quantgate::models::clean_stale_temps();
     match cli.command {
         Command::Run {
@@ -365,6 +432,7 @@ fn main() -> ExitCode {
             kv_type,
             flash_attn,
             report: report_dir,
+            force,
         } => {
             let Select {
                 patterns,
@@ -377,17 +445,22 @@ fn main() -> ExitCode {
                 return fail(&e);
             }
             // Output paths are checked before anything runs.
-            if let Some(p) = json.as_ref().filter(|p| p.is_dir()) {
-                return fail(&Error::input(format!(
-                    "--json {}: is a directory; give a file path",
-                    p.display()
-                )));
+            if let Err(e) = outputs_ready(
+                json.as_deref(),
+                report_dir.as_deref().map(|d| ("--report", d)),
+                force,
+            )
+            .and_then(|()| {
+                out.as_ref().map_or(Ok(()), |d| {
+                    quantgate::core::fsutil::writable_dir("--out", d)
+                })
+            }) {
+                return fail(&e);
             }
-            if let Some(p) = out.as_ref().filter(|p| p.exists() && !p.is_dir()) {
-                return fail(&Error::input(format!(
-                    "--out {}: exists and is not a directory",
-                    p.display()
-                )));
+            if threads == Some(0) {
+                return fail(&Error::input(
+                    "--threads 0: give at least 1 (the default is the cores here)".to_string(),
+                ));
             }
             let cores = quantgate::execute::cores() as u32;
             let threads = threads.map(|t| {
@@ -400,56 +473,87 @@ fn main() -> ExitCode {
                 t.clamp(1, cores)
             });
             let goldens = goldens.unwrap_or_else(|| default_goldens(&cli.suites));
-            let (registry, planned) =
-                match plan_selection(&cli.suites, &patterns, &models, reference.as_deref()) {
-                    Ok(p) => p,
-                    Err(e) => return fail(&e),
-                };
+            let isolation = match quantgate::harness::Isolation::from_env() {
+                Ok(i) => i,
+                Err(e) => return fail(&e),
+            };
+            let planned = overrides(&cli.suites, &models, reference.as_deref()).and_then(|o| {
+                quantgate::plan::plan_with(&cli.suites, &patterns, &models, &o).map(|p| (o, p))
+            });
+            let (overrides, (registry, planned)) = match planned {
+                Ok(p) => p,
+                Err(e) => return fail(&e),
+            };
             if planned.is_empty() && !allow_empty {
-                return fail(&Error::input(format!(
-                    "nothing to run: {} with --model {} selects no case × model (a case runs \
-                     only the models it lists); pass --allow-empty to accept an empty run",
-                    if patterns.is_empty() {
-                        "every case".to_string()
-                    } else {
-                        patterns.join(" ")
-                    },
-                    models.join(" --model ")
-                )));
+                return fail(&nothing_selected("run", &patterns, &models));
             }
-            let runner = RunContext::new(
+            // A case that does not parse is said now, before any decode
+            // (its test is an error in the table; the other cases run).
+            let mut said = std::collections::BTreeSet::new();
+            for e in planned.iter().filter_map(|p| p.case.as_ref().err()) {
+                if said.insert(e.message.clone()) {
+                    eprintln!("error: {}", e.message);
+                }
+            }
+            let runner = Arc::new(RunContext::new(
                 registry,
                 Arc::new(LlamaEngine::new()),
                 threads.unwrap_or_else(|| threads_per_trial(jobs.max(1))),
-            );
+            ));
             if let Some(dir) = &out {
                 quantgate::core::fsutil::clean_stale_temps(dir);
             }
             // Plan by observation: each group is one decode, after the
-            // groups whose references it reads.
+            // groups whose references it reads; each runs in a worker
+            // process of its model (QUANTGATE_ISOLATION=off: in this one).
             // Rows are not kept in the result cache: --out runs everything.
             let cache = !no_cache && out.is_none() && quantgate::judge::cache::enabled();
+            let groups =
+                quantgate::plan::groups::groups(&planned, &vec![true; planned.len()], true);
+            let selection = Arc::new(quantgate::harness::Selection {
+                suites: cli.suites.clone(),
+                goldens: goldens.clone(),
+                patterns: patterns.clone(),
+                models: models.clone(),
+                overrides,
+            });
+            let executors = quantgate::harness::worker::executors(
+                isolation, &groups, &runner, &selection, true,
+            );
+            let exec = |g: usize,
+                        run: &[&quantgate::plan::Planned],
+                        provides: &[&quantgate::plan::Planned]| {
+                let job = quantgate::harness::worker::Job {
+                    run: run.iter().map(|p| p.name.clone()).collect(),
+                    provide: provides.iter().map(|p| p.name.clone()).collect(),
+                    cache,
+                    rows: out.clone(),
+                    outcomes: None,
+                };
+                executors[g]
+                    .as_ref()
+                    .expect("every group has an executor")
+                    .run(run, provides, &job, &goldens, runner.threads)
+            };
             let mut write_failed = false;
-            let (outcomes, reference_work) = quantgate::judge::run_plan(
-                &runner,
+            let (outcomes, reference_work) = quantgate::judge::run_groups(
                 &planned,
-                &goldens,
-                cache,
+                &groups,
                 jobs.max(1),
+                &exec,
                 &mut |names, provides| match names {
                     [] => eprintln!("quantgate: reference work for {provides} trials"),
                     [one] => eprintln!("quantgate: running {one}"),
                     _ => eprintln!("quantgate: running {} (one decode)", names.join(", ")),
                 },
-                &mut |o| {
-                    if let Some(dir) = &out {
-                        if let Err(e) = quantgate::report::write_parquet(dir, o) {
-                            eprintln!("error: {}", e.message);
-                            write_failed = true;
-                        }
+                &mut |_, unwritten| {
+                    for e in unwritten {
+                        eprintln!("error: {e}");
+                        write_failed = true;
                     }
                 },
             );
+            drop(executors);
             print!("{}", report::table(&outcomes));
             if let Some(dir) = &report_dir {
                 let label = quantgate::engine::Engine::build(&LlamaEngine::new()).label();
@@ -691,7 +795,16 @@ fn main() -> ExitCode {
                 }
             }
         },
-        Command::Report { select, json, out } => {
+        Command::Report {
+            select,
+            json,
+            out,
+            allow_empty,
+            force,
+        } => {
+            if let Err(e) = outputs_ready(None, Some(("--out", &out)), force) {
+                return fail(&e);
+            }
             let Select {
                 patterns,
                 models,
@@ -699,24 +812,37 @@ fn main() -> ExitCode {
             } = select;
             let label = quantgate::engine::Engine::build(&LlamaEngine::new()).label();
             let outcomes: Result<Vec<quantgate::core::Outcome>, Error> = if !json.is_empty() {
-                json.iter().try_fold(Vec::new(), |mut all, f| {
-                    let text = std::fs::read_to_string(f)
-                        .map_err(|e| Error::input(format!("--json {}: {e}", f.display())))?;
-                    let v: Vec<quantgate::core::Outcome> =
-                        serde_json::from_str(&text).map_err(|e| {
-                            Error::input(format!(
-                                "--json {}: not a `quantgate run --json` file: {e}",
+                // Judged again from the cases, as `merge` judges shards: a
+                // status or a number is never taken on the file's word.
+                plan_selection(&cli.suites, &patterns, &models, reference.as_deref()).and_then(
+                    |(reg, planned)| {
+                        if let Some(f) = json.iter().find(|f| !f.is_file()) {
+                            return Err(Error::input(format!(
+                                "--json {}: no such file",
                                 f.display()
-                            ))
-                        })?;
-                    all.extend(v);
-                    Ok(all)
-                })
+                            )));
+                        }
+                        let found = quantgate::judge::merge::read_outcomes(&json)?;
+                        let given: std::collections::BTreeSet<String> = found
+                            .iter()
+                            .map(|(_, o)| format!("{}::{}", o.case, o.model))
+                            .collect();
+                        let planned: Vec<_> = planned
+                            .into_iter()
+                            .filter(|p| given.contains(&p.name))
+                            .collect();
+                        let pinned = |m: &str| reg.entry(m).ok()?.sha256.clone();
+                        quantgate::judge::merge::merge(&planned, found, &pinned)
+                    },
+                )
             } else {
                 plan_selection(&cli.suites, &patterns, &models, reference.as_deref())
                     .and_then(|(reg, planned)| {
                     let runner =
                         RunContext::new(reg, Arc::new(LlamaEngine::new()), threads_per_trial(1));
+                    if planned.is_empty() && !allow_empty {
+                        return Err(nothing_selected("report", &patterns, &models));
+                    }
                     let mut found = Vec::new();
                     let mut missing = Vec::new();
                     for p in &planned {
@@ -739,6 +865,20 @@ fn main() -> ExitCode {
                 })
             };
             let registry = Registry::load(&cli.suites.join("models.toml"));
+            let outcomes = outcomes.and_then(|o| {
+                if o.is_empty() && !json.is_empty() && !allow_empty {
+                    Err(Error::input(format!(
+                        "nothing to report: --json {} hold no outcome; pass --allow-empty to \
+                         accept an empty report",
+                        json.iter()
+                            .map(|f| f.display().to_string())
+                            .collect::<Vec<_>>()
+                            .join(" --json ")
+                    )))
+                } else {
+                    Ok(o)
+                }
+            });
             match (outcomes, registry) {
                 (Ok(outcomes), Ok(registry)) => {
                     match write_report(&out, &outcomes, &registry, &label) {
@@ -759,15 +899,21 @@ fn main() -> ExitCode {
             reference,
             json,
             report: report_dir,
+            allow_empty,
+            force,
         } => {
-            if let Some(p) = json.as_ref().filter(|p| p.is_dir()) {
-                return fail(&Error::input(format!(
-                    "--json {}: is a directory; give a file path",
-                    p.display()
-                )));
+            if let Err(e) = outputs_ready(
+                json.as_deref(),
+                report_dir.as_deref().map(|d| ("--report", d)),
+                force,
+            ) {
+                return fail(&e);
             }
             let merged = plan_selection(&cli.suites, &cases, &models, reference.as_deref())
                 .and_then(|(registry, planned)| {
+                    if planned.is_empty() && !allow_empty {
+                        return Err(nothing_selected("merge", &cases, &models));
+                    }
                     let found = quantgate::judge::merge::read_outcomes(&sources)?;
                     let pinned = |m: &str| registry.entry(m).ok()?.sha256.clone();
                     let merged = quantgate::judge::merge::merge(&planned, found, &pinned)?;

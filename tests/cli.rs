@@ -2,6 +2,8 @@
 //! (0 pass, 1 a case failed, 2 unusable input), messages that name the file
 //! and key, and the `--json` objects.
 
+mod common;
+
 use quantgate::engine::llama::LlamaEngine;
 use quantgate::engine::Engine;
 use quantgate::models::{ensure, Registry};
@@ -597,6 +599,414 @@ fn a_golden_recorded_with_other_engine_settings_is_another_experiment() {
     let _ = std::fs::remove_dir_all(&other);
 }
 
+/// One hostile GGUF among `--model './mix/*.gguf'` (README's form, `./`
+/// and all) fails only its own tests: a norm epsilon of −1 (which llama.cpp
+/// asserts on) is an input error naming the key, found by the preflight
+/// before llama.cpp sees it; an expert count llama.cpp aborts on
+/// (GGML_ASSERT, SIGABRT: the preflight does not check it) kills only its
+/// worker process, and its test says so with llama.cpp's last words. The
+/// good model's verdict, the table and `--json` are all still written.
+/// Before: exit 134, no table, no `--json`, every verdict lost.
+#[test]
+fn a_hostile_gguf_in_a_model_glob_fails_only_its_own_tests() {
+    use common::gguf_edit;
+    let root = suites("hostile");
+    std::fs::write(root.join("ppl/ok.toml"), case(128, "")).unwrap();
+    let mix = root.join("mix");
+    std::fs::create_dir_all(&mix).unwrap();
+    let good = std::fs::read(fixture_path()).unwrap();
+    std::fs::write(mix.join("a-good.gguf"), &good).unwrap();
+    let mut eps = good.clone();
+    gguf_edit::set_f32(&mut eps, "llama.attention.layer_norm_rms_epsilon", -1.0);
+    std::fs::write(mix.join("b-eps.gguf"), &eps).unwrap();
+    let moe = gguf_edit::with_u32(&good, "llama.expert_used_count", 1);
+    std::fs::write(mix.join("c-moe.gguf"), &moe).unwrap();
+    drop((good, eps, moe));
+    let json = root.join("out.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_quantgate"))
+        .current_dir(&root)
+        .args(["--suites", "."])
+        .args([
+            "run",
+            "--threads",
+            "1",
+            "ppl/ok.toml",
+            "--model",
+            "./mix/*.gguf",
+        ])
+        .arg("--json")
+        .arg(&json)
+        .env_remove("QUANTGATE_ISOLATION")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    // An input error among the outcomes: exit 2 (not 134).
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{stdout}
+{stderr}"
+    );
+    let outcomes: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let by_model = |m: &str| {
+        outcomes
+            .iter()
+            .find(|o| o["model"] == m)
+            .unwrap_or_else(|| panic!("no outcome for {m}: {outcomes:?}"))
+    };
+    assert_eq!(outcomes.len(), 3, "{outcomes:?}");
+    assert_eq!(by_model("a-good")["status"], "pass", "{stderr}");
+    assert!(by_model("a-good")["metrics"]["ppl"].as_f64().unwrap() > 1.0);
+    let eps = by_model("b-eps");
+    assert_eq!(eps["status"], "error");
+    let why = eps["error"].as_str().unwrap();
+    assert!(
+        why.contains("`llama.attention.layer_norm_rms_epsilon` = -1") && why.contains("b-eps.gguf"),
+        "{why}"
+    );
+    let moe = by_model("c-moe");
+    assert_eq!(moe["status"], "error");
+    let why = moe["error"].as_str().unwrap();
+    assert!(
+        why.contains("the worker process for model `c-moe`")
+            && why.contains("c-moe.gguf")
+            && why.contains("killed by signal 6 (SIGABRT)")
+            && why.contains("`ppl/ok::c-moe`")
+            && why.contains("GGML_ASSERT"),
+        "{why}"
+    );
+    // The table names all three.
+    for m in ["a-good", "b-eps", "c-moe"] {
+        assert!(stdout.contains(m), "{m} missing from the table:\n{stdout}");
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// A failing case's outcome never becomes a pass by an edit.
+/// Keyless: `merge` and `report --json` compute the paired metrics again
+/// from the outcome's own per-window series and refuse one that disagrees
+/// (delta_nll_mean −0.9 merged into a pass before), and judge every status
+/// again (an edited `"status": "pass"` was reported as a pass). With a
+/// signing key: every outcome carries a MAC; an edit, even one that keeps
+/// the series consistent, or an unsigned file, is refused naming the file.
+/// The result cache: an entry edited and sealed again (its trailing sha256
+/// recomputed, as anyone can) is not used; the trial runs and fails.
+#[test]
+fn an_edited_outcome_or_cache_entry_never_becomes_a_pass() {
+    let root = suites("forged");
+    let reg = Registry::load(&repo().join("suites/models.toml")).unwrap();
+    let f16 = reg.entry("smollm2-f16").unwrap().sha256.clone().unwrap();
+    let registry = std::fs::read_to_string(root.join("models.toml")).unwrap();
+    std::fs::write(
+        root.join("models.toml"),
+        format!(
+            "{registry}\n[ref]\nsha256 = \"{f16}\"\npath = \"{}\"\n",
+            registry_file("smollm2-f16").display()
+        ),
+    )
+    .unwrap();
+    // Q4_1 against F16: ΔNLL > 0, so a gate of ≤ −0.5 fails.
+    let gate = "reference = \"ref\"\n[[gate]]\nmetric = \"delta_nll_mean\"\nmax = -0.5\n";
+    let text = case(128, "").replace("chunks = 2", "chunks = 4");
+    let (head, tail) = text.split_once("[text]").unwrap();
+    std::fs::write(
+        root.join("ppl/paired.toml"),
+        format!("{head}{gate}[text]{tail}"),
+    )
+    .unwrap();
+    let cache = root.join("cache");
+    let cmd = |key: Option<&str>, args: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_quantgate"));
+        c.arg("--suites").arg(&root).args(args);
+        c.env("QUANTGATE_CACHE", &cache)
+            .env("XDG_CONFIG_HOME", root.join("config"))
+            .env_remove("QUANTGATE_SIGNING_KEY_FILE");
+        match key {
+            Some(k) => c.env("QUANTGATE_SIGNING_KEY", k),
+            None => c.env_remove("QUANTGATE_SIGNING_KEY"),
+        };
+        let out = c.output().unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let path = |name: &str| root.join(name).to_str().unwrap().to_string();
+    let (code, log) = cmd(
+        None,
+        &[
+            "run",
+            "--threads",
+            "1",
+            "ppl/paired.toml",
+            "--json",
+            &path("a.json"),
+        ],
+    );
+    assert_eq!(code, 1, "the honest run fails its gate:\n{log}");
+    let honest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("a.json")).unwrap()).unwrap();
+    assert!(honest[0].get("mac").is_none(), "no key, no MAC");
+    let mean = honest[0]["metrics"]["delta_nll_mean"].as_f64().unwrap();
+    assert!(mean > 0.0, "{mean}");
+    let write = |name: &str, v: &serde_json::Value| {
+        std::fs::write(root.join(name), serde_json::to_string_pretty(v).unwrap()).unwrap();
+    };
+    let sel = ["--case", "ppl/paired.toml"];
+    // Keyless, the headline edited: refused by merge and by report --json.
+    let mut forged = honest.clone();
+    forged[0]["metrics"]["delta_nll_mean"] = (-0.9).into();
+    forged[0]["status"] = "pass".into();
+    write("forged.json", &forged);
+    let (code, log) = cmd(None, &[&["merge", &path("forged.json")], &sel[..]].concat());
+    assert_eq!(code, 2, "{log}");
+    assert!(
+        log.contains("forged.json") && log.contains("delta_nll_mean = -0.9 but its 4 windows give"),
+        "{log}"
+    );
+    let (code, log) = cmd(
+        None,
+        &[
+            "report",
+            "--json",
+            &path("forged.json"),
+            "--out",
+            &path("r1"),
+        ],
+    );
+    assert_eq!(code, 2, "{log}");
+    assert!(log.contains("disagree with its own per-window"), "{log}");
+    // Keyless, only the status edited: judged again, it fails.
+    let mut status_only = honest.clone();
+    status_only[0]["status"] = "pass".into();
+    write("status.json", &status_only);
+    let (code, log) = cmd(None, &[&["merge", &path("status.json")], &sel[..]].concat());
+    assert_eq!(code, 1, "{log}");
+    let (code, log) = cmd(
+        None,
+        &[
+            "report",
+            "--json",
+            &path("status.json"),
+            "--out",
+            &path("r2"),
+        ],
+    );
+    assert_eq!(code, 0, "{log}");
+    let md = std::fs::read_to_string(root.join("r2/report.md")).unwrap();
+    assert!(
+        md.contains("**FAIL**") && !md.contains("pass (1 gates)"),
+        "{md}"
+    );
+    // With a key: signed outcomes; a consistent forgery (series and all
+    // metrics rewritten, which a keyless merge cannot tell) is refused.
+    let key = "0123456789abcdef0123456789abcdef";
+    let (code, log) = cmd(
+        Some(key),
+        &[
+            "run",
+            "--threads",
+            "1",
+            "ppl/paired.toml",
+            "--json",
+            &path("signed.json"),
+            "--no-cache",
+        ],
+    );
+    assert_eq!(code, 1, "{log}");
+    let signed: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("signed.json")).unwrap()).unwrap();
+    assert!(signed[0]["mac"]
+        .as_str()
+        .unwrap()
+        .starts_with("hmac-sha256:"));
+    let (code, log) = cmd(
+        Some(key),
+        &[&["merge", &path("signed.json")], &sel[..]].concat(),
+    );
+    assert_eq!(
+        code, 1,
+        "the signed, honest outcome merges (and fails):\n{log}"
+    );
+    let mut consistent = signed.clone();
+    let shifted: Vec<f64> = signed[0]["series"]["delta_nll_per_window"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap() - 10.0)
+        .collect();
+    consistent[0]["series"]["delta_nll_per_window"] = serde_json::json!(shifted);
+    for m in ["delta_nll_mean", "delta_nll_ci95_lo", "delta_nll_ci95_hi"] {
+        let v = signed[0]["metrics"][m].as_f64().unwrap() - 10.0;
+        consistent[0]["metrics"][m] = v.into();
+    }
+    write("consistent.json", &consistent);
+    let (code, log) = cmd(
+        Some(key),
+        &[&["merge", &path("consistent.json")], &sel[..]].concat(),
+    );
+    assert_eq!(code, 2, "{log}");
+    assert!(
+        log.contains("consistent.json: item 0: its MAC does not verify"),
+        "{log}"
+    );
+    let (code, log) = cmd(Some(key), &[&["merge", &path("a.json")], &sel[..]].concat());
+    assert_eq!(code, 2, "{log}");
+    assert!(log.contains("a.json: item 0: carries no MAC"), "{log}");
+    let (code, log) = cmd(Some("short"), &["models"]);
+    assert_eq!(code, 2, "{log}");
+    assert!(
+        log.contains("QUANTGATE_SIGNING_KEY: a signing key of 5 bytes is too short"),
+        "{log}"
+    );
+    // The result cache: the keyless run above recorded the trial; its
+    // entry forged and sealed again is not taken.
+    let results: Vec<PathBuf> = std::fs::read_dir(cache.join("results"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "qgresult"))
+        .collect();
+    assert_eq!(results.len(), 1, "{results:?}");
+    let (code, log) = cmd(None, &["run", "--threads", "1", "ppl/paired.toml"]);
+    assert_eq!(code, 1, "{log}");
+    assert!(log.contains("result from the result cache"), "{log}");
+    let sealed = std::fs::read(&results[0]).unwrap();
+    let body = String::from_utf8(sealed[..sealed.len() - 32].to_vec()).unwrap();
+    let mut entry: serde_json::Value = serde_json::from_str(&body).unwrap();
+    entry["metrics"]["delta_nll_mean"] = (-0.9).into();
+    let mut reseal = serde_json::to_vec(&entry).unwrap();
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(&reseal);
+    reseal.extend_from_slice(&digest);
+    std::fs::write(&results[0], &reseal).unwrap();
+    let (code, log) = cmd(None, &["run", "--threads", "1", "ppl/paired.toml"]);
+    assert_eq!(code, 1, "a forged entry must not pass:\n{log}");
+    assert!(
+        !log.contains("result from the result cache")
+            && log.contains("is unusable (its MAC does not verify"),
+        "{log}"
+    );
+    // `report` from the cache matches the reference by content: the run
+    // above recorded the trial again; `ref` pinned to another file (as
+    // `models pin` does after a file is replaced) is another reference,
+    // and its old result is not reported (it was, matched by alias).
+    let (code, log) = cmd(None, &["report", "ppl/paired.toml", "--out", &path("r3")]);
+    assert_eq!(code, 0, "the recorded result is reported:\n{log}");
+    let q8 = reg.entry("smollm2-q8_0").unwrap().sha256.clone().unwrap();
+    std::fs::write(
+        root.join("models.toml"),
+        format!(
+            "{registry}\n[ref]\nsha256 = \"{q8}\"\npath = \"{}\"\n",
+            registry_file("smollm2-q8_0").display()
+        ),
+    )
+    .unwrap();
+    let (code, log) = cmd(None, &["report", "ppl/paired.toml", "--out", &path("r4")]);
+    assert_eq!(code, 2, "{log}");
+    assert!(
+        log.contains("no verified result in the result cache"),
+        "{log}"
+    );
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// Input the hostile-input sweep found taken, each refused before any model
+/// loads, exit 2, naming the flag, variable, file or key: `--threads 0`
+/// (became 1), a `QUANTGATE_CACHE` that is a file (every trial errored,
+/// exit 1), a `models.lock` that is a folder or garbage (exit 1), a case
+/// file named `k::one` (reported as case `k`), a model listed twice (ran
+/// twice), random bytes named as a model (pinned into `models.lock`
+/// first), an unknown `QUANTGATE_ISOLATION`, an unwritable `--json`.
+#[test]
+fn weak_inputs_are_refused_before_running_naming_what_is_wrong() {
+    let root = suites("weak");
+    std::fs::write(root.join("ppl/ok.toml"), case(128, "")).unwrap();
+    let refused = |envs: &[(&str, &str)], args: &[&str], says: &str| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_quantgate"));
+        c.arg("--suites").arg(&root).args(args);
+        for (k, v) in envs {
+            c.env(k, v);
+        }
+        let out = c.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        let at = err.find(says);
+        assert!(at.is_some(), "{args:?}: wanted `{says}` in:\n{err}");
+        assert!(
+            at < Some(err.find("quantgate: running").unwrap_or(usize::MAX)),
+            "said only after running: {err}"
+        );
+    };
+    refused(
+        &[],
+        &["run", "--threads", "0"],
+        "--threads 0: give at least 1",
+    );
+    let file = root.join("ppl/ok.toml");
+    refused(
+        &[("QUANTGATE_CACHE", file.to_str().unwrap())],
+        &["run", "ppl/ok.toml"],
+        "QUANTGATE_CACHE=",
+    );
+    refused(
+        &[("QUANTGATE_ISOLATION", "sometimes")],
+        &["run", "ppl/ok.toml"],
+        "QUANTGATE_ISOLATION: `sometimes` is not one of off, model, group, test",
+    );
+    refused(
+        &[],
+        &[
+            "run",
+            "ppl/ok.toml",
+            "--json",
+            file.join("a.json").to_str().unwrap(),
+        ],
+        "is not a directory",
+    );
+    // Random bytes named as a model: refused, and never pinned.
+    let junk = root.join("junk.gguf");
+    std::fs::write(&junk, [7u8; 4096]).unwrap();
+    refused(
+        &[],
+        &["run", "ppl/ok.toml", "--model", junk.to_str().unwrap()],
+        "junk.gguf",
+    );
+    assert!(
+        std::fs::read_to_string(root.join("models.lock")).map_or(true, |l| !l.contains("junk")),
+        "random bytes were pinned"
+    );
+    // A model listed twice in a case; a case file named with `::`.
+    std::fs::write(
+        root.join("ppl/twice.toml"),
+        case(128, "").replace("models = [\"tiny\"]", "models = [\"tiny\", \"tiny\"]"),
+    )
+    .unwrap();
+    refused(
+        &[],
+        &["run", "ppl/twice.toml"],
+        "models: `tiny` is listed twice",
+    );
+    std::fs::remove_file(root.join("ppl/twice.toml")).unwrap();
+    std::fs::write(root.join("ppl/k::one.toml"), case(128, "")).unwrap();
+    refused(&[], &["run", "ppl/k::one.toml"], "cannot hold `::`");
+    std::fs::remove_file(root.join("ppl/k::one.toml")).unwrap();
+    // models.lock as a folder, then as garbage.
+    let lock = root.join("models.lock");
+    let _ = std::fs::remove_file(&lock);
+    std::fs::create_dir_all(&lock).unwrap();
+    refused(&[], &["models"], "models.lock");
+    std::fs::remove_dir(&lock).unwrap();
+    std::fs::write(&lock, "\u{0}\u{1} not toml [[[").unwrap();
+    refused(&[], &["models"], "models.lock");
+    let _ = std::fs::remove_dir_all(&root);
+}
+
 /// A filter that selects no case × model is an error, not a green run; bad
 /// output paths are refused before any model loads, naming the flag.
 #[test]
@@ -621,6 +1031,62 @@ fn empty_selections_and_bad_output_paths_exit_two_before_running() {
     );
     let (code, _, stderr) = run(&root, &["ppl/ok.toml", "--model", "other", "--allow-empty"]);
     assert_eq!(code, 0, "{stderr}");
+    // merge and report: the same selection is the same error (they said
+    // "0 passed, 0 failed" and wrote an empty report, exit 0).
+    let empty = root.join("no-shards");
+    std::fs::create_dir_all(&empty).unwrap();
+    let sel = ["--case", "ppl/ok.toml", "--model", "other"];
+    let (code, _, stderr) = quantgate(
+        &root,
+        &[&["merge", empty.to_str().unwrap()], &sel[..]].concat(),
+    );
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("nothing to merge: ppl/ok.toml with --model other selects no case × model"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = quantgate(
+        &root,
+        &[
+            &["merge", empty.to_str().unwrap()],
+            &sel[..],
+            &["--allow-empty"],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let report_dir = root.join("report");
+    let (code, _, stderr) = quantgate(
+        &root,
+        &[
+            "report",
+            "ppl/ok.toml",
+            "--model",
+            "other",
+            "--out",
+            report_dir.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("nothing to report: ppl/ok.toml with --model other"),
+        "{stderr}"
+    );
+    assert!(!report_dir.exists(), "an empty report was written");
+    let empty_json = root.join("empty.json");
+    std::fs::write(&empty_json, "[]").unwrap();
+    let (code, _, stderr) = quantgate(
+        &root,
+        &[
+            "report",
+            "--json",
+            empty_json.to_str().unwrap(),
+            "--out",
+            report_dir.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("hold no outcome"), "{stderr}");
     let (code, _, stderr) = run(&root, &["--json", root.to_str().unwrap()]);
     assert_eq!(code, 2, "{stderr}");
     assert!(
@@ -939,6 +1405,17 @@ fn a_folder_of_own_ggufs_is_gated_and_reported_in_one_command() {
         4,
         "two frontiers, ΔNLL per window, KL distribution"
     );
+    // The report folder holds a report now: a rerun into it refuses
+    // before any work, unless --force (it overwrote silently before).
+    let (code, _, stderr) = quantgate(&suites, &args);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr
+            .contains("holds a report already (report.md, report.csv, report.html); pass --force")
+            && !stderr.contains("running"),
+        "{stderr}"
+    );
+    let args = [&args[..], &["--force"]].concat();
     // Unchanged rerun: nothing pinned again, the lock is byte-identical.
     let (code, _, stderr) = quantgate(&suites, &args);
     assert_eq!(code, 1, "{stderr}");
@@ -971,6 +1448,41 @@ fn a_folder_of_own_ggufs_is_gated_and_reported_in_one_command() {
     let _ = std::fs::remove_dir_all(&root);
 }
 
+/// README's prerequisites line names exactly the packages `.ci/run`
+/// installs: a newcomer who follows README has what CI has (chromium was
+/// missing from README once, and only CI's own install hid it).
+#[test]
+fn prerequisites_are_one_list_in_readme_and_ci() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let line = readme
+        .lines()
+        .take(20)
+        .find(|l| l.starts_with("Prerequisites"))
+        .expect("README's first lines hold a `Prerequisites` line");
+    let readme_list: std::collections::BTreeSet<&str> = line
+        .split_once("apt-get install ")
+        .expect("the prerequisites line says `apt-get install …`")
+        .1
+        .split('`')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    let ci = std::fs::read_to_string(repo().join(".ci/run")).unwrap();
+    let ci_list: std::collections::BTreeSet<&str> = ci
+        .lines()
+        .find_map(|l| l.strip_prefix("prerequisites=\""))
+        .expect(".ci/run sets prerequisites=\"…\"")
+        .trim_end_matches('"')
+        .split_whitespace()
+        .collect();
+    assert!(readme_list.contains("chromium"), "{line}");
+    assert_eq!(
+        readme_list, ci_list,
+        "README.md's prerequisites and .ci/run's differ"
+    );
+}
+
 /// The HTML report renders in a real browser: headless Chromium (Debian's
 /// `chromium`, as CI installs it; `QUANTGATE_CHROMIUM` names another)
 /// screenshots a report of three models, and every model's colour is drawn
@@ -983,7 +1495,7 @@ fn the_html_report_renders_its_plots_in_chromium() {
         std::env::var("QUANTGATE_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
     assert!(
         Path::new(&chromium).is_file(),
-        "{chromium} is missing: install Debian's chromium (apt-get install chromium), as .ci/run does"
+        "{chromium} is missing: install Debian's chromium (apt-get install chromium), README's prerequisites"
     );
     let dir = std::env::temp_dir().join(format!("qg-html-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);

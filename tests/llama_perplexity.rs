@@ -156,6 +156,7 @@ fn kept_scores(
                 windows: plan.windows.len(),
                 targets: plan.targets(),
                 token_stream_sha256: plan.token_stream_sha256.clone(),
+                settings: None,
             };
             Ok((header, scored))
         })

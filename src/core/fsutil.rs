@@ -193,6 +193,58 @@ pub fn rel_slash(root: &Path, path: &Path) -> String {
         .join("/")
 }
 
+/// Prove that folder `dir` (given as `flag` on the command line) can be
+/// written, or made where it does not exist yet: a temp file of our own is
+/// made and removed in it, or in its nearest existing ancestor (nothing is
+/// left behind, no folder made). An output path that cannot be used is
+/// found before any work.
+pub fn writable_dir(flag: &str, dir: &Path) -> Result<()> {
+    let bad = |e: std::io::Error| {
+        Error::input(format!("{flag} {}: cannot write there: {e}", dir.display()))
+    };
+    if dir.exists() && !dir.is_dir() {
+        return Err(Error::input(format!(
+            "{flag} {}: exists and is not a directory",
+            dir.display()
+        )));
+    }
+    let mut probe = dir;
+    while !probe.exists() {
+        probe = match probe.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+    }
+    if !probe.is_dir() {
+        return Err(Error::input(format!(
+            "{flag} {}: {} is not a directory",
+            dir.display(),
+            probe.display()
+        )));
+    }
+    tempfile::Builder::new()
+        .prefix(".quantgate-probe-")
+        .tempfile_in(probe)
+        .map(drop)
+        .map_err(bad)
+}
+
+/// Whether file `path` (given as `flag`) can be written: not a folder,
+/// and its folder can be written or made ([`writable_dir`]).
+pub fn writable_file(flag: &str, path: &Path) -> Result<()> {
+    if path.is_dir() {
+        return Err(Error::input(format!(
+            "{flag} {}: is a directory; give a file path",
+            path.display()
+        )));
+    }
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    writable_dir(flag, parent)
+}
+
 /// Write `bytes` to `dest` atomically.
 pub fn write_atomic(dest: &Path, bytes: &[u8]) -> Result<()> {
     let mut tmp = temp_beside(dest)?;

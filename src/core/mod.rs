@@ -2,6 +2,7 @@
 //! engine [`Settings`], errors and diagnostics, file helpers. Contract: no
 //! module here imports a stage; every stage may import this one.
 
+pub mod auth;
 pub mod case;
 pub mod error;
 pub mod fsutil;

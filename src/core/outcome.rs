@@ -95,7 +95,7 @@ impl GateResult {
 }
 
 /// win, loss or tie.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Verdict {
     /// The win condition held.
@@ -131,7 +131,7 @@ impl Verdict {
 pub const PREREG_METRICS: &[&str] = &["prereg_outcome", "prereg_prediction_hit"];
 
 /// The recorded decision of a preregistered comparison.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Decision {
     /// The prereg file, as in the ledger.
     pub prereg: String,
@@ -233,7 +233,9 @@ pub struct Outcome {
     pub model: String,
     /// Verdict.
     pub status: Status,
-    /// Flat metric name → value.
+    /// Flat metric name → value (a NaN is written `null` and read back a
+    /// NaN: a gate on it fails, wherever the outcome was judged).
+    #[serde(deserialize_with = "null_as_nan")]
     pub metrics: BTreeMap<String, f64>,
     /// Gate verdicts.
     pub gates: Vec<GateResult>,
@@ -251,6 +253,10 @@ pub struct Outcome {
     /// The case's reference model alias, if it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reference: Option<String>,
+    /// The reference's pinned sha256: a cached result is matched to its
+    /// reference by content, never by alias alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference_sha256: Option<String>,
     /// Series the report plots, not compared with goldens (per-window
     /// ΔNLL: `delta_nll_per_window`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -285,6 +291,14 @@ pub struct Outcome {
     pub headline: Vec<String>,
 }
 
+/// Metrics from JSON, where serde_json writes a NaN as `null`.
+fn null_as_nan<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<String, f64>, D::Error> {
+    let m: BTreeMap<String, Option<f64>> = serde::Deserialize::deserialize(d)?;
+    Ok(m.into_iter()
+        .map(|(k, v)| (k, v.unwrap_or(f64::NAN)))
+        .collect())
+}
+
 impl Outcome {
     /// A new outcome of `case` on `model`, an error until a run says otherwise.
     pub fn new(case: &str, model: &str, build: EngineBuild) -> Self {
@@ -300,6 +314,7 @@ impl Outcome {
             case_sha256: None,
             token_stream_sha256: None,
             reference: None,
+            reference_sha256: None,
             series: BTreeMap::new(),
             settings: None,
             machine: None,

@@ -117,6 +117,22 @@ impl EngineOptions {
         EngineOptions::parse(r(0), r(1), r(2))
     }
 
+    /// The environment that gives a child process these options (a worker
+    /// runs under the options its parent was given, flags included).
+    pub fn to_env(&self) -> [(&'static str, String); 3] {
+        [
+            (
+                "QUANTGATE_N_GPU_LAYERS",
+                self.n_gpu_layers.map_or(String::new(), |n| n.to_string()),
+            ),
+            ("QUANTGATE_KV_TYPE", self.kv_type.clone()),
+            (
+                "QUANTGATE_FLASH_ATTN",
+                if self.flash_attn { "on" } else { "off" }.to_string(),
+            ),
+        ]
+    }
+
     /// Fix this process's options (before any setting is made); an error
     /// when other options were fixed already.
     pub fn install(o: EngineOptions) -> Result<()> {

@@ -31,6 +31,11 @@ pub struct RecordHeader {
     pub targets: usize,
     /// sha256 of the scored token stream.
     pub token_stream_sha256: String,
+    /// The engine settings that scored it (`Settings::describe`), in the
+    /// reference store's files: a file copied under another product's
+    /// name (another flash-attention or KV-cache setting) is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings: Option<String>,
 }
 
 /// One scored target of a reference record.

@@ -313,7 +313,7 @@ impl ReferenceStore {
             return Ok(s);
         }
         let (header, scored) = score()?;
-        write_sealed(&path, record_jsonl(&header, key.plan, &scored).into_bytes())?;
+        Self::write_scores(key, &path, &header, &scored)?;
         Ok(self.remember_scores(&id, &header, scored))
     }
 
@@ -374,8 +374,22 @@ impl ReferenceStore {
         scored: Scored,
     ) -> Result<Arc<Scored>> {
         let (id, path) = self.scores_file(key);
-        write_sealed(&path, record_jsonl(header, key.plan, &scored).into_bytes())?;
+        Self::write_scores(key, &path, header, &scored)?;
         Ok(self.remember_scores(&id, header, scored).scored.clone())
+    }
+
+    /// Write a scores file, its header naming the settings that scored it.
+    fn write_scores(
+        key: &ScoresKey,
+        path: &Path,
+        header: &RecordHeader,
+        scored: &Scored,
+    ) -> Result<()> {
+        let header = RecordHeader {
+            settings: Some(key.settings.describe()),
+            ..header.clone()
+        };
+        write_sealed(path, record_jsonl(&header, key.plan, scored).into_bytes())
     }
 
     /// A scores file: None when absent, the reason when it is not intact
@@ -393,6 +407,13 @@ impl ReferenceStore {
             return Err(format!(
                 "it is for another model or build ({} {}, expected {} {})",
                 h.model_sha256, h.build, key.model_sha256, key.build
+            ));
+        }
+        let want = key.settings.describe();
+        if h.settings.as_deref() != Some(want.as_str()) {
+            return Err(format!(
+                "it was scored under other settings ({}, expected {want})",
+                h.settings.as_deref().unwrap_or("none recorded")
             ));
         }
         Ok(Some((h, scored)))
@@ -808,6 +829,76 @@ mod tests {
                 Ok((64, "fp".to_string(), rows()))
             },
         )
+    }
+
+    /// A scores file is read only for the settings that scored it: one
+    /// copied under the name of the same product with flash attention on
+    /// (it was accepted, and moved ΔNLL) is unusable and scored again.
+    #[test]
+    fn a_scores_file_copied_under_another_settings_name_is_refused() {
+        use crate::execute::windows::{plan_windows, Windowing};
+        let d = tempfile::tempdir().unwrap();
+        let store = ReferenceStore::with_shipped(d.path().to_path_buf(), Ok(None));
+        let ids: Vec<crate::engine::TokenId> = (0..300).map(|i| (i % 50) as _).collect();
+        let w = Windowing::LlamaPerplexity {
+            n_ctx: 64,
+            chunks: Some(2),
+            skip: 0,
+        };
+        let plan = plan_windows(&ids, &w, Some(1)).unwrap();
+        let n = plan.targets();
+        let scored = || Scored {
+            windows: vec![
+                crate::measure::WindowNll {
+                    nll_sum: 1.5 * (n / 2) as f64,
+                    nll_sq_sum: 2.25 * (n / 2) as f64,
+                    count: n / 2,
+                    top1: 0,
+                };
+                2
+            ],
+            token_nll: vec![1.5; n],
+            token_top1: vec![false; n],
+            token_argmax: vec![0; n],
+            decode: std::time::Duration::ZERO,
+            measure: std::time::Duration::ZERO,
+        };
+        let header = RecordHeader {
+            quantgate_reference_record: 1,
+            model: "ref".into(),
+            model_sha256: "a".repeat(64),
+            build: "build".into(),
+            n_vocab: 64,
+            tokenizer_fingerprint: "fp".into(),
+            mode: "llama-perplexity".into(),
+            windows: 2,
+            targets: n,
+            token_stream_sha256: plan.token_stream_sha256.clone(),
+            settings: None,
+        };
+        let off = Settings::new(64, 1);
+        let on = Settings {
+            flash_attn: true,
+            ..off.clone()
+        };
+        let key = |settings| ScoresKey {
+            alias: "ref",
+            model_sha256: &header.model_sha256,
+            plan: &plan,
+            settings,
+            build: "build",
+            windowing: format!("{w:?}"),
+        };
+        store.put_scores(&key(&off), &header, scored()).unwrap();
+        let (_, off_file) = store.scores_file(&key(&off));
+        let (_, on_file) = store.scores_file(&key(&on));
+        assert_ne!(off_file, on_file);
+        assert!(ReferenceStore::load_scores(&key(&off), &off_file)
+            .unwrap()
+            .is_some());
+        std::fs::copy(&off_file, &on_file).unwrap();
+        let e = ReferenceStore::load_scores(&key(&on), &on_file).unwrap_err();
+        assert!(e.contains("scored under other settings"), "{e}");
     }
 
     /// A shipped folder is read first and never written; what it lacks is

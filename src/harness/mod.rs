@@ -22,10 +22,10 @@
 //! under nextest (a process per test already) workers are not used.
 
 mod trial;
-mod worker;
+pub mod worker;
 
 pub use trial::{group_verdicts, run_trial, Verdict};
-pub use worker::WORKER_ENV;
+pub use worker::{Executor, Isolation, Selection, WORKER_ENV};
 
 use crate::core::outcome::split_test_name;
 use crate::engine::Engine;
@@ -37,8 +37,8 @@ use libtest_mimic::{Arguments, Failed, Trial};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex, OnceLock};
-use worker::{Job, Worker};
+use std::sync::{Arc, OnceLock};
+use trial::harness_job;
 
 /// The package root at run time: `CARGO_MANIFEST_DIR` as cargo and nextest
 /// set it in the environment of the test binaries they run, else the working
@@ -55,7 +55,12 @@ pub fn project_root() -> PathBuf {
 /// process's arguments and environment.
 pub fn run_suites(suites: &Path, goldens: &Path, engine: Arc<dyn Engine>) -> ExitCode {
     if let Some(alias) = std::env::var_os(WORKER_ENV) {
-        return worker::worker(suites, goldens, engine, &alias.to_string_lossy());
+        let own = Selection {
+            suites: suites.to_path_buf(),
+            goldens: goldens.to_path_buf(),
+            ..Selection::default()
+        };
+        return worker::serve(&own, engine, &alias.to_string_lossy());
     }
     let args = Arguments::from_args();
     // What an interrupted run left: temp files of processes that are gone.
@@ -67,62 +72,13 @@ pub fn run_suites(suites: &Path, goldens: &Path, engine: Arc<dyn Engine>) -> Exi
     run_with_args(suites, goldens, engine, &args)
 }
 
-/// How trials are spread over worker processes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Isolation {
-    /// Everything in this process.
-    Off,
-    /// One worker per model, running that model's groups in turn.
-    Model,
-    /// One worker per group of tests that share a decode.
-    Group,
-    /// One worker per test, nothing shared.
-    Test,
-}
-
-/// `QUANTGATE_ISOLATION` = off | model | group | test (default group; off
-/// under nextest, which runs a process per test itself).
-fn isolation() -> Isolation {
+/// `QUANTGATE_ISOLATION` (default group); off under nextest, which runs a
+/// process per test itself.
+fn isolation() -> crate::core::Result<Isolation> {
     if std::env::var_os("NEXTEST").is_some() {
-        return Isolation::Off;
+        return Ok(Isolation::Off);
     }
-    match std::env::var("QUANTGATE_ISOLATION").as_deref() {
-        Ok("off") => Isolation::Off,
-        Ok("model") => Isolation::Model,
-        Ok("test") => Isolation::Test,
-        _ => Isolation::Group,
-    }
-}
-
-/// Where a group's job runs: this process, one worker process, or any
-/// idle worker process of a model.
-#[derive(Clone)]
-enum Executor {
-    InProcess(Arc<RunContext>),
-    Worker(Arc<Mutex<Worker>>),
-    Pool(Arc<WorkerPool>),
-}
-
-/// A model's worker processes: a job takes an idle one (or starts one) and
-/// gives it back when done, so that a process's start, the model's sha256
-/// check and its load are paid once for many jobs; a worker that died is
-/// not given back (its job's tests say why; the next job starts afresh).
-struct WorkerPool {
-    alias: String,
-    model_path: String,
-    idle: Mutex<Vec<Worker>>,
-}
-
-impl WorkerPool {
-    fn run(&self, job: &Job, threads: u32) -> Vec<(String, Verdict)> {
-        let taken = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        let mut w = taken.unwrap_or_else(|| Worker::new(&self.alias, self.model_path.clone()));
-        let verdicts = w.run(job, threads);
-        if !w.is_dead() {
-            self.idle.lock().unwrap_or_else(|e| e.into_inner()).push(w);
-        }
-        verdicts
-    }
+    Isolation::from_env()
 }
 
 /// What every test closure shares: the plan, its groups and their verdicts.
@@ -150,35 +106,15 @@ impl Shared {
                 self.run_group(a, self.executors[g].as_ref().unwrap_or(via));
             }
             let exec = self.executors[g].as_ref().unwrap_or(via);
-            let names = |ix: &[usize]| -> Vec<String> {
-                ix.iter().map(|&i| self.planned[i].name.clone()).collect()
-            };
-            let verdicts: Vec<(String, Verdict)> = match exec {
-                Executor::InProcess(cx) => {
-                    let run: Vec<&Planned> = grp.trials.iter().map(|&i| &self.planned[i]).collect();
-                    let provide: Vec<&Planned> =
-                        grp.provides.iter().map(|&i| &self.planned[i]).collect();
-                    names(&grp.trials)
-                        .into_iter()
-                        .zip(group_verdicts(cx, &run, &provide, &self.goldens, self.mode))
-                        .collect()
-                }
-                Executor::Worker(w) => {
-                    let job = Job {
-                        run: names(&grp.trials),
-                        provide: names(&grp.provides),
-                    };
-                    let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
-                    w.run(&job, self.threads)
-                }
-                Executor::Pool(pool) => {
-                    let job = Job {
-                        run: names(&grp.trials),
-                        provide: names(&grp.provides),
-                    };
-                    pool.run(&job, self.threads)
-                }
-            };
+            let run: Vec<&Planned> = grp.trials.iter().map(|&i| &self.planned[i]).collect();
+            let provide: Vec<&Planned> = grp.provides.iter().map(|&i| &self.planned[i]).collect();
+            let job = harness_job(&run, &provide);
+            let ran = exec.run(&run, &provide, &job, &self.goldens.dir, self.threads);
+            let verdicts: Vec<(String, Verdict)> = job
+                .run
+                .into_iter()
+                .zip(trial::verdicts(&run, ran, &self.goldens, self.mode))
+                .collect();
             for (_, v) in &verdicts {
                 self.counts.record(&v.0, v.1);
             }
@@ -207,16 +143,22 @@ pub fn run_with_args(
     // Engine options and the shipped reference folder from the environment,
     // checked before anything runs: a bad value fails every test rather than
     // run under other settings.
-    if let Err(e) = crate::core::EngineOptions::from_env()
+    let checked = crate::core::EngineOptions::from_env()
         .and_then(crate::core::EngineOptions::install)
         .and_then(|()| crate::execute::reference::shipped_from_env().map(|_| ()))
-    {
-        let trials = planned
-            .iter()
-            .map(|p| failing(&p.name, e.message.clone()))
-            .collect();
-        return libtest_mimic::run(args, trials).exit_code();
-    }
+        .and_then(|()| crate::core::auth::signing_key().map(|_| ()))
+        .and_then(|()| crate::models::check_cache_dir())
+        .and_then(|()| isolation());
+    let isolation = match checked {
+        Ok(i) => i,
+        Err(e) => {
+            let trials = planned
+                .iter()
+                .map(|p| failing(&p.name, e.message.clone()))
+                .collect();
+            return libtest_mimic::run(args, trials).exit_code();
+        }
+    };
     let mode = match golden::update_mode() {
         Ok(m) => m,
         Err(e) => {
@@ -239,7 +181,6 @@ pub fn run_with_args(
     let n_planned = planned.len();
     let orphans = orphan_trial(suites, &goldens, &planned);
     let threads = threads_per_trial(concurrent);
-    let isolation = isolation();
     // Groups of the tests this run selects (a filtered-out test is neither
     // run nor given reference work).
     let selected: Vec<bool> = planned
@@ -247,51 +188,13 @@ pub fn run_with_args(
         .map(|p| !args.is_filtered_out(&Trial::test(p.name.clone(), || Ok(()))))
         .collect();
     let groups = groups(&planned, &selected, isolation != Isolation::Test);
-    let label = engine.build().label();
     let runner = Arc::new(RunContext::new(registry, engine, threads));
-    let model_path = |alias: &str| {
-        runner
-            .registry()
-            .location(alias, &label)
-            .map(|l| l.display().to_string())
-            .unwrap_or_else(|_| "?".into())
-    };
-    let mut workers: HashMap<String, Arc<Mutex<Worker>>> = HashMap::new();
-    let mut pools: HashMap<String, Arc<WorkerPool>> = HashMap::new();
-    let executors = groups
-        .iter()
-        .enumerate()
-        .map(|(g, grp)| {
-            if grp.reference_only() {
-                return None;
-            }
-            Some(match isolation {
-                Isolation::Off => Executor::InProcess(runner.clone()),
-                Isolation::Group => Executor::Pool(
-                    pools
-                        .entry(grp.model.clone())
-                        .or_insert_with(|| {
-                            Arc::new(WorkerPool {
-                                alias: grp.model.clone(),
-                                model_path: model_path(&grp.model),
-                                idle: Mutex::new(Vec::new()),
-                            })
-                        })
-                        .clone(),
-                ),
-                _ => {
-                    let key = match isolation {
-                        Isolation::Model => grp.model.clone(),
-                        _ => format!("group {g}"),
-                    };
-                    let w = workers.entry(key).or_insert_with(|| {
-                        Arc::new(Mutex::new(Worker::new(&grp.model, model_path(&grp.model))))
-                    });
-                    Executor::Worker(w.clone())
-                }
-            })
-        })
-        .collect();
+    let selection = Arc::new(Selection {
+        suites: suites.to_path_buf(),
+        goldens: goldens.dir.clone(),
+        ..Selection::default()
+    });
+    let executors = worker::executors(isolation, &groups, &runner, &selection, false);
     let group_of: HashMap<usize, usize> = groups
         .iter()
         .enumerate()

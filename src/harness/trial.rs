@@ -5,8 +5,9 @@
 use crate::core::Status;
 use crate::execute::RunContext;
 use crate::golden::{self, Goldens, UpdateMode};
+use crate::harness::worker::{run_here, GroupRun, Job};
 use crate::plan::Planned;
-use std::path::Path;
+use std::path::PathBuf;
 
 /// A test's verdict: Ok or the whole failure message, and whether the case
 /// could not run at all (an error, as opposed to a violated gate or a
@@ -26,9 +27,26 @@ pub fn run_trial(
         .0
 }
 
-/// Run a group of trials that share a decode, with the reference work of
-/// `provides` folded in, from the result cache where it holds them; one
-/// verdict per trial of `group`, in order.
+/// The job of a group under `cargo test`: the result cache as the
+/// environment says, and per-position rows and outcomes written under
+/// `QUANTGATE_OUT` when it names a folder (what `quantgate merge` reads
+/// from shards).
+pub fn harness_job(group: &[&Planned], provides: &[&Planned]) -> Job {
+    let out = std::env::var_os("QUANTGATE_OUT")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from);
+    Job {
+        run: group.iter().map(|p| p.name.clone()).collect(),
+        provide: provides.iter().map(|p| p.name.clone()).collect(),
+        cache: crate::judge::cache::enabled(),
+        rows: out.clone(),
+        outcomes: out,
+    }
+}
+
+/// Run a group of trials that share a decode in this process, with the
+/// reference work of `provides` folded in, from the result cache where it
+/// holds them; one verdict per trial of `group`, in order.
 pub fn group_verdicts(
     runner: &RunContext,
     group: &[&Planned],
@@ -36,40 +54,34 @@ pub fn group_verdicts(
     goldens: &Goldens,
     mode: UpdateMode,
 ) -> Vec<Verdict> {
-    let (outcomes, work) = crate::judge::trials(
-        runner,
-        group,
-        provides,
-        &goldens.dir,
-        crate::judge::cache::enabled(),
-    );
+    let job = harness_job(group, provides);
+    let ran = run_here(runner, group, provides, &goldens.dir, &job);
+    verdicts(group, ran, goldens, mode)
+}
+
+/// The verdicts of a group's run, wherever it ran: each trial's gates,
+/// error, files not written and golden, in `group`'s order.
+pub fn verdicts(
+    group: &[&Planned],
+    ran: GroupRun,
+    goldens: &Goldens,
+    mode: UpdateMode,
+) -> Vec<Verdict> {
     // Reference work that failed is not a test's failure: the trials that
     // need it build it themselves, or say why they cannot.
-    for f in &work.failed {
+    for f in &ran.work.failed {
         eprintln!("quantgate: reference work failed: {f}");
     }
-    outcomes
-        .iter()
+    ran.outcomes
+        .into_iter()
         .zip(group)
-        .map(|(outcome, p)| {
+        .map(|((outcome, unwritten), p)| {
             let errored = outcome.status == Status::Error;
             let mut messages: Vec<String> = outcome.failure_message().into_iter().collect();
-            // Per-position rows and the outcome as JSON (what `quantgate
-            // merge` reads from shards), when asked for (`QUANTGATE_OUT=DIR`).
-            if let Some(dir) = std::env::var_os("QUANTGATE_OUT").filter(|d| !d.is_empty()) {
-                let dir = Path::new(&dir);
-                for written in [
-                    crate::report::write_parquet(dir, outcome),
-                    crate::report::write_outcome_json(dir, outcome),
-                ] {
-                    if let Err(e) = written {
-                        messages.push(e.message);
-                    }
-                }
-            }
+            messages.extend(unwritten);
             if let Ok(parsed) = &p.case {
                 let source = format!("suites/{}.toml", parsed.case.name);
-                if let Err(m) = golden::check(outcome, &parsed.case, &source, goldens, mode) {
+                if let Err(m) = golden::check(&outcome, &parsed.case, &source, goldens, mode) {
                     messages.push(m);
                 }
             }

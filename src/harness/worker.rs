@@ -1,123 +1,232 @@
-//! Worker processes: a group of trials that share a decode (or, with
-//! `QUANTGATE_ISOLATION=model`, each of a model's groups in turn) run in a
-//! child process — this executable re-run with `QUANTGATE_WORKER=<alias>` —
-//! the job (the trials to run, the trials whose reference work to do) as one
-//! JSON line on its stdin, a result line per trial on its stdout, then a
-//! done line. A worker that dies (llama.cpp aborts on some inputs) fails the
-//! tests of its job with the signal, the model, its file and the case.
+//! Where a group of trials runs: in this process, or in a worker process
+//! (this executable run again with `QUANTGATE_WORKER=<alias>`), so that a
+//! llama.cpp abort (GGML_ASSERT) fails only the trials of its job. Both
+//! `quantgate run` and the `cargo test` harness run groups through an
+//! [`Executor`]; a worker answers with whole outcomes, the same a group run
+//! in this process gives.
+//!
+//! Protocol: the parent starts the worker with the selection to plan
+//! (`QUANTGATE_WORKER_PLAN`, JSON: suites, goldens, patterns, models,
+//! overrides) and the engine options in its environment; each job (the
+//! trials to run, the trials whose reference work to do, whether the
+//! result cache is used, where to write rows) is one JSON line on its
+//! stdin; the answer is a result line per trial, a work line, then a done
+//! line on its stdout. Its stderr passes through, its last lines kept: a
+//! worker that dies fails the trials of its job with the signal, the model,
+//! its file, the case and llama.cpp's last words.
 
+use crate::core::outcome::split_test_name;
+use crate::core::{Decision, EngineBuild, EngineOptions, Outcome, Status};
 use crate::engine::Engine;
 use crate::execute::{threads_per_trial, RunContext};
-use crate::golden::{self, Goldens};
-use crate::harness::trial::{group_verdicts, Verdict};
-use crate::plan::plan;
+pub use crate::judge::GroupRun;
+use crate::plan::parse::Overrides;
+use crate::plan::Planned;
+use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, ExitCode, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-/// The environment variable that makes this executable a worker.
+/// The environment variable that makes an executable a worker.
 pub const WORKER_ENV: &str = "QUANTGATE_WORKER";
+/// The selection a worker plans (JSON [`Selection`]).
+const PLAN_ENV: &str = "QUANTGATE_WORKER_PLAN";
 /// Prefix of a worker's result lines (anything else on stdout is ignored).
 const RESULT: &str = "QUANTGATE-RESULT ";
+/// Prefix of the line with a job's reference work.
+const WORK: &str = "QUANTGATE-WORK ";
 /// The line that ends a job's answer.
 const DONE: &str = "QUANTGATE-DONE";
+/// How many of a worker's last stderr lines a death report quotes.
+const LAST_WORDS: usize = 6;
 
-/// One job: trials run together, and trials whose reference work is done
-/// in the same decode.
+/// What a process plans: the same tests in the parent and its workers.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct Selection {
+    /// The suites directory.
+    pub suites: PathBuf,
+    /// The goldens directory.
+    pub goldens: PathBuf,
+    /// Case patterns (empty: every case).
+    pub patterns: Vec<String>,
+    /// Model filter.
+    pub models: Vec<String>,
+    /// The command line's models and reference, resolved to aliases.
+    pub overrides: Overrides,
+}
+
+impl Selection {
+    /// The plan of this selection.
+    pub fn plan(&self) -> crate::core::Result<(crate::models::Registry, Vec<Planned>)> {
+        crate::plan::plan_with(&self.suites, &self.patterns, &self.models, &self.overrides)
+    }
+}
+
+/// One job: trials run together, trials whose reference work is done in
+/// the same decode, and what is done with their outcomes.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Job {
     /// Test names to run (one result line each).
     pub run: Vec<String>,
     /// Test names whose reference products to build.
     pub provide: Vec<String>,
+    /// Read and write the result cache.
+    pub cache: bool,
+    /// Write each outcome's Parquet rows (and plots) under this folder.
+    pub rows: Option<PathBuf>,
+    /// Write each outcome's JSON under this folder (a shard's outcomes).
+    pub outcomes: Option<PathBuf>,
 }
 
-/// Worker mode: run the jobs that arrive on stdin; answer each trial with a
-/// result line, each job with a done line.
-pub fn worker(suites: &Path, goldens: &Path, engine: Arc<dyn Engine>, alias: &str) -> ExitCode {
-    // The whole plan: a job may do reference work for other models' trials.
-    let (registry, planned) = match plan(suites, &[], &[]) {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("quantgate worker `{alias}`: {}", e.message);
-            return ExitCode::from(2);
-        }
+/// A trial's outcome as a worker sends it: the outcome's JSON leaves out
+/// what only this process needs, so those fields travel beside it.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Reply {
+    name: String,
+    outcome: Outcome,
+    input_error: bool,
+    headline: Vec<String>,
+    prereg: Option<Decision>,
+    unwritten: Vec<String>,
+}
+
+/// Run a group in this process: the trials, then their files.
+pub fn run_here(
+    cx: &RunContext,
+    group: &[&Planned],
+    provides: &[&Planned],
+    goldens: &Path,
+    job: &Job,
+) -> GroupRun {
+    let (outcomes, work) = crate::judge::trials(cx, group, provides, goldens, job.cache);
+    let outcomes = outcomes
+        .into_iter()
+        .map(|o| {
+            let mut unwritten = Vec::new();
+            if let Some(dir) = &job.rows {
+                if let Err(e) = crate::report::write_parquet(dir, &o) {
+                    unwritten.push(e.message);
+                }
+            }
+            if let Some(dir) = &job.outcomes {
+                if let Err(e) = crate::report::write_outcome_json(dir, &o) {
+                    unwritten.push(e.message);
+                }
+            }
+            (o, unwritten)
+        })
+        .collect();
+    GroupRun { outcomes, work }
+}
+
+/// Worker mode: plan what the parent planned (its selection, else
+/// `fallback`'s suites), then run the jobs that arrive on stdin, answering
+/// each trial with a result line and each job with a work and a done line.
+pub fn serve(fallback: &Selection, engine: Arc<dyn Engine>, alias: &str) -> ExitCode {
+    let said = |why: String| {
+        eprintln!("quantgate worker `{alias}`: {why}");
+        ExitCode::from(2)
     };
+    let selection = match std::env::var(PLAN_ENV) {
+        Ok(json) => match serde_json::from_str::<Selection>(&json) {
+            Ok(s) => s,
+            Err(e) => return said(format!("{PLAN_ENV}: {e}")),
+        },
+        Err(_) => fallback.clone(),
+    };
+    // The whole plan: a job may do reference work for other models' trials.
+    let (registry, planned) = match selection.plan() {
+        Ok(p) => p,
+        Err(e) => return said(e.message),
+    };
+    if let Err(e) = EngineOptions::from_env().and_then(EngineOptions::install) {
+        return said(e.message);
+    }
     let threads = std::env::var("QUANTGATE_WORKER_THREADS")
         .ok()
         .and_then(|t| t.parse().ok())
         .unwrap_or_else(|| threads_per_trial(1));
     let runner = RunContext::new(registry, engine, threads);
-    let goldens = Goldens::new(goldens.to_path_buf());
-    let mode = match golden::update_mode() {
-        Ok(m) => m,
-        Err(e) => {
-            eprintln!("quantgate worker `{alias}`: {}", e.message);
-            return ExitCode::from(2);
-        }
-    };
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
     for line in stdin.lock().lines() {
         let Ok(line) = line else { break };
         let job: Job = match serde_json::from_str(&line) {
             Ok(j) => j,
-            Err(e) => {
-                eprintln!("quantgate worker `{alias}`: unreadable job `{line}`: {e}");
-                return ExitCode::from(2);
-            }
+            Err(e) => return said(format!("unreadable job `{line}`: {e}")),
         };
         let find = |n: &String| planned.iter().find(|p| p.name == *n);
         let provide: Vec<_> = job.provide.iter().filter_map(find).collect();
-        let (known, unknown): (Vec<&String>, Vec<&String>) =
-            job.run.iter().partition(|n| find(n).is_some());
-        let group: Vec<_> = known.iter().filter_map(|n| find(n)).collect();
-        let mut replies: Vec<(String, Verdict)> = known
-            .iter()
-            .map(|n| n.to_string())
-            .zip(group_verdicts(&runner, &group, &provide, &goldens, mode))
-            .collect();
-        for n in unknown {
-            replies.push((
-                n.clone(),
-                (
-                    Err(format!("worker `{alias}`: no planned test `{n}`")),
-                    true,
-                ),
-            ));
+        let group: Vec<_> = job.run.iter().filter_map(find).collect();
+        if group.len() != job.run.len() {
+            let unknown: Vec<&String> = job.run.iter().filter(|n| find(n).is_none()).collect();
+            return said(format!("no planned test {unknown:?}"));
         }
-        for (name, (result, errored)) in replies {
-            let reply =
-                serde_json::json!({ "name": name, "error": result.err(), "errored": errored });
-            if writeln!(out, "{RESULT}{reply}").is_err() {
+        let ran = run_here(&runner, &group, &provide, &selection.goldens, &job);
+        for (name, (o, unwritten)) in job.run.iter().zip(ran.outcomes) {
+            let reply = Reply {
+                name: name.clone(),
+                input_error: o.input_error,
+                headline: o.headline.clone(),
+                prereg: o.prereg.clone(),
+                outcome: o,
+                unwritten,
+            };
+            let line = serde_json::to_string(&reply).expect("an outcome serialises");
+            if writeln!(out, "{RESULT}{line}").is_err() {
                 return ExitCode::SUCCESS;
             }
         }
-        if writeln!(out, "{DONE}").and_then(|()| out.flush()).is_err() {
+        let work = serde_json::to_string(&ran.work).expect("work serialises");
+        if writeln!(out, "{WORK}{work}\n{DONE}")
+            .and_then(|()| out.flush())
+            .is_err()
+        {
             break;
         }
     }
     ExitCode::SUCCESS
 }
 
+/// A running worker: its pipes and the reader that keeps its last words.
+struct Process {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    stderr: Option<std::thread::JoinHandle<()>>,
+}
+
 /// One worker process, started on first use.
 pub struct Worker {
     alias: String,
     model_path: String,
-    proc: Option<(Child, ChildStdin, BufReader<ChildStdout>)>,
+    selection: Arc<Selection>,
+    build: EngineBuild,
+    proc: Option<Process>,
+    /// The worker's last stderr lines.
+    last_words: Arc<Mutex<VecDeque<String>>>,
     /// Why the worker is gone, once it died.
     dead: Option<String>,
 }
 
 impl Worker {
-    /// A worker for model `alias` (its file `model_path`, for messages),
-    /// started on first use.
-    pub fn new(alias: &str, model_path: String) -> Self {
+    /// A worker for model `alias` (its file `model_path`, for messages)
+    /// that plans `selection`, started on first use; `build` is the engine
+    /// build its error outcomes name.
+    pub fn new(
+        alias: &str,
+        model_path: String,
+        selection: Arc<Selection>,
+        build: EngineBuild,
+    ) -> Self {
         Worker {
             alias: alias.to_string(),
             model_path,
+            selection,
+            build,
             proc: None,
+            last_words: Arc::default(),
             dead: None,
         }
     }
@@ -127,17 +236,12 @@ impl Worker {
         self.dead.is_some()
     }
 
-    /// Run `job`: a verdict per trial of `job.run`, by name (a dead worker's
-    /// are errors).
-    pub fn run(&mut self, job: &Job, threads: u32) -> Vec<(String, Verdict)> {
-        let mut answered: Vec<(String, Verdict)> = Vec::new();
-        if let Err(why) = self.run_inner(job, threads, &mut answered) {
-            let left: Vec<&String> = job
-                .run
-                .iter()
-                .filter(|n| !answered.iter().any(|(a, _)| a == *n))
-                .collect();
-            for name in left {
+    /// Run `job`: an outcome per trial of `job.run`, in order (a dead
+    /// worker's are errors that say why).
+    pub fn run(&mut self, job: &Job, threads: u32) -> GroupRun {
+        let mut ran = GroupRun::default();
+        if let Err(why) = self.run_inner(job, threads, &mut ran) {
+            for name in job.run.iter().skip(ran.outcomes.len()) {
                 let with = if job.run.len() > 1 {
                     format!(
                         " (one decode with {})",
@@ -151,107 +255,308 @@ impl Worker {
                 } else {
                     String::new()
                 };
-                answered.push((
-                    name.clone(),
-                    (Err(why.replace("{name}", &format!("`{name}`{with}"))), true),
-                ));
+                let (case, model) = split_test_name(name);
+                let mut o = Outcome::new(case, model, self.build.clone());
+                o.status = Status::Error;
+                o.error = Some(why.replace("{name}", &format!("`{name}`{with}")));
+                ran.outcomes.push((o, Vec::new()));
             }
         }
-        answered
+        ran
     }
 
-    /// Answers go into `answered`; an Err is why the rest were not
-    /// answered, with `{name}` where the unanswered trial's name goes.
-    fn run_inner(
-        &mut self,
-        job: &Job,
-        threads: u32,
-        answered: &mut Vec<(String, Verdict)>,
-    ) -> Result<(), String> {
+    fn start(&mut self, threads: u32) -> Result<(), String> {
+        let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+        let plan = serde_json::to_string(&*self.selection).expect("a selection serialises");
+        let mut child = Command::new(exe)
+            .env(WORKER_ENV, &self.alias)
+            .env(PLAN_ENV, plan)
+            .env("QUANTGATE_WORKER_THREADS", threads.to_string())
+            .envs(EngineOptions::current().to_env())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("starting the worker for `{}`: {e}", self.alias))?;
+        let stdin = child.stdin.take().expect("piped stdin");
+        let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+        let stderr = child.stderr.take().expect("piped stderr");
+        let last = self.last_words.clone();
+        // Its stderr passes through, line by line; the last lines are kept.
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                eprintln!("{line}");
+                let mut l = last.lock().unwrap_or_else(|e| e.into_inner());
+                if l.len() == LAST_WORDS {
+                    l.pop_front();
+                }
+                l.push_back(line);
+            }
+        });
+        self.proc = Some(Process {
+            child,
+            stdin,
+            stdout,
+            stderr: Some(reader),
+        });
+        Ok(())
+    }
+
+    /// Answers go into `ran`; an Err is why the rest were not answered,
+    /// with `{name}` where the unanswered trial's name goes.
+    fn run_inner(&mut self, job: &Job, threads: u32, ran: &mut GroupRun) -> Result<(), String> {
         if let Some(why) = &self.dead {
             return Err(format!("not run: {why}"));
         }
         if self.proc.is_none() {
-            let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-            let mut child = Command::new(exe)
-                .env(WORKER_ENV, &self.alias)
-                .env("QUANTGATE_WORKER_THREADS", threads.to_string())
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .map_err(|e| format!("starting the worker for `{}`: {e}", self.alias))?;
-            let stdin = child.stdin.take().expect("piped stdin");
-            let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
-            self.proc = Some((child, stdin, stdout));
+            self.start(threads)?;
         }
-        let (child, stdin, stdout) = self.proc.as_mut().expect("started above");
+        let p = self.proc.as_mut().expect("started above");
         let line = serde_json::to_string(job).expect("a job serialises");
-        let sent = writeln!(stdin, "{line}").and_then(|()| stdin.flush());
+        let sent = writeln!(p.stdin, "{line}").and_then(|()| p.stdin.flush());
         let mut line = String::new();
         loop {
             line.clear();
             let n = if sent.is_ok() {
-                stdout.read_line(&mut line).unwrap_or(0)
+                p.stdout.read_line(&mut line).unwrap_or(0)
             } else {
                 0
             };
             if n == 0 {
-                // The worker is gone: say how, and fail the rest of its work.
-                let status = child.wait().map(|s| describe_exit(&s));
-                let why = format!(
-                    "the worker process for model `{}` ({}) {}",
-                    self.alias,
-                    self.model_path,
-                    status.unwrap_or_else(|e| format!("could not be waited for ({e})"))
-                );
-                let first = job
-                    .run
-                    .iter()
-                    .find(|n| !answered.iter().any(|(a, _)| a == *n))
-                    .map(|n| format!("`{n}`"))
-                    .unwrap_or_else(|| format!("the reference work of {}", job.provide.join(", ")));
-                self.proc = None;
-                self.dead = Some(format!("{why} while running {first}"));
-                return Err(format!(
-                    "{why} while running {{name}}; the tests left on this worker are not run, the other tests still run"
-                ));
+                return Err(self.died(job, ran));
             }
             let line = line.trim_end();
             if line == DONE {
                 return Ok(());
             }
-            if let Some(json) = line.strip_prefix(RESULT) {
-                let v: serde_json::Value = serde_json::from_str(json)
-                    .map_err(|e| format!("unreadable worker result `{json}`: {e}"))?;
-                let Some(name) = v["name"]
-                    .as_str()
-                    .filter(|n| job.run.iter().any(|r| r == n))
-                else {
+            if let Some(json) = line.strip_prefix(WORK) {
+                ran.work = serde_json::from_str(json)
+                    .map_err(|e| format!("unreadable worker work line `{json}`: {e}"))?;
+            } else if let Some(json) = line.strip_prefix(RESULT) {
+                let r: Reply = serde_json::from_str(json)
+                    .map_err(|e| format!("unreadable worker result: {e}"))?;
+                if job.run.get(ran.outcomes.len()) != Some(&r.name) {
                     return Err(format!(
-                        "worker answered for {} instead of {{name}}",
-                        v["name"]
+                        "worker answered for `{}` instead of {{name}}",
+                        r.name
                     ));
-                };
-                let errored = v["errored"].as_bool() != Some(false);
-                let verdict = match v["error"].as_str() {
-                    None if v["error"].is_null() => (Ok(()), errored),
-                    None => return Err(format!("unreadable worker result `{json}`")),
-                    Some(m) => (Err(m.to_string()), errored),
-                };
-                answered.push((name.to_string(), verdict));
+                }
+                let mut o = r.outcome;
+                o.input_error = r.input_error;
+                o.headline = r.headline;
+                o.prereg = r.prereg;
+                ran.outcomes.push((o, r.unwritten));
             }
         }
+    }
+
+    /// The worker is gone: how, and its last words; it runs nothing more.
+    fn died(&mut self, job: &Job, ran: &GroupRun) -> String {
+        let mut p = self.proc.take().expect("a process that died");
+        let status = p.child.wait().map(|s| describe_exit(&s));
+        if let Some(reader) = p.stderr.take() {
+            let _ = reader.join();
+        }
+        let why = format!(
+            "the worker process for model `{}` ({}) {}",
+            self.alias,
+            self.model_path,
+            status.unwrap_or_else(|e| format!("could not be waited for ({e})"))
+        );
+        let first = job
+            .run
+            .get(ran.outcomes.len())
+            .map(|n| format!("`{n}`"))
+            .unwrap_or_else(|| format!("the reference work of {}", job.provide.join(", ")));
+        let words: Vec<String> = self
+            .last_words
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+            .collect();
+        let last = if words.is_empty() {
+            String::new()
+        } else {
+            format!("; its last words:\n    {}", words.join("\n    "))
+        };
+        self.dead = Some(format!("{why} while running {first}"));
+        format!(
+            "{why} while running {{name}}; the tests left on this worker are not run, the other \
+             tests still run{last}"
+        )
     }
 }
 
 impl Drop for Worker {
     fn drop(&mut self) {
-        if let Some((mut child, stdin, _)) = self.proc.take() {
-            drop(stdin); // EOF: the worker finishes and exits
-            let _ = child.wait();
+        if let Some(mut p) = self.proc.take() {
+            drop(p.stdin); // EOF: the worker finishes and exits
+            let _ = p.child.wait();
+            if let Some(reader) = p.stderr.take() {
+                let _ = reader.join();
+            }
         }
     }
+}
+
+/// A model's worker processes: a job takes an idle one (or starts one) and
+/// gives it back when done, so that a process's start, the model's sha256
+/// check and its load are paid once for many jobs; a worker that died is
+/// not given back (its job's tests say why; the next job starts afresh).
+pub struct WorkerPool {
+    alias: String,
+    model_path: String,
+    selection: Arc<Selection>,
+    build: EngineBuild,
+    idle: Mutex<Vec<Worker>>,
+}
+
+impl WorkerPool {
+    fn run(&self, job: &Job, threads: u32) -> GroupRun {
+        let taken = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut w = taken.unwrap_or_else(|| {
+            Worker::new(
+                &self.alias,
+                self.model_path.clone(),
+                self.selection.clone(),
+                self.build.clone(),
+            )
+        });
+        let ran = w.run(job, threads);
+        if !w.is_dead() {
+            self.idle.lock().unwrap_or_else(|e| e.into_inner()).push(w);
+        }
+        ran
+    }
+}
+
+/// How trials are spread over worker processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    /// Everything in this process.
+    Off,
+    /// One worker per model, running that model's groups in turn.
+    Model,
+    /// One worker per group of tests that share a decode (idle workers of
+    /// a model are reused).
+    Group,
+    /// One worker per test, nothing shared.
+    Test,
+}
+
+impl Isolation {
+    /// `QUANTGATE_ISOLATION` = off | model | group | test (default group);
+    /// another value is an error naming the variable.
+    pub fn from_env() -> crate::core::Result<Isolation> {
+        match std::env::var("QUANTGATE_ISOLATION").as_deref() {
+            Err(_) | Ok("") | Ok("group") => Ok(Isolation::Group),
+            Ok("off") => Ok(Isolation::Off),
+            Ok("model") => Ok(Isolation::Model),
+            Ok("test") => Ok(Isolation::Test),
+            Ok(v) => Err(crate::core::Error::input(format!(
+                "QUANTGATE_ISOLATION: `{v}` is not one of off, model, group, test"
+            ))),
+        }
+    }
+}
+
+/// Where a group's job runs: this process, one worker process, or any
+/// idle worker process of a model.
+#[derive(Clone)]
+pub enum Executor {
+    /// In this process.
+    InProcess(Arc<RunContext>),
+    /// In one worker process (of a model, or of the group alone).
+    Worker(Arc<Mutex<Worker>>),
+    /// In any idle worker process of the group's model.
+    Pool(Arc<WorkerPool>),
+}
+
+impl Executor {
+    /// Run a group: `group` and `provides` are its planned trials; `job`
+    /// names them (by test name) with what is done with their outcomes.
+    pub fn run(
+        &self,
+        group: &[&Planned],
+        provides: &[&Planned],
+        job: &Job,
+        goldens: &Path,
+        threads: u32,
+    ) -> GroupRun {
+        match self {
+            Executor::InProcess(cx) => run_here(cx, group, provides, goldens, job),
+            Executor::Worker(w) => w
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .run(job, threads),
+            Executor::Pool(pool) => pool.run(job, threads),
+        }
+    }
+}
+
+/// The executor of each group, as `isolation` says; with
+/// `reference_only_too` false, None for a group of reference work alone
+/// (which then runs where the group that needs it runs).
+pub fn executors(
+    isolation: Isolation,
+    groups: &[crate::plan::groups::Group],
+    runner: &Arc<RunContext>,
+    selection: &Arc<Selection>,
+    reference_only_too: bool,
+) -> Vec<Option<Executor>> {
+    let build = runner.engine().build();
+    let label = build.label();
+    let model_path = |alias: &str| {
+        runner
+            .registry()
+            .location(alias, &label)
+            .map(|l| l.display().to_string())
+            .unwrap_or_else(|_| "?".into())
+    };
+    let mut workers: std::collections::HashMap<String, Arc<Mutex<Worker>>> = Default::default();
+    let mut pools: std::collections::HashMap<String, Arc<WorkerPool>> = Default::default();
+    groups
+        .iter()
+        .enumerate()
+        .map(|(g, grp)| {
+            if grp.reference_only() && !reference_only_too {
+                return None;
+            }
+            Some(match isolation {
+                Isolation::Off => Executor::InProcess(runner.clone()),
+                Isolation::Group => Executor::Pool(
+                    pools
+                        .entry(grp.model.clone())
+                        .or_insert_with(|| {
+                            Arc::new(WorkerPool {
+                                alias: grp.model.clone(),
+                                model_path: model_path(&grp.model),
+                                selection: selection.clone(),
+                                build: build.clone(),
+                                idle: Mutex::new(Vec::new()),
+                            })
+                        })
+                        .clone(),
+                ),
+                Isolation::Model | Isolation::Test => {
+                    let key = match isolation {
+                        Isolation::Model => grp.model.clone(),
+                        _ => format!("group {g}"),
+                    };
+                    let w = workers.entry(key).or_insert_with(|| {
+                        Arc::new(Mutex::new(Worker::new(
+                            &grp.model,
+                            model_path(&grp.model),
+                            selection.clone(),
+                            build.clone(),
+                        )))
+                    });
+                    Executor::Worker(w.clone())
+                }
+            })
+        })
+        .collect()
 }
 
 /// `exited with status 3` / `was killed by signal 6 (SIGABRT)`.

@@ -5,6 +5,7 @@
 //! anew), and used only after every pinned input of its trial is
 //! re-verified.
 
+use crate::core::auth;
 use crate::core::outcome::split_test_name;
 use crate::core::Outcome;
 use crate::execute::RunContext;
@@ -90,39 +91,73 @@ fn lookup(runner: &RunContext, p: &Planned) -> Option<(PathBuf, Outcome)> {
     let path = entry(runner, p)?;
     let o =
         read_entry(&path).filter(|o| o.case == split_test_name(&p.name).0 && o.model == p.model)?;
-    let case = &p.case.as_ref().ok()?.case;
-    runner.verify_inputs(case, &p.model).ok()?;
+    let parsed = p.case.as_ref().ok()?;
+    if let Err(why) = parsed.kind.recheck(&o) {
+        eprintln!(
+            "quantgate: result cache entry {} is unusable ({why}); running the trial",
+            path.display()
+        );
+        return None;
+    }
+    runner.verify_inputs(&parsed.case, &p.model).ok()?;
     Some((path, o))
 }
 
 /// Record a trial's outcome (what its kind measured). Best effort: a result
 /// that cannot be cached is still a result.
 pub fn write(runner: &RunContext, p: &Planned, o: &Outcome) {
-    if let (Some(path), Ok(json)) = (entry(runner, p), serde_json::to_vec(o)) {
-        let _ = crate::core::fsutil::write_sealed(&path, json);
+    let (Some(path), Some(key)) = (entry(runner, p), auth::result_cache_key()) else {
+        return;
+    };
+    if let Ok(mut value) = serde_json::to_value(o) {
+        auth::sign(&mut value, key);
+        if let Ok(json) = serde_json::to_vec(&value) {
+            let _ = crate::core::fsutil::write_sealed(&path, json);
+        }
     }
 }
 
-/// A recorded outcome, when the entry is intact (sealed) and parses; a
-/// damaged entry is reported and the trial runs again.
+/// A recorded outcome, when the entry is intact (sealed), authentic (its
+/// MAC verifies with the result-cache key) and parses; a damaged or forged
+/// entry is reported and the trial runs again.
 fn read_entry(path: &std::path::Path) -> Option<Outcome> {
-    let bytes = match crate::core::fsutil::read_sealed(path) {
-        Ok(b) => b?,
-        Err(why) => {
-            eprintln!(
-                "quantgate: result cache entry {} is unusable ({why}); running the trial",
-                path.display()
-            );
-            return None;
-        }
+    let unusable = |why: String| {
+        eprintln!(
+            "quantgate: result cache entry {} is unusable ({why}); running the trial",
+            path.display()
+        );
     };
-    serde_json::from_slice(&bytes).ok()
+    match authentic(path) {
+        Ok(o) => o,
+        Err(why) => {
+            unusable(why);
+            None
+        }
+    }
+}
+
+/// The outcome an entry holds: Ok(None) when there is no entry (or no key
+/// to authenticate one); Err(why) when it is damaged, forged or unreadable.
+fn authentic(path: &std::path::Path) -> Result<Option<Outcome>, String> {
+    let Some(key) = auth::result_cache_key() else {
+        return Ok(None);
+    };
+    let Some(bytes) = crate::core::fsutil::read_sealed(path)? else {
+        return Ok(None);
+    };
+    let mut value: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| format!("not JSON: {e}"))?;
+    auth::verify(&mut value, key)?;
+    serde_json::from_value(value)
+        .map(Some)
+        .map_err(|e| format!("not an outcome: {e}"))
 }
 
 /// The newest recorded outcome of a planned trial by any build of
 /// quantgate (`quantgate report` after `cargo test`: the test binary's
 /// entries), judged by the case's gates: an entry of the same case bytes,
-/// model and reference, whose pinned inputs verify again. A preregistered
+/// model file and reference file (by sha256), whose pinned inputs verify
+/// again. A preregistered
 /// case is not answered (its decision needs its ledger checked by a run).
 pub fn latest(runner: &RunContext, p: &Planned) -> Option<Outcome> {
     let parsed = p.case.as_ref().ok()?;
@@ -133,6 +168,12 @@ pub fn latest(runner: &RunContext, p: &Planned) -> Option<Outcome> {
     let (name, model) = (split_test_name(&p.name).0, p.model.as_str());
     let model_sha = runner.registry().entry(model).ok()?.sha256.clone()?;
     let reference = case.reference.as_ref().map(|r| r.0.clone());
+    // The reference by content: a file replaced and pinned again under the
+    // same alias is another reference, and its old results are not taken.
+    let reference_sha = match &reference {
+        Some(r) => Some(runner.registry().entry(r).ok()?.sha256.clone()?),
+        None => None,
+    };
     let dir = crate::models::cache_dir().join("results");
     // A speed result counts only on the machine it was measured on.
     let here = parsed.kind.measures_speed().then(|| runner.machine());
@@ -142,19 +183,23 @@ pub fn latest(runner: &RunContext, p: &Planned) -> Option<Outcome> {
         if path.extension().is_none_or(|x| x != "qgresult") {
             continue;
         }
-        let Some(o) = crate::core::fsutil::read_sealed(&path)
-            .ok()
-            .flatten()
-            .and_then(|b| serde_json::from_slice::<Outcome>(&b).ok())
-        else {
+        let Some(o) = authentic(&path).ok().flatten() else {
             continue;
         };
+        if let Err(why) = parsed.kind.recheck(&o) {
+            eprintln!(
+                "quantgate: result cache entry {} is unusable ({why}); not reported",
+                path.display()
+            );
+            continue;
+        }
         let same = o.case == name
             && o.model == model
             && here.as_ref().is_none_or(|m| m.is_some() && *m == o.machine)
             && o.case_sha256.as_deref() == Some(case.content_sha256.as_str())
             && o.model_sha256.as_deref() == Some(model_sha.as_str())
-            && o.reference == reference;
+            && o.reference == reference
+            && o.reference_sha256 == reference_sha;
         let when = e.metadata().and_then(|m| m.modified()).ok()?;
         if same && best.as_ref().is_none_or(|(t, _)| when > *t) {
             best = Some((when, o));
@@ -172,7 +217,7 @@ mod tests {
     use crate::core::Status;
 
     /// Every single-byte edit of an entry makes it unusable, never a
-    /// different outcome.
+    /// different outcome; so does an edit sealed again, or a missing MAC.
     #[test]
     fn an_edited_entry_is_never_read_back() {
         let dir = std::env::temp_dir().join(format!("qg-result-entry-{}", std::process::id()));
@@ -182,11 +227,31 @@ mod tests {
         o.status = Status::Pass;
         o.metrics.insert("ppl".into(), 31.25);
         o.metrics.insert("windows".into(), 16.0);
-        let json = serde_json::to_vec(&o).unwrap();
-        crate::core::fsutil::write_sealed(&path, json).unwrap();
+        let key = auth::result_cache_key().expect("a result-cache key");
+        let mut value = serde_json::to_value(&o).unwrap();
+        auth::sign(&mut value, key);
+        let json = serde_json::to_vec(&value).unwrap();
+        crate::core::fsutil::write_sealed(&path, json.clone()).unwrap();
         let good = std::fs::read(&path).unwrap();
         let back = read_entry(&path).unwrap();
         assert_eq!(back.metrics, o.metrics);
+        // Edited and sealed again (the trailing sha256 recomputed, as
+        // anyone can): the MAC refuses it. So does an entry with no MAC.
+        let forged = String::from_utf8(json)
+            .unwrap()
+            .replace("\"ppl\":31.25", "\"ppl\":3.25");
+        assert!(forged.contains("3.25"));
+        crate::core::fsutil::write_sealed(&path, forged.into_bytes()).unwrap();
+        assert_eq!(
+            authentic(&path).unwrap_err(),
+            format!(
+                "its MAC does not verify with the signing key ({}): the file was edited, or \
+                 written under another key",
+                key.source
+            )
+        );
+        crate::core::fsutil::write_sealed(&path, serde_json::to_vec(&o).unwrap()).unwrap();
+        assert!(authentic(&path).unwrap_err().contains("carries no MAC"));
         let mut rng = crate::measure::SplitMix64(7);
         for _ in 0..300 {
             let mut bad = good.clone();

@@ -7,7 +7,10 @@
 //! planned test has exactly one outcome; an outcome of a test the selection
 //! does not plan, of another version of its case or of another model file,
 //! two builds, or one case run under two settings, is an error naming the
-//! tests and files — all problems listed at once. Each outcome's gates are
+//! tests and files — all problems listed at once. With a signing key
+//! (`core::auth`) every outcome must carry a MAC that verifies; with or
+//! without one, each outcome's metrics must agree with what it carries to
+//! compute them again from (`Kind::recheck`). Each outcome's gates are
 //! evaluated anew from the case (a preregistered decision is not read back:
 //! it needs the ledger, checked by the shard that ran it).
 
@@ -45,6 +48,7 @@ pub fn read_outcomes(sources: &[PathBuf]) -> Result<Vec<(PathBuf, Outcome)>> {
             }
         }
     }
+    let key = crate::core::auth::signing_key()?;
     let mut out = Vec::new();
     for f in files {
         let text = std::fs::read_to_string(&f).map_err(|e| Error::io(&f, e))?;
@@ -54,7 +58,14 @@ pub fn read_outcomes(sources: &[PathBuf]) -> Result<Vec<(PathBuf, Outcome)>> {
             serde_json::Value::Array(v) => v,
             v => vec![v],
         };
-        for (i, v) in items.into_iter().enumerate() {
+        for (i, mut v) in items.into_iter().enumerate() {
+            // With a signing key, only outcomes written under it are taken.
+            if let Some(key) = key {
+                crate::core::auth::verify(&mut v, key)
+                    .map_err(|why| Error::input(format!("{}: item {i}: {why}", f.display())))?;
+            } else if let serde_json::Value::Object(m) = &mut v {
+                m.remove(crate::core::auth::MAC_FIELD);
+            }
             let o: Outcome = serde_json::from_value(v).map_err(|e| {
                 Error::input(format!(
                     "{}: item {i}: not a quantgate outcome: {e}",
@@ -182,6 +193,22 @@ pub fn merge(
                     o.case_sha256.as_deref().unwrap_or("none"),
                     parsed.case.content_sha256
                 ));
+            }
+            if let Some((r, _)) = &parsed.case.reference {
+                let want = pinned(r);
+                if want.is_some() && o.reference_sha256 != want {
+                    problems.push(format!(
+                        "{} ({}) ran against another file of its reference `{r}` (sha256 {}, \
+                         pinned {})",
+                        p.name,
+                        file.display(),
+                        o.reference_sha256.as_deref().unwrap_or("not recorded"),
+                        want.as_deref().unwrap_or("none")
+                    ));
+                }
+            }
+            if let Err(why) = parsed.kind.recheck(&o) {
+                problems.push(format!("{} ({}): {why}", p.name, file.display()));
             }
             if let (Some(want), Some(got)) = (pinned(&p.model), o.model_sha256.as_deref()) {
                 if want != got {

@@ -35,12 +35,9 @@ pub fn trial(cx: &RunContext, p: &Planned, goldens: &Path) -> Outcome {
         .expect("one outcome per trial")
 }
 
-/// Run every planned trial, grouped by observation (`plan::groups`), each
-/// group after the groups whose references it reads, `jobs` groups at a
-/// time (each on `cx`'s threads): `progress` hears each group's test names
-/// (none for reference work alone) and how many trials it builds references
-/// for, `done` each outcome as it is judged. The outcomes in plan order, and
-/// the reference work per model (model, seconds, products built).
+/// Run every planned trial in this process, grouped by observation
+/// (`plan::groups`), each group after the groups whose references it reads,
+/// `jobs` groups at a time (each on `cx`'s threads), as [`run_groups`] does.
 pub fn run_plan(
     cx: &RunContext,
     planned: &[Planned],
@@ -50,9 +47,39 @@ pub fn run_plan(
     progress: &mut (dyn FnMut(&[&str], usize) + Send),
     done: &mut (dyn FnMut(&Outcome) + Send),
 ) -> (Vec<Outcome>, Vec<(String, f64, usize)>) {
-    use std::sync::{Condvar, Mutex};
     let everything = vec![true; planned.len()];
     let groups = crate::plan::groups::groups(planned, &everything, true);
+    let exec = |_: usize, run: &[&Planned], provides: &[&Planned]| {
+        let (outcomes, work) = trials(cx, run, provides, goldens, cache);
+        GroupRun {
+            outcomes: outcomes.into_iter().map(|o| (o, Vec::new())).collect(),
+            work,
+        }
+    };
+    run_groups(planned, &groups, jobs, &exec, progress, &mut |o, _| done(o))
+}
+
+/// Runs one group, wherever: its index, its trials, the trials whose
+/// reference work it does.
+pub type RunGroup<'a> = dyn Fn(usize, &[&Planned], &[&Planned]) -> GroupRun + Sync + 'a;
+
+/// Run every planned trial in its group (`groups`, from `plan::groups`),
+/// each group after the groups whose references it reads, `jobs` groups at
+/// a time, each through `exec` (the group's index, its trials, the trials
+/// whose reference work it does; in this process or a worker): `progress`
+/// hears each group's test names (none for reference work alone) and how
+/// many trials it builds references for, `done` each outcome as it is
+/// judged, with what could not be written of it. The outcomes in plan
+/// order, and the reference work per model (model, seconds, products built).
+pub fn run_groups(
+    planned: &[Planned],
+    groups: &[crate::plan::groups::Group],
+    jobs: usize,
+    exec: &RunGroup<'_>,
+    progress: &mut (dyn FnMut(&[&str], usize) + Send),
+    done: &mut (dyn FnMut(&Outcome, &[String]) + Send),
+) -> (Vec<Outcome>, Vec<(String, f64, usize)>) {
+    use std::sync::{Condvar, Mutex};
     // A group that measures the machine's speed runs with nothing beside it.
     let alone: Vec<bool> = groups
         .iter()
@@ -71,7 +98,7 @@ pub fn run_plan(
         by_index: Vec<Option<Outcome>>,
         reference_work: Vec<(String, f64, usize)>,
         progress: &'a mut (dyn FnMut(&[&str], usize) + Send),
-        done: &'a mut (dyn FnMut(&Outcome) + Send),
+        done: &'a mut (dyn FnMut(&Outcome, &[String]) + Send),
     }
     let board = Mutex::new(Board {
         state: vec![0; groups.len()],
@@ -85,7 +112,7 @@ pub fn run_plan(
         let g = {
             let mut b = board.lock().unwrap_or_else(|p| p.into_inner());
             loop {
-                let ready = next_group(&b.state, &groups, &alone);
+                let ready = next_group(&b.state, groups, &alone);
                 match ready {
                     Some(g) => {
                         b.state[g] = 1;
@@ -118,7 +145,10 @@ pub fn run_plan(
         let grp = &groups[g];
         let run: Vec<&Planned> = grp.trials.iter().map(|&i| &planned[i]).collect();
         let provides: Vec<&Planned> = grp.provides.iter().map(|&i| &planned[i]).collect();
-        let (outs, work) = trials(cx, &run, &provides, goldens, cache);
+        let GroupRun {
+            outcomes: outs,
+            work,
+        } = exec(g, &run, &provides);
         let mut b = board.lock().unwrap_or_else(|p| p.into_inner());
         for f in &work.failed {
             eprintln!("quantgate: reference work failed: {f}");
@@ -130,8 +160,8 @@ pub fn run_plan(
                 work.built.len(),
             ));
         }
-        for (&i, o) in grp.trials.iter().zip(outs) {
-            (b.done)(&o);
+        for (&i, (o, unwritten)) in grp.trials.iter().zip(outs) {
+            (b.done)(&o, &unwritten);
             b.by_index[i] = Some(o);
         }
         b.state[g] = 2;
@@ -177,8 +207,18 @@ pub fn build_references(cx: &RunContext, planned: &[Planned], goldens: &Path) ->
     trials(cx, &[], &all, goldens, false).1
 }
 
+/// A group's run, wherever it ran: an outcome per trial (in the group's
+/// order) with the errors of writing its files, and the reference work.
+#[derive(Debug, Default)]
+pub struct GroupRun {
+    /// Per trial: its outcome and what could not be written of it.
+    pub outcomes: Vec<(Outcome, Vec<String>)>,
+    /// The reference work.
+    pub work: GroupWork,
+}
+
 /// What a group run did besides its trials: the reference work.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 pub struct GroupWork {
     /// Reference products built (their ids).
     pub built: Vec<String>,
@@ -377,6 +417,10 @@ fn start(cx: &RunContext, p: &Planned, goldens: &Path, cache: bool) -> Started {
     let case = &parsed.case;
     s.out.case_sha256 = Some(case.content_sha256.clone());
     s.out.reference = case.reference.as_ref().map(|r| r.0.clone());
+    s.out.reference_sha256 = case
+        .reference
+        .as_ref()
+        .and_then(|r| cx.registry().entry(&r.0).ok()?.sha256.clone());
     // A preregistered rule is verified before any model runs, and again
     // for a cached result.
     if let Some((path, _)) = &case.prereg {
@@ -392,6 +436,7 @@ fn start(cx: &RunContext, p: &Planned, goldens: &Path, cache: bool) -> Started {
         if let Some(o) = cache::read(cx, p) {
             s.out = Outcome {
                 reference: s.out.reference.take(),
+                reference_sha256: s.out.reference_sha256.take(),
                 ..o
             };
             s.cached = true;

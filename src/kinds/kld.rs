@@ -187,6 +187,10 @@ impl Kind for Kld {
         ]
     }
 
+    fn recheck(&self, out: &Outcome) -> std::result::Result<(), String> {
+        self.text.recheck(out)
+    }
+
     fn pins(&self) -> Vec<Pin> {
         std::iter::once(self.text.pin.clone())
             .chain(self.import.clone())

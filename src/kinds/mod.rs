@@ -43,6 +43,14 @@ pub trait Kind: Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// Whether an outcome read back (from the result cache, a shard, a
+    /// `--json` file) holds together: each metric that can be computed
+    /// again from what the outcome carries (a per-window series, counts)
+    /// equals it. Err(why) names the metrics that disagree.
+    fn recheck(&self, _out: &Outcome) -> std::result::Result<(), String> {
+        Ok(())
+    }
+
     /// Files pinned by sha256, checked before every run and before a cached
     /// result is used.
     fn pins(&self) -> Vec<Pin> {

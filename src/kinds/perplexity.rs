@@ -144,6 +144,10 @@ impl Kind for Perplexity {
             .then_some(" without a `reference` or `reference_record`")
     }
 
+    fn recheck(&self, out: &Outcome) -> std::result::Result<(), String> {
+        self.text.recheck(out)
+    }
+
     fn pins(&self) -> Vec<Pin> {
         std::iter::once(self.text.pin.clone())
             .chain(self.record.clone())

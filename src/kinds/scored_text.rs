@@ -617,6 +617,62 @@ impl ScoredText {
         ))
     }
 
+    /// An outcome read back (result cache, shard, `--json` file) holds
+    /// together: its paired metrics equal those computed again from the
+    /// per-window ΔNLL series it carries (mean, Student-t and bootstrap
+    /// intervals, windows better, the window count). Err(why) when one
+    /// differs, or when the metrics are there and the series is not.
+    pub fn recheck(&self, out: &Outcome) -> std::result::Result<(), String> {
+        if !out.metrics.contains_key("delta_nll_mean") {
+            return Ok(());
+        }
+        let Some(d) = out.series.get("delta_nll_per_window") else {
+            return Err("it carries delta_nll_mean but not the per-window series \
+                 (delta_nll_per_window) the paired metrics are computed from"
+                .into());
+        };
+        let b = self.bootstrap;
+        let (mean, lo, hi) = crate::measure::t_interval95(d);
+        let (blo, bhi) = crate::measure::block_bootstrap95(d, b.block, b.resamples, b.seed);
+        let mut expected = vec![
+            ("windows", d.len() as f64),
+            ("delta_nll_mean", mean),
+            ("delta_nll_ci95_lo", lo),
+            ("delta_nll_ci95_hi", hi),
+            (
+                "windows_better",
+                d.iter().filter(|x| **x < 0.0).count() as f64,
+            ),
+        ];
+        if !blo.is_nan() {
+            expected.extend([("delta_nll_boot95_lo", blo), ("delta_nll_boot95_hi", bhi)]);
+        }
+        let same = |a: f64, b: f64| {
+            a == b || (a.is_nan() && b.is_nan()) || (a - b).abs() <= 1e-12 * a.abs().max(b.abs())
+        };
+        let wrong: Vec<String> = expected
+            .iter()
+            .filter(|(m, want)| !out.metrics.get(*m).is_some_and(|got| same(*got, *want)))
+            .map(|(m, want)| {
+                format!(
+                    "{m} = {} but its {} windows give {want}",
+                    out.metrics
+                        .get(*m)
+                        .map_or("missing".to_string(), |v| v.to_string()),
+                    d.len()
+                )
+            })
+            .collect();
+        if wrong.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "its metrics disagree with its own per-window ΔNLL series: {}",
+                wrong.join("; ")
+            ))
+        }
+    }
+
     /// The paired metrics of a candidate against its reference's scores.
     pub fn add_paired(&self, out: &mut Outcome, scored: &Scored, rscored: &Scored) {
         let b = self.bootstrap;
@@ -672,6 +728,7 @@ impl ScoresBuild {
                 windows: plan.windows.len(),
                 targets: plan.targets(),
                 token_stream_sha256: plan.token_stream_sha256.clone(),
+                settings: None,
             },
             key: (
                 alias.to_string(),

@@ -100,7 +100,12 @@ impl Lock {
                     entries: BTreeMap::new(),
                 })
             }
-            Err(e) => return Err(Error::io(path, e)),
+            Err(e) => {
+                return Err(Error::input(format!(
+                    "{}: cannot read the lock of pinned model files: {e}",
+                    path.display()
+                )))
+            }
         };
         let entries: BTreeMap<String, Pinned> = parse_toml(path, &src)?;
         let mut errors = Vec::new();

@@ -95,6 +95,25 @@ pub fn cache_dir() -> PathBuf {
     home.join(".cache").join("quantgate")
 }
 
+/// The cache folder can be used: where it exists, it is a folder (a
+/// `QUANTGATE_CACHE` naming a file failed every trial before). Checked at
+/// the edge, before anything runs.
+pub fn check_cache_dir() -> Result<()> {
+    let dir = cache_dir();
+    if dir.exists() && !dir.is_dir() {
+        let from = if std::env::var_os("QUANTGATE_CACHE").is_some_and(|d| !d.is_empty()) {
+            "QUANTGATE_CACHE="
+        } else {
+            "the cache folder "
+        };
+        return Err(Error::input(format!(
+            "{from}{}: exists and is not a directory",
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
 /// Why `alias` cannot name a model, if it cannot: aliases are
 /// `[A-Za-z0-9._-]+`, without a leading dot (they become file and test names).
 pub fn bad_alias(alias: &str) -> Option<&'static str> {

@@ -57,7 +57,17 @@ pub fn plan_with(
     for found in discover(suites, patterns)? {
         // Messages show the case as `suites/<rel>`, wherever the root is.
         let shown = PathBuf::from("suites").join(&found.rel);
-        let parsed = parse_case_with(&found.path, &shown, found.name(), overrides);
+        // `::` parts a test name into case and model: `k::one.toml` would
+        // report as case `k`, and a second such file overwrite its outputs.
+        let parsed = if found.name().contains("::") {
+            Err(crate::core::Error::input(format!(
+                "{}: a case file's name cannot hold `::` (it separates the case from the \
+                 model in test names); rename the file",
+                shown.display()
+            )))
+        } else {
+            parse_case_with(&found.path, &shown, found.name(), overrides)
+        };
         parsed_cases.push((found, parsed));
     }
     // Cases may have pinned local files (`path:`) into the lock: read it again.

@@ -47,7 +47,7 @@ struct KindOnly {
 }
 
 /// What the command line puts in place of a case's own models and reference.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Overrides {
     /// Run the case on these aliases instead of the models it lists
     /// (a preregistered case keeps its sealed ones).
@@ -123,11 +123,21 @@ pub fn parse_case_with(
     let models = match &overrides.models {
         Some(m) if !sealed => m.iter().map(|a| (a.clone(), cli.clone())).collect(),
         _ => {
-            let mut out = Vec::new();
+            let mut out: Vec<(String, crate::core::case::Location)> = Vec::new();
             for m in head.models.get_ref() {
                 match resolve_models(file, m.get_ref()) {
                     Ok(aliases) => {
-                        out.extend(aliases.into_iter().map(|a| (a, diag.at(m.span().start))))
+                        for a in aliases {
+                            // Listed twice, it would run twice as one test name.
+                            if let Some((_, first)) = out.iter().find(|(b, _)| *b == a) {
+                                diag.push_at(
+                                    m.span().start,
+                                    format!("models: `{a}` is listed twice (first at {first})"),
+                                );
+                            } else {
+                                out.push((a, diag.at(m.span().start)));
+                            }
+                        }
                     }
                     Err(e) => diag.push_at(m.span().start, format!("models: {e}")),
                 }

@@ -910,12 +910,37 @@ pub fn html(views: &[View], outcomes: &[Outcome]) -> String {
     s
 }
 
+/// The files a report folder holds.
+pub const FILES: [&str; 3] = ["report.md", "report.csv", "report.html"];
+
+/// Whether a report may be written into `dir`, checked before any work:
+/// the folder can be made and written, and holds no report already (one is
+/// replaced only when `force`). Err names the flag, the folder and the fix.
+pub fn ready(flag: &str, dir: &Path, force: bool) -> Result<()> {
+    crate::core::fsutil::writable_dir(flag, dir)?;
+    let held: Vec<&str> = FILES
+        .iter()
+        .copied()
+        .filter(|f| dir.join(f).exists())
+        .collect();
+    if !held.is_empty() && !force {
+        return Err(crate::core::Error::input(format!(
+            "{flag} {}: holds a report already ({}); pass --force to replace it, or name \
+             another folder",
+            dir.display(),
+            held.join(", ")
+        )));
+    }
+    Ok(())
+}
+
 /// Write `report.md`, `report.csv` and `report.html` into `dir`; the paths.
 pub fn write(dir: &Path, views: &[View], outcomes: &[Outcome]) -> Result<Vec<PathBuf>> {
+    let [md, csv_name, html_name] = FILES;
     let files = [
-        ("report.md", markdown(views)),
-        ("report.csv", csv(views)),
-        ("report.html", html(views, outcomes)),
+        (md, markdown(views)),
+        (csv_name, csv(views)),
+        (html_name, html(views, outcomes)),
     ];
     let mut out = Vec::new();
     for (name, body) in files {

@@ -199,3 +199,86 @@ pub fn bench_rounds(default: usize) -> usize {
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
 }
+
+/// GGUF metadata edits for hostile-input tests: a header walked just far
+/// enough to find where its key/value pairs and tensor infos lie.
+#[allow(dead_code)]
+pub mod gguf_edit {
+    fn u32_at(b: &[u8], at: usize) -> u32 {
+        u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+    }
+    fn u64_at(b: &[u8], at: usize) -> u64 {
+        u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+    }
+    /// Bytes of a value of GGUF type `t` at `at`.
+    fn value_len(b: &[u8], t: u32, at: usize) -> usize {
+        match t {
+            0 | 1 | 7 => 1,
+            2 | 3 => 2,
+            4..=6 => 4,
+            10..=12 => 8,
+            8 => 8 + u64_at(b, at) as usize,
+            9 => {
+                let (et, n) = (u32_at(b, at), u64_at(b, at + 4) as usize);
+                let mut p = at + 12;
+                for _ in 0..n {
+                    p += value_len(b, et, p);
+                }
+                p - at
+            }
+            t => panic!("GGUF type {t}"),
+        }
+    }
+    /// (end of the key/value pairs, end of the tensor infos, alignment).
+    fn layout(b: &[u8]) -> (usize, usize, usize) {
+        assert_eq!(&b[..4], b"GGUF");
+        let (n_tensors, n_kv) = (u64_at(b, 8), u64_at(b, 16));
+        let mut p = 24;
+        let mut alignment = 32;
+        for _ in 0..n_kv {
+            let klen = u64_at(b, p) as usize;
+            let key = &b[p + 8..p + 8 + klen];
+            p += 8 + klen;
+            let t = u32_at(b, p);
+            if key == b"general.alignment" {
+                alignment = u32_at(b, p + 4) as usize;
+            }
+            p += 4 + value_len(b, t, p + 4);
+        }
+        let kv_end = p;
+        for _ in 0..n_tensors {
+            p += 8 + u64_at(b, p) as usize;
+            let dims = u32_at(b, p) as usize;
+            p += 4 + 8 * dims + 4 + 8;
+        }
+        (kv_end, p, alignment)
+    }
+    /// Overwrite the f32 value of `key` in place.
+    pub fn set_f32(b: &mut [u8], key: &str, v: f32) {
+        let mut pat = (key.len() as u64).to_le_bytes().to_vec();
+        pat.extend_from_slice(key.as_bytes());
+        let at = b
+            .windows(pat.len())
+            .position(|w| w == pat)
+            .unwrap_or_else(|| panic!("no key {key}"))
+            + pat.len();
+        assert_eq!(u32_at(b, at), 6, "{key} is not an f32");
+        b[at + 4..at + 8].copy_from_slice(&v.to_le_bytes());
+    }
+    /// The file with one more u32 key/value pair (tensor data moved to the
+    /// next aligned offset; the tensors' offsets are relative to it).
+    pub fn with_u32(b: &[u8], key: &str, v: u32) -> Vec<u8> {
+        let (kv_end, infos_end, align) = layout(b);
+        let data = infos_end.div_ceil(align) * align;
+        let mut out = b[..kv_end].to_vec();
+        out[16..24].copy_from_slice(&(u64_at(b, 16) + 1).to_le_bytes());
+        out.extend_from_slice(&(key.len() as u64).to_le_bytes());
+        out.extend_from_slice(key.as_bytes());
+        out.extend_from_slice(&4u32.to_le_bytes());
+        out.extend_from_slice(&v.to_le_bytes());
+        out.extend_from_slice(&b[kv_end..infos_end]);
+        out.resize(out.len().div_ceil(align) * align, 0);
+        out.extend_from_slice(&b[data..]);
+        out
+    }
+}
