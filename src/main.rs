@@ -501,7 +501,7 @@ fn main() -> ExitCode {
                 threads.unwrap_or_else(|| threads_per_trial(jobs.max(1))),
             ));
             if let Some(dir) = &out {
-                quantgate::core::fsutil::clean_stale_temps(dir);
+                quantgate::report::clean_product_temps(dir, &planned);
             }
             // Plan by observation: each group is one decode, after the
             // groups whose references it reads; each runs in a worker

@@ -135,7 +135,10 @@ fn interrupted_runs_leave_every_golden_whole() -> Result<(), Failed> {
     }
     // A stale temp file of a process that is gone, as SIGKILL mid-write
     // leaves; the next run removes it (and any real one).
-    let stale = goldens.join("c0/.m1.snap.quantgate-tmp-999999999-AbCdEf");
+    let stale = goldens.join(format!(
+        "c0/{}AbCdEf",
+        quantgate::core::fsutil::temp_prefix("m1.snap", 999_999_999)
+    ));
     std::fs::write(&stale, "half").unwrap();
     // Its writer is long gone (and holds no lock), as is a killed writer's
     // own temp file (when a kill landed mid-write). A temp file is swept

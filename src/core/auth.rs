@@ -21,7 +21,9 @@ use std::sync::OnceLock;
 
 /// The JSON field that carries an outcome's MAC.
 pub const MAC_FIELD: &str = "mac";
-const PREFIX: &str = "hmac-sha256:";
+/// What a MAC's text starts with.
+pub const MAC_PREFIX: &str = "hmac-sha256:";
+const PREFIX: &str = MAC_PREFIX;
 /// The environment variable holding the signing key itself.
 pub const KEY_ENV: &str = "QUANTGATE_SIGNING_KEY";
 /// The environment variable naming a file that holds the signing key.
@@ -121,10 +123,18 @@ pub fn signing_key() -> Result<Option<&'static Key>> {
 /// None when neither can be had: the result cache is then not used (a
 /// cached result that cannot be authenticated is not a result).
 pub fn result_cache_key() -> Option<&'static Key> {
-    static LOCAL: OnceLock<Option<Key>> = OnceLock::new();
     if let Ok(Some(k)) = signing_key() {
         return Some(k);
     }
+    user_key()
+}
+
+/// This user's own key (made on first use, mode 0600, outside the cache
+/// folder): what the result cache uses without a signing key, and what
+/// tags quantgate's temp files as its own. None (said once) when it can be
+/// neither read nor made.
+pub fn user_key() -> Option<&'static Key> {
+    static LOCAL: OnceLock<Option<Key>> = OnceLock::new();
     LOCAL
         .get_or_init(|| {
             let path = local_key_path()?;

@@ -64,11 +64,49 @@ pub fn lock_file(path: &Path) -> Result<File> {
 /// The mark in the name of every temp file quantgate writes, and only those.
 pub const TEMP_MARK: &str = ".quantgate-tmp-";
 
-/// A new temp file beside `dest` (its directory created), named
-/// `.<name>.quantgate-tmp-<pid>-<random>` and locked (flock, exclusive)
-/// while it is written, so that [`clean_stale_temps`] can tell a dead
-/// writer's leftovers from a live one's in any PID namespace; removed when
-/// dropped unless [`commit`]ted.
+/// The owner tag of a temp file for `name` made by process `pid`: 16 hex
+/// digits of a MAC with this user's key ([`crate::core::auth::user_key`]),
+/// so that a sweep removes only files it can prove quantgate wrote; `none`
+/// without a key (such a file is never swept).
+fn temp_tag(name: &str, pid: u32) -> String {
+    match crate::core::auth::user_key() {
+        Some(k) => k.mac(format!("quantgate-temp|{name}|{pid}").as_bytes())
+            [crate::core::auth::MAC_PREFIX.len()..][..16]
+            .to_string(),
+        None => "none".into(),
+    }
+}
+
+/// The name of a temp file for `name` made by process `pid`, up to its
+/// random part: `.<name>.quantgate-tmp-<pid>-<tag>-`.
+pub fn temp_prefix(name: &str, pid: u32) -> String {
+    format!(".{name}{TEMP_MARK}{pid}-{}-", temp_tag(name, pid))
+}
+
+/// Whether `file_name` is a temp file this user's quantgate made: its
+/// tag verifies for the name and pid it carries.
+fn is_our_temp(file_name: &str) -> bool {
+    let Some((name, rest)) = file_name
+        .strip_prefix('.')
+        .and_then(|f| f.split_once(TEMP_MARK))
+    else {
+        return false;
+    };
+    let mut it = rest.splitn(3, '-');
+    let (Some(pid), Some(tag), Some(_)) = (it.next(), it.next(), it.next()) else {
+        return false;
+    };
+    let Ok(pid) = pid.parse::<u32>() else {
+        return false;
+    };
+    tag != "none" && tag == temp_tag(name, pid)
+}
+
+/// A new temp file beside `dest` (its directory created), named by
+/// [`temp_prefix`] and a random part, and locked (flock, exclusive) while
+/// it is written, so that [`clean_stale_temps`] can tell a dead writer's
+/// leftovers from a live one's in any PID namespace; removed when dropped
+/// unless [`commit`]ted (the lock goes with the file handle).
 pub fn temp_beside(dest: &Path) -> Result<NamedTempFile> {
     let dir = match dest.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
@@ -79,7 +117,7 @@ pub fn temp_beside(dest: &Path) -> Result<NamedTempFile> {
         .file_name()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let prefix = format!(".{name}{TEMP_MARK}{}-", std::process::id());
+    let prefix = temp_prefix(&name, std::process::id());
     let mut b = tempfile::Builder::new();
     b.prefix(&prefix);
     // The mode `File::create` gives (0666 less the umask), not tempfile's 0600.
@@ -88,7 +126,9 @@ pub fn temp_beside(dest: &Path) -> Result<NamedTempFile> {
         use std::os::unix::fs::PermissionsExt;
         b.permissions(fs::Permissions::from_mode(0o666));
     }
-    b.tempfile_in(dir).map_err(|e| Error::io(dir, e))
+    let tmp = b.tempfile_in(dir).map_err(|e| Error::io(dir, e))?;
+    tmp.as_file().lock().map_err(|e| Error::io(tmp.path(), e))?;
+    Ok(tmp)
 }
 
 /// Move a finished temp file into place: fsync it, rename, fsync the directory.
@@ -111,16 +151,21 @@ pub fn commit(tmp: NamedTempFile, dest: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Remove temp files under `dir` that quantgate wrote ([`temp_beside`]
-/// names: `.` + name + [`TEMP_MARK`]) and whose writer is gone: no lock is
-/// held on them (a live writer, in this PID namespace or another, holds one)
-/// and they are over a minute old. Nothing else is ever removed. Returns how
-/// many went.
-pub fn clean_stale_temps(dir: &Path) -> usize {
+/// Remove temp files under `dir` (to `depth` folders down: 1 is `dir`
+/// itself) that this user's quantgate wrote (their [`temp_prefix`] tag
+/// verifies: a look-alike name is never enough) and whose writer is gone:
+/// no lock is held on them (a live writer, in this PID namespace or
+/// another, holds one) and they are over a minute old. Nothing else is
+/// ever removed. Returns how many went.
+pub fn clean_stale_temps_to(dir: &Path, depth: usize) -> usize {
     let mut removed = 0;
-    for e in WalkDir::new(dir).into_iter().filter_map(|e| e.ok()) {
+    for e in WalkDir::new(dir)
+        .max_depth(depth)
+        .into_iter()
+        .filter_map(|e| e.ok())
+    {
         let name = e.file_name().to_string_lossy();
-        if e.file_type().is_dir() || !(name.starts_with('.') && name.contains(TEMP_MARK)) {
+        if e.file_type().is_dir() || !is_our_temp(&name) {
             continue;
         }
         // The instant between a writer creating its file and locking it.
@@ -141,6 +186,12 @@ pub fn clean_stale_temps(dir: &Path) -> usize {
         }
     }
     removed
+}
+
+/// [`clean_stale_temps_to`] over the whole tree under `dir` (a folder that
+/// is quantgate's own: the cache, the goldens).
+pub fn clean_stale_temps(dir: &Path) -> usize {
+    clean_stale_temps_to(dir, usize::MAX)
 }
 
 /// Seal `bytes` for reading back: append the sha256 of everything before it
@@ -298,9 +349,10 @@ mod tests {
         fs::remove_dir_all(&dir).unwrap();
     }
 
-    /// The sweep removes only quantgate's own temp files whose writer is
-    /// gone: a user's look-alike stays, and so does a file whose writer holds
-    /// its lock (as one in another PID namespace would, whatever its pid).
+    /// The sweep removes only quantgate's own temp files (their owner tag
+    /// verifies) whose writer is gone: a user's look-alike stays, and so
+    /// does a file whose writer holds its lock (as one in another PID
+    /// namespace would, whatever its pid), and a live writer's own file.
     #[test]
     fn the_sweep_removes_only_dead_writers_temp_files() {
         let dir = std::env::temp_dir().join(format!("qg-sweep-{}", std::process::id()));
@@ -313,16 +365,32 @@ mod tests {
             f
         };
         let user = dir.join("notes/.thesis.tex.tmp-999999");
-        let dead = dir.join(format!(".x.snap{TEMP_MARK}999999999-AbCdEf"));
-        let live = dir.join(format!(".y.snap{TEMP_MARK}999999999-GhIjKl"));
-        drop(make(&user));
-        drop(make(&dead));
+        // A look-alike of quantgate's name without its owner tag, and one
+        // whose tag is for another name: neither is ours.
+        let alike = dir.join(format!(".w.snap{TEMP_MARK}999999999-AbCdEf"));
+        let copied = dir.join(format!(
+            "{}AbCdEf",
+            temp_prefix("v.snap", 999999999).replacen("v.snap", "u.snap", 1)
+        ));
+        let dead = dir.join(format!("{}AbCdEf", temp_prefix("x.snap", 999999999)));
+        let live = dir.join(format!("{}GhIjKl", temp_prefix("y.snap", 999999999)));
+        let deep = dir.join(format!("notes/{}AbCdEf", temp_prefix("x.snap", 999999998)));
+        for p in [&user, &alike, &copied, &dead, &deep] {
+            drop(make(p));
+        }
         let writer = make(&live);
         writer.lock().unwrap();
+        // A live writer's own file, even old, is locked from the start.
+        let busy = temp_beside(&dir.join("b.snap")).unwrap();
+        busy.as_file().set_modified(old).unwrap();
         let young = temp_beside(&dir.join("z.snap")).unwrap();
         drop(young.as_file().unlock());
+        assert_eq!(clean_stale_temps_to(&dir, 1), 1, "only `dir` itself");
+        assert!(deep.exists());
         assert_eq!(clean_stale_temps(&dir), 1);
-        assert!(user.exists() && live.exists() && young.path().exists());
+        assert!(!deep.exists());
+        assert!(user.exists() && alike.exists() && copied.exists());
+        assert!(live.exists() && young.path().exists() && busy.path().exists());
         assert!(!dead.exists());
         drop(writer);
         assert_eq!(clean_stale_temps(&dir), 1);

@@ -66,9 +66,6 @@ pub fn run_suites(suites: &Path, goldens: &Path, engine: Arc<dyn Engine>) -> Exi
     // What an interrupted run left: temp files of processes that are gone.
     crate::models::clean_stale_temps();
     crate::core::fsutil::clean_stale_temps(goldens);
-    if let Some(dir) = std::env::var_os("QUANTGATE_OUT").filter(|d| !d.is_empty()) {
-        crate::core::fsutil::clean_stale_temps(Path::new(&dir));
-    }
     run_with_args(suites, goldens, engine, &args)
 }
 
@@ -159,6 +156,9 @@ pub fn run_with_args(
             return libtest_mimic::run(args, trials).exit_code();
         }
     };
+    if let Some(dir) = std::env::var_os("QUANTGATE_OUT").filter(|d| !d.is_empty()) {
+        crate::report::clean_product_temps(Path::new(&dir), &planned);
+    }
     let mode = match golden::update_mode() {
         Ok(m) => m,
         Err(e) => {

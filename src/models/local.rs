@@ -521,12 +521,18 @@ mod tests {
     fn globs_pin_each_model_once() {
         let d = tempfile::tempdir().unwrap();
         let dir = d.path();
+        // Tiny GGUF headers with their own trailing bytes (the pins differ).
+        let gguf = |tail: &str| {
+            let mut b = crate::models::gguf::tests::tiny_header();
+            b.extend_from_slice(tail.as_bytes());
+            b
+        };
         std::fs::create_dir_all(dir.join("out")).unwrap();
-        std::fs::write(dir.join("out/a.gguf"), b"aaaa").unwrap();
+        std::fs::write(dir.join("out/a.gguf"), gguf("aaaa")).unwrap();
         for i in 1..=3 {
             std::fs::write(
                 dir.join(format!("out/b-{i:05}-of-00003.gguf")),
-                format!("b{i}"),
+                gguf(&format!("b{i}")),
             )
             .unwrap();
         }
@@ -552,21 +558,41 @@ mod tests {
         assert_eq!(aliases, ["a", "b"]);
         let lock = Lock::beside(&reg).unwrap();
         let b = &lock.entries["b"];
-        assert_eq!(b.bytes, 6);
+        let whole: Vec<u8> = [gguf("b1"), gguf("b2"), gguf("b3")].concat();
+        assert_eq!(b.bytes, whole.len() as u64);
         assert_eq!(b.parts.len(), 3);
-        assert_eq!(b.sha256, fsutil::sha256_bytes(b"b1b2b3"));
-        assert_eq!(b.parts[2].sha256, fsutil::sha256_bytes(b"b3"));
+        assert_eq!(b.sha256, fsutil::sha256_bytes(&whole));
+        assert_eq!(b.parts[2].sha256, fsutil::sha256_bytes(&gguf("b3")));
         // A changed file keeps its pin (use verifies it); repin takes the new bytes.
-        std::fs::write(dir.join("out/a.gguf"), b"AAAA").unwrap();
+        std::fs::write(dir.join("out/a.gguf"), gguf("AAAA")).unwrap();
         pin(&reg, &[], &files, false).unwrap();
         assert_eq!(
             Lock::beside(&reg).unwrap().entries["a"].sha256,
-            fsutil::sha256_bytes(b"aaaa")
+            fsutil::sha256_bytes(&gguf("aaaa"))
         );
         pin(&reg, &[], &files[..1], true).unwrap();
         assert_eq!(
             Lock::beside(&reg).unwrap().entries["a"].sha256,
-            fsutil::sha256_bytes(b"AAAA")
+            fsutil::sha256_bytes(&gguf("AAAA"))
+        );
+        // Not a GGUF (random bytes, text, a git-lfs pointer): refused,
+        // naming the file, and never pinned.
+        let before = std::fs::read_to_string(dir.join(LOCK_FILE)).unwrap();
+        for (name, bytes) in [
+            ("junk.gguf", vec![7u8; 4096]),
+            (
+                "lfs.gguf",
+                b"version https://git-lfs.github.com/spec/v1\noid sha256:00\nsize 9\n".to_vec(),
+            ),
+        ] {
+            let f = dir.join("out").join(name);
+            std::fs::write(&f, bytes).unwrap();
+            let e = pin(&reg, &[], &[f], false).unwrap_err().to_string();
+            assert!(e.contains(name) && e.contains("not a usable GGUF"), "{e}");
+        }
+        assert_eq!(
+            std::fs::read_to_string(dir.join(LOCK_FILE)).unwrap(),
+            before
         );
         // A registry alias is not taken over.
         let e = pin(&reg, &["a".to_string()], &files, false).unwrap_err();

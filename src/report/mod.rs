@@ -203,6 +203,19 @@ pub fn write_outcome_json(dir: &Path, o: &Outcome) -> Result<()> {
     crate::core::fsutil::write_atomic(&outcome_json_path(dir, o), format!("{body}\n").as_bytes())
 }
 
+/// Remove what interrupted writers left in `dir`'s product folders, the
+/// folders of the planned cases (`<dir>/<case>/`) and nothing deeper or
+/// elsewhere: `--out ~` never walks the home folder.
+pub fn clean_product_temps(dir: &Path, planned: &[crate::plan::Planned]) {
+    let cases: std::collections::BTreeSet<&str> = planned
+        .iter()
+        .map(|p| crate::core::outcome::split_test_name(&p.name).0)
+        .collect();
+    for case in cases {
+        crate::core::fsutil::clean_stale_temps_to(&dir.join(case), 1);
+    }
+}
+
 /// The Parquet file of one outcome under `dir`: `<dir>/<case>/<model>.parquet`.
 pub fn parquet_path(dir: &Path, o: &Outcome) -> std::path::PathBuf {
     dir.join(&o.case).join(format!("{}.parquet", o.model))
