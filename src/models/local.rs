@@ -245,10 +245,10 @@ pub fn expand(spec: &str, base: &Path) -> Result<Vec<PathBuf>> {
             )));
         }
     }
-    let mut out = Vec::new();
+    let mut out: Vec<(PathBuf, PathBuf)> = Vec::new();
     for f in found {
         let first = gguf_parts(&f).swap_remove(0);
-        let canon = first.canonicalize().map_err(|e| {
+        let bad = |e: std::io::Error| {
             Error::input(format!(
                 "`{spec}`: {}: {e}{}",
                 first.display(),
@@ -258,12 +258,31 @@ pub fn expand(spec: &str, base: &Path) -> Result<Vec<PathBuf>> {
                     String::new()
                 }
             ))
-        })?;
-        out.push(canon);
+        };
+        let canon = first.canonicalize().map_err(bad)?;
+        // The name the user gave, absolute: its folder resolved, not the
+        // file itself, so a link keeps its own name (and alias).
+        let named = match (first.parent(), first.file_name()) {
+            (Some(dir), Some(name)) => {
+                let dir = if dir.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    dir
+                };
+                dir.canonicalize().map_err(bad)?.join(name)
+            }
+            _ => canon.clone(),
+        };
+        out.push((named, canon));
     }
-    out.sort();
-    out.dedup();
-    Ok(out)
+    // One file named twice (a link beside its target) is one model, by
+    // the file's own name when that is among them.
+    out.sort_by(|a, b| (a.0 != a.1, &a.0).cmp(&(b.0 != b.1, &b.0)));
+    let mut seen = std::collections::BTreeSet::new();
+    out.retain(|(_, canon)| seen.insert(canon.clone()));
+    let mut named: Vec<PathBuf> = out.into_iter().map(|(named, _)| named).collect();
+    named.sort();
+    Ok(named)
 }
 
 /// The alias a model file gets: its name without `.gguf` and without a
@@ -428,6 +447,22 @@ pub fn pin(
                 registry.display()
             )));
         }
+        // One alias per file: a second name for a pinned file (a link, a
+        // path through another folder) would test the same bytes twice.
+        if known.is_none() {
+            let canon = f.canonicalize().ok();
+            if let Some((other, p)) = lock.entries.iter().find(|(a, p)| {
+                **a != alias && canon.is_some() && p.path.canonicalize().ok() == canon
+            }) {
+                return Err(Error::input(format!(
+                    "{}: the same file as `{other}` ({}) pinned in {}: name it once (one alias \
+                     per file)",
+                    f.display(),
+                    p.path.display(),
+                    lock.path.display()
+                )));
+            }
+        }
         match lock.entries.get(&alias) {
             Some(p) if p.path == *f && !repin => {}
             Some(p) if p.path != *f && !repin => {
@@ -575,6 +610,27 @@ mod tests {
             Lock::beside(&reg).unwrap().entries["a"].sha256,
             fsutil::sha256_bytes(&gguf("AAAA"))
         );
+        // A link keeps its own name as its alias; a second name for a
+        // pinned file is refused.
+        let c = dir.join("out2/c.gguf");
+        std::fs::create_dir_all(c.parent().unwrap()).unwrap();
+        std::fs::write(&c, gguf("cccc")).unwrap();
+        std::os::unix::fs::symlink(&c, dir.join("mine-q8.gguf")).unwrap();
+        let linked = expand("mine-q8.gguf", dir).unwrap();
+        assert!(linked[0].ends_with("mine-q8.gguf"), "{linked:?}");
+        assert_eq!(pin(&reg, &[], &linked, false).unwrap(), ["mine-q8"]);
+        let e = pin(&reg, &[], &expand("out2/c.gguf", dir).unwrap(), false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("the same file as `mine-q8`"), "{e}");
+        // Named twice in one glob (the link and its target): one model.
+        std::os::unix::fs::symlink(dir.join("out/a.gguf"), dir.join("out/a-link.gguf")).unwrap();
+        let both = expand("out/a*.gguf", dir).unwrap();
+        assert!(
+            both.len() == 1 && both[0].ends_with("out/a.gguf"),
+            "{both:?}"
+        );
+        std::fs::remove_file(dir.join("out/a-link.gguf")).unwrap();
         // Not a GGUF (random bytes, text, a git-lfs pointer): refused,
         // naming the file, and never pinned.
         let before = std::fs::read_to_string(dir.join(LOCK_FILE)).unwrap();
