@@ -71,6 +71,10 @@ pub struct MultipleChoice {
     pub file: Pin,
     /// How many tasks (0: all), chosen as the tool chooses them.
     pub tasks: usize,
+    /// The count the case asked for, when it named one: more than the file
+    /// holds is an error (the tool's own default, 400 HellaSwag tasks,
+    /// takes all of a smaller file).
+    pub tasks_given: Option<usize>,
     /// The tool's `-c`: the context holds `N_SEQ` times this.
     pub n_ctx: u32,
     /// Upper edges of the reference-margin bins, increasing in (0, 1).
@@ -125,6 +129,7 @@ pub fn parse(case: &Case, src: &str, diag: &mut Diagnostics) -> Result<Arc<dyn K
         file,
         // The tool's defaults: every task, and 400 HellaSwag tasks.
         tasks: f.tasks.unwrap_or(if format == Format::Hellaswag { 400 } else { 0 }),
+        tasks_given: f.tasks.filter(|&k| k > 0),
         n_ctx,
         margin_bins,
         reference: case.reference.clone(),
@@ -1229,6 +1234,16 @@ impl Kind for MultipleChoice {
             (Format::Jsonl, _) => read_jsonl(&bytes, self.tasks, &shown)?,
             (Format::Winogrande, w) => w.iter().flatten().map(|(i, t)| (*i, t.task())).collect(),
         };
+        // Fewer drawn than asked for: the file holds fewer (all were taken).
+        if let Some(k) = self.tasks_given.filter(|&k| k > tasks.len()) {
+            return Err(Error::input(format!(
+                "{}: tasks = {k}, but {shown} holds {} tasks: give at most {}, or leave \
+                 `tasks` out to score all of them",
+                case.path.display(),
+                tasks.len(),
+                tasks.len()
+            )));
+        }
         let score = |m: &dyn LoadedModel, settings: &Settings| match &wino {
             Some(w) => score_winogrande(m, settings, w, &shown),
             None => score(m, settings, &tasks, self.format, &shown),
