@@ -495,6 +495,19 @@ fn main() -> ExitCode {
                     eprintln!("error: {}", e.message);
                 }
             }
+            // A model compared with itself passes every paired gate.
+            for p in &planned {
+                if let Ok(c) = &p.case {
+                    if c.case.reference.as_ref().is_some_and(|r| r.0 == p.model) {
+                        eprintln!(
+                            "quantgate: warning: {}: `{}` is its own reference; its paired \
+                             metrics compare it with itself (ΔNLL and KLD 0), a pass that says \
+                             nothing",
+                            p.name, p.model
+                        );
+                    }
+                }
+            }
             let runner = Arc::new(RunContext::new(
                 registry,
                 Arc::new(LlamaEngine::new()),

@@ -996,6 +996,61 @@ fn weak_inputs_are_refused_before_running_naming_what_is_wrong() {
     std::fs::write(root.join("ppl/k::one.toml"), case(128, "")).unwrap();
     refused(&[], &["run", "ppl/k::one.toml"], "cannot hold `::`");
     std::fs::remove_file(root.join("ppl/k::one.toml")).unwrap();
+    // Multiple choice: more tasks asked for than the file holds (the
+    // file's 8 ran silently).
+    let mc = quantgate::kinds::multiple_choice::write_binary(
+        &quantgate::kinds::multiple_choice::computed_tasks(8, 7),
+    );
+    std::fs::write(root.join("ppl/mc.bin"), &mc).unwrap();
+    std::fs::write(
+        root.join("ppl/mc.toml"),
+        format!(
+            "kind = \"multiple_choice\"\nmodels = [\"tiny\"]\ntasks = 100000\n[tasks_file]\npath = \"mc.bin\"\nsha256 = \"{}\"\n",
+            quantgate::core::fsutil::sha256_bytes(&mc)
+        ),
+    )
+    .unwrap();
+    let (code, stdout, stderr) = run(&root, &["ppl/mc.toml"]);
+    assert_eq!(code, 2, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("tasks = 100000, but") && stdout.contains("holds 8 tasks"),
+        "{stdout}\n{stderr}"
+    );
+    std::fs::remove_file(root.join("ppl/mc.toml")).unwrap();
+    // A model that is its own reference: said, not silently a pass.
+    std::fs::write(
+        root.join("ppl/self.toml"),
+        case(128, "").replace(
+            "models = [\"tiny\"]",
+            "models = [\"tiny\"]\nreference = \"tiny\"",
+        ),
+    )
+    .unwrap();
+    let (code, stdout, stderr) = run(&root, &["ppl/self.toml"]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("ppl/self::tiny: `tiny` is its own reference"),
+        "{stderr}"
+    );
+    std::fs::remove_file(root.join("ppl/self.toml")).unwrap();
+    // A split file whose parts 2 and 3 swapped names: an input error
+    // naming `split.no` (llama.cpp said "null result from llama cpp").
+    let split = root.join("split");
+    std::fs::create_dir_all(&split).unwrap();
+    let parts = quantgate::engine::llama::split_gguf(&fixture_path(), &split, "mine", 3).unwrap();
+    let swap = split.join("swap.tmp");
+    std::fs::rename(&parts[1], &swap).unwrap();
+    std::fs::rename(&parts[2], &parts[1]).unwrap();
+    std::fs::rename(&swap, &parts[2]).unwrap();
+    let (code, stdout, stderr) = run(
+        &root,
+        &["ppl/ok.toml", "--model", parts[0].to_str().unwrap()],
+    );
+    assert_eq!(code, 2, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("`split.no` = 2, but it is part 2 of 3"),
+        "{stdout}\n{stderr}"
+    );
     // models.lock as a folder, then as garbage.
     let lock = root.join("models.lock");
     let _ = std::fs::remove_file(&lock);

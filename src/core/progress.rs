@@ -1,12 +1,84 @@
 //! Progress bars on stderr for the long steps (hashing, fetching, decoding),
-//! drawn only when stderr is a terminal: logs and CI output stay clean.
+//! drawn only when stderr is a terminal: logs and CI output stay clean. A
+//! worker process's stderr is a pipe to its parent, which passes the bytes
+//! on: a parent on a terminal says so (`QUANTGATE_PROGRESS_TERMINAL`), and
+//! the worker draws as if its stderr were one.
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle, TermLike};
+use std::io::Write;
+
+/// Set by a parent whose stderr is a terminal, for its worker processes.
+pub const TERMINAL_ENV: &str = "QUANTGATE_PROGRESS_TERMINAL";
+
+/// Whether this process's stderr is a terminal.
+pub fn stderr_is_terminal() -> bool {
+    std::io::IsTerminal::is_terminal(&std::io::stderr())
+}
+
+/// Raw stderr drawn on as a terminal (ANSI cursor moves), for a worker
+/// whose parent passes its stderr on to a terminal.
+#[derive(Debug)]
+struct PassedOn;
+
+impl PassedOn {
+    fn put(&self, s: &str) -> std::io::Result<()> {
+        std::io::stderr().lock().write_all(s.as_bytes())
+    }
+
+    /// A cursor move of `n` (`ESC [ n letter`), nothing for 0.
+    fn cursor(&self, n: usize, letter: char) -> std::io::Result<()> {
+        if n > 0 {
+            self.put(&format!("\x1b[{n}{letter}"))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl TermLike for PassedOn {
+    fn width(&self) -> u16 {
+        100
+    }
+    fn move_cursor_up(&self, n: usize) -> std::io::Result<()> {
+        self.cursor(n, 'A')
+    }
+    fn move_cursor_down(&self, n: usize) -> std::io::Result<()> {
+        self.cursor(n, 'B')
+    }
+    fn move_cursor_right(&self, n: usize) -> std::io::Result<()> {
+        self.cursor(n, 'C')
+    }
+    fn move_cursor_left(&self, n: usize) -> std::io::Result<()> {
+        self.cursor(n, 'D')
+    }
+    fn write_line(&self, s: &str) -> std::io::Result<()> {
+        self.put(&format!("{s}\n"))
+    }
+    fn write_str(&self, s: &str) -> std::io::Result<()> {
+        self.put(s)
+    }
+    fn clear_line(&self) -> std::io::Result<()> {
+        self.put("\r\x1b[2K")
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
+/// Where bars are drawn: stderr when it is a terminal, or when the parent
+/// that passes this process's stderr on is on one; else nowhere.
+fn target() -> ProgressDrawTarget {
+    if !stderr_is_terminal() && std::env::var_os(TERMINAL_ENV).is_some() {
+        ProgressDrawTarget::term_like_with_hz(Box::new(PassedOn), 10)
+    } else {
+        ProgressDrawTarget::stderr()
+    }
+}
 
 /// A bar of `len` units named `msg`; `unit` is `bytes` (sizes and ETA) or
 /// the plural of what is counted (`windows`).
 pub fn bar(len: u64, msg: &str, unit: &str) -> ProgressBar {
-    let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
+    let bar = ProgressBar::with_draw_target(Some(len), target());
     let template = if unit == "bytes" {
         "{msg:>24} [{bar:30}] {bytes}/{total_bytes} {eta}".to_string()
     } else {

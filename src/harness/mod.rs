@@ -137,17 +137,19 @@ pub fn run_with_args(
                 .exit_code()
         }
     };
-    // Engine options and the shipped reference folder from the environment,
-    // checked before anything runs: a bad value fails every test rather than
-    // run under other settings.
+    // Engine options, the shipped reference folder, the signing key, the
+    // cache folder, isolation and the update mode from the environment,
+    // checked before anything runs: a bad value fails every test rather
+    // than run under other settings (or risk writing goldens under CI).
     let checked = crate::core::EngineOptions::from_env()
         .and_then(crate::core::EngineOptions::install)
         .and_then(|()| crate::execute::reference::shipped_from_env().map(|_| ()))
         .and_then(|()| crate::core::auth::signing_key().map(|_| ()))
         .and_then(|()| crate::models::check_cache_dir())
-        .and_then(|()| isolation());
-    let isolation = match checked {
-        Ok(i) => i,
+        .and_then(|()| isolation())
+        .and_then(|i| golden::update_mode().map(|m| (i, m)));
+    let (isolation, mode) = match checked {
+        Ok(v) => v,
         Err(e) => {
             let trials = planned
                 .iter()
@@ -159,17 +161,6 @@ pub fn run_with_args(
     if let Some(dir) = std::env::var_os("QUANTGATE_OUT").filter(|d| !d.is_empty()) {
         crate::report::clean_product_temps(Path::new(&dir), &planned);
     }
-    let mode = match golden::update_mode() {
-        Ok(m) => m,
-        Err(e) => {
-            // Every test fails rather than risk writing goldens under CI.
-            let trials = planned
-                .iter()
-                .map(|p| failing(&p.name, e.message.clone()))
-                .collect();
-            return libtest_mimic::run(args, trials).exit_code();
-        }
-    };
     // nextest runs one process per test, as many at once as there are cores.
     let cores = crate::execute::cores();
     let concurrent = if std::env::var_os("NEXTEST").is_some() {

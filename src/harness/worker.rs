@@ -40,6 +40,8 @@ const WORK: &str = "QUANTGATE-WORK ";
 const DONE: &str = "QUANTGATE-DONE";
 /// How many of a worker's last stderr lines a death report quotes.
 const LAST_WORDS: usize = 6;
+/// How many of a worker's last stderr bytes are kept for that.
+const LAST_BYTES: usize = 4096;
 
 /// What a process plans: the same tests in the parent and its workers.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
@@ -204,8 +206,8 @@ pub struct Worker {
     selection: Arc<Selection>,
     build: EngineBuild,
     proc: Option<Process>,
-    /// The worker's last stderr lines.
-    last_words: Arc<Mutex<VecDeque<String>>>,
+    /// The worker's last stderr bytes.
+    last_words: Arc<Mutex<VecDeque<u8>>>,
     /// Why the worker is gone, once it died.
     dead: Option<String>,
 }
@@ -268,30 +270,40 @@ impl Worker {
     fn start(&mut self, threads: u32) -> Result<(), String> {
         let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
         let plan = serde_json::to_string(&*self.selection).expect("a selection serialises");
-        let mut child = Command::new(exe)
-            .env(WORKER_ENV, &self.alias)
+        let mut cmd = Command::new(exe);
+        cmd.env(WORKER_ENV, &self.alias)
             .env(PLAN_ENV, plan)
             .env("QUANTGATE_WORKER_THREADS", threads.to_string())
             .envs(EngineOptions::current().to_env())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
+            .stderr(Stdio::piped());
+        if crate::core::progress::stderr_is_terminal() {
+            cmd.env(crate::core::progress::TERMINAL_ENV, "1");
+        }
+        let mut child = cmd
             .spawn()
             .map_err(|e| format!("starting the worker for `{}`: {e}", self.alias))?;
         let stdin = child.stdin.take().expect("piped stdin");
         let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
         let stderr = child.stderr.take().expect("piped stderr");
         let last = self.last_words.clone();
-        // Its stderr passes through, line by line; the last lines are kept.
+        // Its stderr passes through as it comes (progress bars redraw in
+        // place); its last bytes are kept for a death report.
         let reader = std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                eprintln!("{line}");
+            let mut stderr = stderr;
+            let mut buf = [0u8; 8192];
+            loop {
+                let n = match std::io::Read::read(&mut stderr, &mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                let mut out = std::io::stderr().lock();
+                let _ = out.write_all(&buf[..n]).and_then(|()| out.flush());
                 let mut l = last.lock().unwrap_or_else(|e| e.into_inner());
-                if l.len() == LAST_WORDS {
-                    l.pop_front();
-                }
-                l.push_back(line);
+                l.extend(&buf[..n]);
+                let extra = l.len().saturating_sub(LAST_BYTES);
+                l.drain(..extra);
             }
         });
         self.proc = Some(Process {
@@ -369,12 +381,21 @@ impl Worker {
             .get(ran.outcomes.len())
             .map(|n| format!("`{n}`"))
             .unwrap_or_else(|| format!("the reference work of {}", job.provide.join(", ")));
-        let words: Vec<String> = self
+        let tail: Vec<u8> = self
             .last_words
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .drain(..)
             .collect();
+        // Its last lines, each as a terminal would leave it (a progress
+        // bar's redraws collapsed to the last one), blank ones left out.
+        let text = without_escapes(&String::from_utf8_lossy(&tail));
+        let lines: Vec<&str> = text
+            .lines()
+            .map(|l| l.rsplit('\r').next().unwrap_or(l).trim_end())
+            .filter(|l| !l.is_empty())
+            .collect();
+        let words = &lines[lines.len().saturating_sub(LAST_WORDS)..];
         let last = if words.is_empty() {
             String::new()
         } else {
@@ -559,6 +580,26 @@ pub fn executors(
         .collect()
 }
 
+/// `s` without ANSI control sequences (a passed-on progress bar's cursor
+/// moves): `ESC [` parameters and one final letter.
+fn without_escapes(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' && chars.peek() == Some(&'[') {
+            chars.next();
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// `exited with status 3` / `was killed by signal 6 (SIGABRT)`.
 fn describe_exit(s: &std::process::ExitStatus) -> String {
     #[cfg(unix)]
@@ -582,5 +623,19 @@ fn describe_exit(s: &std::process::ExitStatus) -> String {
     match s.code() {
         Some(c) => format!("exited with status {c}"),
         None => "ended".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_escapes;
+
+    #[test]
+    fn a_bars_control_sequences_leave_the_last_words() {
+        let s = "\r\x1b[2K  scoring [==>   ] 3/9\x1b[1A\nGGML_ASSERT(x) failed\n";
+        assert_eq!(
+            without_escapes(s),
+            "\r  scoring [==>   ] 3/9\nGGML_ASSERT(x) failed\n"
+        );
     }
 }
