@@ -23,7 +23,6 @@ use std::sync::OnceLock;
 pub const MAC_FIELD: &str = "mac";
 /// What a MAC's text starts with.
 pub const MAC_PREFIX: &str = "hmac-sha256:";
-const PREFIX: &str = MAC_PREFIX;
 /// The environment variable holding the signing key itself.
 pub const KEY_ENV: &str = "QUANTGATE_SIGNING_KEY";
 /// The environment variable naming a file that holds the signing key.
@@ -66,12 +65,12 @@ impl Key {
         m.update(bytes);
         let tag = m.finalize().into_bytes();
         let hex: String = tag.iter().map(|b| format!("{b:02x}")).collect();
-        format!("{PREFIX}{hex}")
+        format!("{MAC_PREFIX}{hex}")
     }
 
     /// Whether `mac` is this key's MAC of `bytes` (compared in constant time).
     pub fn verifies(&self, bytes: &[u8], mac: &str) -> bool {
-        let Some(hex) = mac.strip_prefix(PREFIX) else {
+        let Some(hex) = mac.strip_prefix(MAC_PREFIX) else {
             return false;
         };
         if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
