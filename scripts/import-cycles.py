@@ -6,7 +6,7 @@ their stage folders and prints the stage edges.
     python3 scripts/import-cycles.py          # file level
     python3 scripts/import-cycles.py top      # stage level, with the edges
 
-A folder's mod.rs and its own files may refer to each other (the kinds!
+A folder's mod.rs and its own files may refer to each other (the KINDS
 table, a child using its parent's types); those edges are not counted.
 """
 import re,glob,os,sys

@@ -133,7 +133,10 @@ pub fn parse(case: &Case, src: &str, diag: &mut Diagnostics) -> Result<Arc<dyn K
         }
         k.import = Some(r.pin("reference_kld", case, diag));
     } else if case.reference.is_none() {
-        let at = case.models.first().map_or_else(|| diag.at(0), |m| m.1.clone());
+        let at = case
+            .models
+            .first()
+            .map_or_else(|| diag.at(0), |m| m.1.clone());
         diag.push(
             &at,
             "kind = \"kld\" needs `reference` (a model) or [reference_kld] (a llama-perplexity base file)",
@@ -155,20 +158,26 @@ fn is_count(name: &str) -> bool {
         || base
             .strip_prefix("flip_bin")
             .and_then(|r| r.split_once('_'))
-            .is_some_and(|(b, s)| b.bytes().all(|c| c.is_ascii_digit()) && (s == "n" || s == "flips"))
+            .is_some_and(|(b, s)| {
+                b.bytes().all(|c| c.is_ascii_digit()) && (s == "n" || s == "flips")
+            })
 }
 
 impl Kind for Kld {
     fn metrics(&self) -> Vec<Metric> {
         let mut m = window_metrics(self.reference.is_some());
-        m.extend(math::metric_names(self.bins.len()).into_iter().map(|name| Metric {
-            ty: if is_count(&name) {
-                MetricType::Count
-            } else {
-                MetricType::Float
-            },
-            name,
-        }));
+        m.extend(
+            math::metric_names(self.bins.len())
+                .into_iter()
+                .map(|name| Metric {
+                    ty: if is_count(&name) {
+                        MetricType::Count
+                    } else {
+                        MetricType::Float
+                    },
+                    name,
+                }),
+        );
         m
     }
 
@@ -291,7 +300,14 @@ impl Consumer for KldTrial {
             return Ok(None);
         };
         let rp = &self.refs.rows[at.index];
-        let p = math::compare(rp, r.logits, r.stats, r.exps, at.target, self.copy[at.index]);
+        let p = math::compare(
+            rp,
+            r.logits,
+            r.stats,
+            r.exps,
+            at.target,
+            self.copy[at.index],
+        );
         Ok(Some(Box::new(p)))
     }
 
@@ -317,7 +333,9 @@ impl Finish for KldTrial {
             ..
         } = *self;
         let plan = scorer.plan().clone();
-        let scored = scorer.finish().map_err(|e| e.context(case_path.display()))?;
+        let scored = scorer
+            .finish()
+            .map_err(|e| e.context(case_path.display()))?;
         let t = Instant::now();
         let total = plan.targets();
         if pos.len() != total {
@@ -426,13 +444,15 @@ impl Kld {
         };
         let at = (ref_alias.as_str(), ref_at);
         let header = self.rows_header(cx, at, plan, ci.n_vocab)?;
-        cx.references.rows(&header, &case.path, at, Vocab::of(ci), &|| {
-            let (_, rmodel) = cx.load_reference(at, Vocab::of(ci))?;
-            tx.check_context(&*rmodel)?;
-            let rplan = tx.identical_plan(cx, ref_at, src, &*rmodel, model, plan)?;
-            let obs = tx.observation(cx, rmodel.clone(), &rplan);
-            self.rows_build(header.clone(), &rplan, &*rmodel).decode(&obs)
-        })
+        cx.references
+            .rows(&header, &case.path, at, Vocab::of(ci), &|| {
+                let (_, rmodel) = cx.load_reference(at, Vocab::of(ci))?;
+                tx.check_context(&*rmodel)?;
+                let rplan = tx.identical_plan(cx, ref_at, src, &*rmodel, model, plan)?;
+                let obs = tx.observation(cx, rmodel.clone(), &rplan);
+                self.rows_build(header.clone(), &rplan, &*rmodel)
+                    .decode(&obs)
+            })
     }
 }
 

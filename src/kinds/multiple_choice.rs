@@ -121,14 +121,18 @@ pub fn parse(case: &Case, src: &str, diag: &mut Diagnostics) -> Result<Arc<dyn K
     if !ok {
         diag.push_at(
             f.margin_bins.as_ref().map_or(0, |b| b.span().start),
-            format!("margin_bins: {margin_bins:?} must be increasing numbers strictly between 0 and 1"),
+            format!(
+                "margin_bins: {margin_bins:?} must be increasing numbers strictly between 0 and 1"
+            ),
         );
     }
     Ok(Arc::new(MultipleChoice {
         format,
         file,
         // The tool's defaults: every task, and 400 HellaSwag tasks.
-        tasks: f.tasks.unwrap_or(if format == Format::Hellaswag { 400 } else { 0 }),
+        tasks: f
+            .tasks
+            .unwrap_or(if format == Format::Hellaswag { 400 } else { 0 }),
         tasks_given: f.tasks.filter(|&k| k > 0),
         n_ctx,
         margin_bins,
@@ -147,7 +151,12 @@ pub fn read_binary(bytes: &[u8], tasks: usize, shown: &str) -> Result<Vec<(usize
         bytes
             .get(at..at + 4)
             .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .ok_or_else(|| bad(format!("{what} at byte {at}: the file ends at byte {}", bytes.len())))
+            .ok_or_else(|| {
+                bad(format!(
+                    "{what} at byte {at}: the file ends at byte {}",
+                    bytes.len()
+                ))
+            })
     };
     let n_task = u32_at(0, "task count")? as usize;
     if n_task == 0 {
@@ -166,9 +175,13 @@ pub fn read_binary(bytes: &[u8], tasks: usize, shown: &str) -> Result<Vec<(usize
         let ctx = |w: &str| format!("task {i}: {w}");
         let string = |at: &mut usize, w: &str| -> Result<String> {
             let n = u32_at(*at, &ctx(w))? as usize;
-            let s = bytes
-                .get(*at + 4..*at + 4 + n)
-                .ok_or_else(|| bad(format!("{} of {n} bytes at byte {}: the file ends first", ctx(w), *at)))?;
+            let s = bytes.get(*at + 4..*at + 4 + n).ok_or_else(|| {
+                bad(format!(
+                    "{} of {n} bytes at byte {}: the file ends first",
+                    ctx(w),
+                    *at
+                ))
+            })?;
             *at += 4 + n;
             String::from_utf8(s.to_vec())
                 .map_err(|_| bad(format!("{} at byte {}: not UTF-8", ctx(w), *at - n)))
@@ -178,7 +191,9 @@ pub fn read_binary(bytes: &[u8], tasks: usize, shown: &str) -> Result<Vec<(usize
         for set in ["mc1", "mc2"] {
             let n = u32_at(at, &ctx(&format!("{set} answer count")))? as usize;
             if n > 100 {
-                return Err(bad(ctx(&format!("{set} has {n} answers, more than the tool's 100"))));
+                return Err(bad(ctx(&format!(
+                    "{set} has {n} answers, more than the tool's 100"
+                ))));
             }
             at += 4;
             let answers: Vec<String> = (0..n)
@@ -223,7 +238,10 @@ pub fn read_binary(bytes: &[u8], tasks: usize, shown: &str) -> Result<Vec<(usize
         let why = if t.question.is_empty() {
             Some("an empty question".to_string())
         } else if t.choices.len() < 2 {
-            Some(format!("{} choice(s); a task needs at least 2", t.choices.len()))
+            Some(format!(
+                "{} choice(s); a task needs at least 2",
+                t.choices.len()
+            ))
         } else if let Some(j) = t.choices.iter().position(String::is_empty) {
             Some(format!("choice {j} is empty"))
         } else if !t.labels.contains(&1) {
@@ -290,10 +308,16 @@ pub fn read_hellaswag(bytes: &[u8], tasks: usize, shown: &str) -> Result<Vec<(us
             ))
         })?;
         if t[0].is_empty() {
-            return Err(bad(format!("task {i} (line {}): an empty context", 6 * i + 1)));
+            return Err(bad(format!(
+                "task {i} (line {}): an empty context",
+                6 * i + 1
+            )));
         }
         if let Some(k) = t[2..].iter().position(|e| e.is_empty()) {
-            return Err(bad(format!("task {i} (line {}): ending {k} is empty", 6 * i + 3 + k)));
+            return Err(bad(format!(
+                "task {i} (line {}): ending {k} is empty",
+                6 * i + 3 + k
+            )));
         }
         out.push((
             i,
@@ -329,7 +353,11 @@ pub fn uniform_below(rng: &mut Mt19937, range: u32) -> u32 {
 /// answer not 1 or 2) or leave out (the last line, unless an empty line
 /// ends the file) is an error here, naming the line. `tasks` of them (0: all) drawn as
 /// `--winogrande-tasks` draws them.
-pub fn read_winogrande(bytes: &[u8], tasks: usize, shown: &str) -> Result<Vec<(usize, Winogrande)>> {
+pub fn read_winogrande(
+    bytes: &[u8],
+    tasks: usize,
+    shown: &str,
+) -> Result<Vec<(usize, Winogrande)>> {
     let bad = |what: String| Error::input(format!("{shown}: {what}"));
     let text = std::str::from_utf8(bytes).map_err(|e| bad(format!("not UTF-8: {e}")))?;
     // `-f` drops one final newline; the tool's reader then stops at the line
@@ -339,13 +367,11 @@ pub fn read_winogrande(bytes: &[u8], tasks: usize, shown: &str) -> Result<Vec<(u
     let mut lines: Vec<&str> = text.split('\n').collect();
     match lines.pop() {
         Some("") | None => {}
-        Some(last) => {
-            return Err(bad(format!(
-                "line {}: `{last}`: llama-perplexity leaves out the last line of a --winogrande file \
+        Some(last) => return Err(bad(format!(
+            "line {}: `{last}`: llama-perplexity leaves out the last line of a --winogrande file \
                  unless the file ends with an empty line; add one, so that every task counts",
-                lines.len() + 1
-            )))
-        }
+            lines.len() + 1
+        ))),
     }
     let mut all = Vec::new();
     for (n, line) in lines.iter().enumerate() {
@@ -364,7 +390,9 @@ pub fn read_winogrande(bytes: &[u8], tasks: usize, shown: &str) -> Result<Vec<(u
             }
         }
         if commas.len() != 4 {
-            return Err(at("not 5 comma-separated fields (index,sentence,choice1,choice2,answer)"));
+            return Err(at(
+                "not 5 comma-separated fields (index,sentence,choice1,choice2,answer)",
+            ));
         }
         let sub = |a: usize, len: usize| line.get(a..a + len).ok_or_else(|| at("a field is cut"));
         let sentence = if b.get(commas[0] + 1) == Some(&b'"') {
@@ -446,7 +474,11 @@ pub fn score_winogrande(
         required: usize,
     }
     let tok = |s: String| -> Result<Vec<TokenId>> {
-        Ok(model.tokenize(&s, BosPolicy::Model)?.iter().map(|t| t.id).collect())
+        Ok(model
+            .tokenize(&s, BosPolicy::Model)?
+            .iter()
+            .map(|t| t.id)
+            .collect())
     };
     let mut prepared = Vec::new();
     for (i, t) in tasks {
@@ -492,11 +524,21 @@ pub fn score_winogrande(
             for (k, p) in prepared[a..b].iter().enumerate() {
                 let s0 = 2 * k as i32;
                 for (i, &id) in p.seqs[0][..p.prefix].iter().enumerate() {
-                    tokens.push(SeqToken { id, pos: i, seqs: vec![s0, s0 + 1], output: i + 1 == p.prefix });
+                    tokens.push(SeqToken {
+                        id,
+                        pos: i,
+                        seqs: vec![s0, s0 + 1],
+                        output: i + 1 == p.prefix,
+                    });
                 }
                 for s in 0..2 {
                     for (i, &id) in p.seqs[s].iter().enumerate().skip(p.prefix) {
-                        tokens.push(SeqToken { id, pos: i, seqs: vec![s0 + s as i32], output: true });
+                        tokens.push(SeqToken {
+                            id,
+                            pos: i,
+                            seqs: vec![s0 + s as i32],
+                            output: true,
+                        });
                     }
                 }
             }
@@ -543,12 +585,30 @@ pub fn score_winogrande(
 pub fn computed_winogrande(n: usize, seed: u64) -> String {
     let mut rng = crate::measure::SplitMix64(seed);
     let mut next = move |m: u64| rng.next_u64() % m;
-    const NAMES: [&str; 8] = ["Tom", "Ann", "Maria", "Ken", "Sarah", "Omar", "Lena", "Paul"];
+    const NAMES: [&str; 8] = [
+        "Tom", "Ann", "Maria", "Ken", "Sarah", "Omar", "Lena", "Paul",
+    ];
     const FORMS: [(&str, &str, bool); 4] = [
-        ("{a} is {x} years old and {b} is {y}, so _ is older.", "years", true),
-        ("{a} ran {x} km and {b} ran {y} km, so _ ran farther than the other runner did today.", "km", true),
-        ("{a} paid {x} dollars and {b} paid {y} dollars, so _ paid less.", "dollars", false),
-        ("{a} has {x} books while {b} has {y} books so _ has more books on the shelf at home.", "books", true),
+        (
+            "{a} is {x} years old and {b} is {y}, so _ is older.",
+            "years",
+            true,
+        ),
+        (
+            "{a} ran {x} km and {b} ran {y} km, so _ ran farther than the other runner did today.",
+            "km",
+            true,
+        ),
+        (
+            "{a} paid {x} dollars and {b} paid {y} dollars, so _ paid less.",
+            "dollars",
+            false,
+        ),
+        (
+            "{a} has {x} books while {b} has {y} books so _ has more books on the shelf at home.",
+            "books",
+            true,
+        ),
     ];
     let mut out = String::new();
     for i in 0..n {
@@ -600,11 +660,18 @@ pub fn read_jsonl(bytes: &[u8], tasks: usize, shown: &str) -> Result<Vec<(usize,
     let bad = |what: String| Error::input(format!("{shown}: {what}"));
     let text = std::str::from_utf8(bytes).map_err(|e| bad(format!("not UTF-8: {e}")))?;
     let mut all = Vec::new();
-    for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+    for (n, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
         let at = |what: String| bad(format!("line {}: {what}", n + 1));
         let l: Line = serde_json::from_str(line).map_err(|e| at(e.to_string()))?;
         if l.choices.len() < 2 {
-            return Err(at(format!("{} choice(s); a task needs at least 2", l.choices.len())));
+            return Err(at(format!(
+                "{} choice(s); a task needs at least 2",
+                l.choices.len()
+            )));
         }
         if l.answer >= l.choices.len() {
             return Err(at(format!(
@@ -618,7 +685,9 @@ pub fn read_jsonl(bytes: &[u8], tasks: usize, shown: &str) -> Result<Vec<(usize,
         }
         all.push(Task {
             question: l.question,
-            labels: (0..l.choices.len()).map(|k| i32::from(k == l.answer)).collect(),
+            labels: (0..l.choices.len())
+                .map(|k| i32::from(k == l.answer))
+                .collect(),
             choices: l.choices,
         });
     }
@@ -816,7 +885,11 @@ pub fn write_hellaswag(tasks: &[Task]) -> Result<String> {
         let gold = t.labels.iter().position(|l| *l == 1);
         let clean = |s: &str| !s.contains('\n');
         match gold {
-            Some(g) if t.choices.len() == 4 && clean(&t.question) && t.choices.iter().all(|c| clean(c)) => {
+            Some(g)
+                if t.choices.len() == 4
+                    && clean(&t.question)
+                    && t.choices.iter().all(|c| clean(c)) =>
+            {
                 out.push_str(&format!("{}\n{g}\n{}\n", t.question, t.choices.join("\n")));
             }
             _ => {
@@ -981,7 +1054,10 @@ pub fn score(
         .iter()
         .map(|(i, t)| prepare(model, t).map_err(|e| e.context(format!("{shown}: task {i}"))))
         .collect::<Result<_>>()?;
-    let sizes: Vec<(usize, usize)> = prepared.iter().map(|p| (p.required, p.seqs.len())).collect();
+    let sizes: Vec<(usize, usize)> = prepared
+        .iter()
+        .map(|p| (p.required, p.seqs.len()))
+        .collect();
     let batches = tool_batches(&sizes, settings.n_ctx as usize, tasks, shown)?;
     let mut token_batches = Vec::new();
     for &(a, b) in &batches {
@@ -1021,7 +1097,8 @@ pub fn score(
             let mut out = Vec::with_capacity(p.seqs.len());
             for seq in &p.seqs {
                 let first_lp = tool_softmax_at(first, seq[p.prefix] as usize).ln();
-                let rest = (p.prefix..seq.len() - 1).map(|j| tool_logprob(rows[r + j - p.prefix], seq[j + 1] as usize));
+                let rest = (p.prefix..seq.len() - 1)
+                    .map(|j| tool_logprob(rows[r + j - p.prefix], seq[j + 1] as usize));
                 let count = seq.len() - p.prefix;
                 out.push(match format {
                     // (WinoGrande is scored by `score_winogrande`.)
@@ -1146,10 +1223,17 @@ impl MultipleChoice {
     }
 
     fn metric_names(&self) -> Vec<String> {
-        let mut m: Vec<String> = ["tasks", "correct", "accuracy", "accuracy_se", "accuracy_wilson95_lo", "accuracy_wilson95_hi"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let mut m: Vec<String> = [
+            "tasks",
+            "correct",
+            "accuracy",
+            "accuracy_se",
+            "accuracy_wilson95_lo",
+            "accuracy_wilson95_hi",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
         if self.reference.is_some() {
             for s in [
                 "ref_correct",
@@ -1162,7 +1246,14 @@ impl MultipleChoice {
                 m.push(s.into());
             }
             for b in 0..=self.margin_bins.len() {
-                for s in ["n", "changed", "right_to_wrong", "changed_rate", "changed_rate_wilson95_lo", "changed_rate_wilson95_hi"] {
+                for s in [
+                    "n",
+                    "changed",
+                    "right_to_wrong",
+                    "changed_rate",
+                    "changed_rate_wilson95_lo",
+                    "changed_rate_wilson95_hi",
+                ] {
                     m.push(format!("margin_bin{b}_{s}"));
                 }
             }
@@ -1185,7 +1276,10 @@ impl Kind for MultipleChoice {
             .into_iter()
             .map(|n| {
                 let count = COUNTS.contains(&n.as_str())
-                    || (n.starts_with("margin_bin") && (n.ends_with("_n") || n.ends_with("_changed") || n.ends_with("_right_to_wrong")));
+                    || (n.starts_with("margin_bin")
+                        && (n.ends_with("_n")
+                            || n.ends_with("_changed")
+                            || n.ends_with("_right_to_wrong")));
                 if count {
                     Metric::count(n)
                 } else {
@@ -1310,32 +1404,67 @@ impl Kind for MultipleChoice {
         m.insert("tasks".into(), n as f64);
         m.insert("correct".into(), k as f64);
         m.insert("accuracy".into(), p);
-        m.insert("accuracy_se".into(), (p * (1.0 - p) / (n as f64 - 1.0)).sqrt());
+        m.insert(
+            "accuracy_se".into(),
+            (p * (1.0 - p) / (n as f64 - 1.0)).sqrt(),
+        );
         m.insert("accuracy_wilson95_lo".into(), lo);
         m.insert("accuracy_wilson95_hi".into(), hi);
         let mut columns: Vec<(String, Column)> = vec![
-            ("task".into(), Column::I32(tasks.iter().map(|(i, _)| *i as i32).collect())),
-            ("chosen".into(), Column::I32(chosen.iter().map(|c| *c as i32).collect())),
+            (
+                "task".into(),
+                Column::I32(tasks.iter().map(|(i, _)| *i as i32).collect()),
+            ),
+            (
+                "chosen".into(),
+                Column::I32(chosen.iter().map(|c| *c as i32).collect()),
+            ),
             ("correct".into(), Column::Bool(right.clone())),
-            ("logprobs".into(), Column::Str(scores.iter().map(|s| format!("{s:?}")).collect())),
-            ("margin".into(), Column::F64(scores.iter().map(|s| margin(s)).collect())),
+            (
+                "logprobs".into(),
+                Column::Str(scores.iter().map(|s| format!("{s:?}")).collect()),
+            ),
+            (
+                "margin".into(),
+                Column::F64(scores.iter().map(|s| margin(s)).collect()),
+            ),
         ];
         if let Some(refs) = &refs {
             let (rchosen, rright) = verdicts(refs);
-            let b = rright.iter().zip(&right).filter(|(r, c)| **r && !**c).count() as u64;
-            let c = rright.iter().zip(&right).filter(|(r, c)| !**r && **c).count() as u64;
+            let b = rright
+                .iter()
+                .zip(&right)
+                .filter(|(r, c)| **r && !**c)
+                .count() as u64;
+            let c = rright
+                .iter()
+                .zip(&right)
+                .filter(|(r, c)| !**r && **c)
+                .count() as u64;
             let agree = rchosen.iter().zip(&chosen).filter(|(a, b)| a == b).count();
-            m.insert("ref_correct".into(), rright.iter().filter(|r| **r).count() as f64);
-            m.insert("ref_accuracy".into(), rright.iter().filter(|r| **r).count() as f64 / n as f64);
+            m.insert(
+                "ref_correct".into(),
+                rright.iter().filter(|r| **r).count() as f64,
+            );
+            m.insert(
+                "ref_accuracy".into(),
+                rright.iter().filter(|r| **r).count() as f64 / n as f64,
+            );
             m.insert("agreement".into(), agree as f64 / n as f64);
             m.insert("flips_right_to_wrong".into(), b as f64);
             m.insert("flips_wrong_to_right".into(), c as f64);
             m.insert("mcnemar_p".into(), mcnemar_exact(b, c));
             let rmargin: Vec<f64> = refs.iter().map(|s| margin(s)).collect();
             for bin in 0..=self.margin_bins.len() {
-                let lo = if bin == 0 { 0.0 } else { self.margin_bins[bin - 1] };
+                let lo = if bin == 0 {
+                    0.0
+                } else {
+                    self.margin_bins[bin - 1]
+                };
                 let hi = self.margin_bins.get(bin).copied().unwrap_or(f64::INFINITY);
-                let idx: Vec<usize> = (0..n).filter(|&i| rmargin[i] >= lo && rmargin[i] < hi).collect();
+                let idx: Vec<usize> = (0..n)
+                    .filter(|&i| rmargin[i] >= lo && rmargin[i] < hi)
+                    .collect();
                 let changed = idx.iter().filter(|&&i| rchosen[i] != chosen[i]).count();
                 let r2w = idx.iter().filter(|&&i| rright[i] && !right[i]).count();
                 m.insert(format!("margin_bin{bin}_n"), idx.len() as f64);
@@ -1343,14 +1472,23 @@ impl Kind for MultipleChoice {
                 m.insert(format!("margin_bin{bin}_right_to_wrong"), r2w as f64);
                 if !idx.is_empty() {
                     let (wl, wh) = wilson95(changed, idx.len());
-                    m.insert(format!("margin_bin{bin}_changed_rate"), changed as f64 / idx.len() as f64);
+                    m.insert(
+                        format!("margin_bin{bin}_changed_rate"),
+                        changed as f64 / idx.len() as f64,
+                    );
                     m.insert(format!("margin_bin{bin}_changed_rate_wilson95_lo"), wl);
                     m.insert(format!("margin_bin{bin}_changed_rate_wilson95_hi"), wh);
                 }
             }
-            columns.push(("ref_chosen".into(), Column::I32(rchosen.iter().map(|c| *c as i32).collect())));
+            columns.push((
+                "ref_chosen".into(),
+                Column::I32(rchosen.iter().map(|c| *c as i32).collect()),
+            ));
             columns.push(("ref_correct".into(), Column::Bool(rright)));
-            columns.push(("ref_logprobs".into(), Column::Str(refs.iter().map(|s| format!("{s:?}")).collect())));
+            columns.push((
+                "ref_logprobs".into(),
+                Column::Str(refs.iter().map(|s| format!("{s:?}")).collect()),
+            ));
             columns.push(("ref_margin".into(), Column::F64(rmargin)));
         }
         out.rows = Some(Arc::new(Table {
@@ -1394,15 +1532,26 @@ mod tests {
         let bytes = write_binary(&tasks);
         let back = read_binary(&bytes, 0, "f.bin").unwrap();
         assert_eq!(back.iter().map(|x| x.1.clone()).collect::<Vec<_>>(), tasks);
-        let cut = read_binary(&bytes[..bytes.len() - 3], 0, "f.bin").unwrap_err().to_string();
-        assert!(cut.contains("f.bin: task 1:") && cut.contains("the file ends"), "{cut}");
-        let e = read_binary(&write_binary(&[t("q", &["a"], 0)]), 0, "f.bin").unwrap_err().to_string();
+        let cut = read_binary(&bytes[..bytes.len() - 3], 0, "f.bin")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            cut.contains("f.bin: task 1:") && cut.contains("the file ends"),
+            "{cut}"
+        );
+        let e = read_binary(&write_binary(&[t("q", &["a"], 0)]), 0, "f.bin")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("task 0: 1 choice(s)"), "{e}");
         let mut none = t("q", &["a", "b"], 0);
         none.labels = vec![0, 0];
-        let e = read_binary(&write_binary(&[none]), 0, "f.bin").unwrap_err().to_string();
+        let e = read_binary(&write_binary(&[none]), 0, "f.bin")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("no choice is labelled correct"), "{e}");
-        let e = read_binary(b"\x05\0\0\0", 0, "f.bin").unwrap_err().to_string();
+        let e = read_binary(b"\x05\0\0\0", 0, "f.bin")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not a --multiple-choice file"), "{e}");
         assert_eq!(tool_selection(5, 5).len(), 5);
     }
@@ -1414,13 +1563,21 @@ mod tests {
         let text = write_hellaswag(&computed_hellaswag(10, 7)).unwrap();
         let tasks = read_hellaswag(text.as_bytes(), 400, "hs").unwrap();
         let mut seen: Vec<usize> = tasks.iter().map(|t| t.0).collect();
-        assert_ne!(seen, (0..10).collect::<Vec<_>>(), "drawn in the tool's order");
+        assert_ne!(
+            seen,
+            (0..10).collect::<Vec<_>>(),
+            "drawn in the tool's order"
+        );
         seen.sort();
         assert_eq!(seen, (0..10).collect::<Vec<_>>());
         assert_eq!(read_hellaswag(text.as_bytes(), 3, "hs").unwrap().len(), 3);
-        let e = read_hellaswag(b"a\n1\nx\ny\nz\n", 400, "hs").unwrap_err().to_string();
+        let e = read_hellaswag(b"a\n1\nx\ny\nz\n", 400, "hs")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("5 lines, not a positive multiple of 6"), "{e}");
-        let e = read_hellaswag(b"a\n7\nw\nx\ny\nz\n", 400, "hs").unwrap_err().to_string();
+        let e = read_hellaswag(b"a\n7\nw\nx\ny\nz\n", 400, "hs")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("task 0 (line 2): gold ending `7`"), "{e}");
         // Lemire's method on a range of 1 is 0, whatever the engine says.
         assert_eq!(uniform_below(&mut Mt19937::new(1), 1), 0);
@@ -1434,15 +1591,29 @@ mod tests {
         let t = read_winogrande(csv.as_bytes(), 0, "wg").unwrap();
         assert_eq!(t.len(), 4);
         let line0 = csv.lines().next().unwrap();
-        assert!(line0.contains('"') && t[0].1.first.contains(", so "), "{line0}");
+        assert!(
+            line0.contains('"') && t[0].1.first.contains(", so "),
+            "{line0}"
+        );
         assert!(!t[0].1.first.contains('"') && t[0].1.second.ends_with('.'));
-        let e = read_winogrande(b"0,no blank here,a,b,1\n\n", 0, "wg").unwrap_err().to_string();
+        let e = read_winogrande(b"0,no blank here,a,b,1\n\n", 0, "wg")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("line 1: the sentence has no `_`"), "{e}");
-        let e = read_winogrande(b"0,a _ b,x,y,3\n\n", 0, "wg").unwrap_err().to_string();
+        let e = read_winogrande(b"0,a _ b,x,y,3\n\n", 0, "wg")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("answer `3` is not 1 or 2"), "{e}");
-        let e = read_winogrande(b"0,a _ b,x,y,1\n", 0, "wg").unwrap_err().to_string();
-        assert!(e.contains("line 1:") && e.contains("leaves out the last line"), "{e}");
-        let e = read_winogrande(b"0,a _ b,x\n\n", 0, "wg").unwrap_err().to_string();
+        let e = read_winogrande(b"0,a _ b,x,y,1\n", 0, "wg")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("line 1:") && e.contains("leaves out the last line"),
+            "{e}"
+        );
+        let e = read_winogrande(b"0,a _ b,x\n\n", 0, "wg")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not 5 comma-separated fields"), "{e}");
     }
 
@@ -1455,15 +1626,28 @@ mod tests {
         assert_eq!(t.len(), 2);
         assert_eq!(t[1].0, 1);
         assert_eq!(t[1].1.labels, vec![0, 0, 1]);
-        let e = read_jsonl(b"{\"question\": \"q\", \"choices\": [\"a\", \"b\"], \"answer\": 2}\n", 0, "t.jsonl")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("t.jsonl: line 1: answer 2 is out of range"), "{e}");
-        let e = read_jsonl(b"\n{\"question\": \"q\", \"choices\": [\"a\"], \"answer\": 0}\n", 0, "t.jsonl")
-            .unwrap_err()
-            .to_string();
+        let e = read_jsonl(
+            b"{\"question\": \"q\", \"choices\": [\"a\", \"b\"], \"answer\": 2}\n",
+            0,
+            "t.jsonl",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("t.jsonl: line 1: answer 2 is out of range"),
+            "{e}"
+        );
+        let e = read_jsonl(
+            b"\n{\"question\": \"q\", \"choices\": [\"a\"], \"answer\": 0}\n",
+            0,
+            "t.jsonl",
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("line 2: 1 choice(s)"), "{e}");
-        let e = read_jsonl(b"{\"question\": 3}\n", 0, "t.jsonl").unwrap_err().to_string();
+        let e = read_jsonl(b"{\"question\": 3}\n", 0, "t.jsonl")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("line 1:"), "{e}");
     }
 

@@ -106,7 +106,10 @@ pub fn parse(case: &Case, src: &str, diag: &mut Diagnostics) -> Result<Arc<dyn K
     let record = f.reference_record.as_ref().map(|r| {
         if case.reference.is_some() {
             diag.push(
-                &case.reference.as_ref().map_or_else(|| diag.at(0), |r| r.1.clone()),
+                &case
+                    .reference
+                    .as_ref()
+                    .map_or_else(|| diag.at(0), |r| r.1.clone()),
                 "reference: give a reference model or a reference_record, not both",
             );
         }
@@ -198,7 +201,12 @@ impl Kind for Perplexity {
                 n_vocab: header.n_vocab,
                 fingerprint: &header.tokenizer_fingerprint,
             };
-            same_tokenizer(&rec.at, "reference_record", recorded, Vocab::of(model.info()))?;
+            same_tokenizer(
+                &rec.at,
+                "reference_record",
+                recorded,
+                Vocab::of(model.info()),
+            )?;
             Some(Arc::new(rscored))
         } else {
             None

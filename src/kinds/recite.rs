@@ -14,8 +14,8 @@ use crate::core::{Case, Decoding, Outcome};
 use crate::engine::TokenId;
 use crate::execute::RunContext;
 use crate::kinds::digit_text::{
-    bounded, ids_sha256, piece_text, prompt_text, settings_for, tokenize, Common, Expected,
-    ExpectFile, Follow, Prompt, Template,
+    bounded, ids_sha256, piece_text, prompt_text, settings_for, tokenize, Common, ExpectFile,
+    Expected, Follow, Prompt, Template,
 };
 use crate::kinds::{Kind, Start};
 use serde::Deserialize;
@@ -116,7 +116,10 @@ pub fn parse(case: &Case, src: &str, diag: &mut Diagnostics) -> Result<Arc<dyn K
                     );
                 }
                 if prompts.iter().any(|q: &Prompt| q.name == *n) {
-                    diag.push_at(p.name.span().start, format!("prompts.name: `{n}` appears twice"));
+                    diag.push_at(
+                        p.name.span().start,
+                        format!("prompts.name: `{n}` appears twice"),
+                    );
                 }
                 prompts.push(common.prompt(n, &p.text));
             }
@@ -201,31 +204,43 @@ impl Kind for Recite {
             .collect();
         out.token_stream_sha256 = Some(ids_sha256(&ids));
         out.timings.tokenize = t.elapsed();
-        let settings = settings_for(cx, &*model, case, ids.len() + self.max_tokens, self.min_rows)?;
+        let settings = settings_for(
+            cx,
+            &*model,
+            case,
+            ids.len() + self.max_tokens,
+            self.min_rows,
+        )?;
         out.settings = Some(settings.clone());
         let mut follow = Follow::new(&self.expected, self.template);
         let mut departed_at_step: Option<usize> = None;
         let mut stopped = "max_tokens";
         let t = Instant::now();
         let steps = model
-            .generate(&settings, &ids, self.max_tokens, self.decoding, &mut |gen| {
-                let Some(&last) = gen.last() else {
-                    return false;
-                };
-                let now = follow.push(&piece_text(&*model, last));
-                if now.complete {
-                    stopped = "complete";
-                    return true;
-                }
-                if now.departs_at.is_some() && departed_at_step.is_none() {
-                    departed_at_step = Some(gen.len());
-                }
-                if departed_at_step.is_some_and(|d| gen.len() >= d + self.tail) {
-                    stopped = "departed";
-                    return true;
-                }
-                false
-            })
+            .generate(
+                &settings,
+                &ids,
+                self.max_tokens,
+                self.decoding,
+                &mut |gen| {
+                    let Some(&last) = gen.last() else {
+                        return false;
+                    };
+                    let now = follow.push(&piece_text(&*model, last));
+                    if now.complete {
+                        stopped = "complete";
+                        return true;
+                    }
+                    if now.departs_at.is_some() && departed_at_step.is_none() {
+                        departed_at_step = Some(gen.len());
+                    }
+                    if departed_at_step.is_some_and(|d| gen.len() >= d + self.tail) {
+                        stopped = "departed";
+                        return true;
+                    }
+                    false
+                },
+            )
             .map_err(|e| e.context(case.path.display()))?;
         out.timings.decode = t.elapsed();
         let t = Instant::now();

@@ -73,10 +73,7 @@ pub fn parse(case: &Case, src: &str, diag: &mut Diagnostics) -> Result<Arc<dyn K
     if k.pp == 0 && k.tg == 0 {
         diag.push_at(0, "pp, tg: at least one of them must be ≥ 1");
     }
-    for (v, key, min) in [
-        (&f.repetitions, "repetitions", 2),
-        (&f.rounds, "rounds", 1),
-    ] {
+    for (v, key, min) in [(&f.repetitions, "repetitions", 2), (&f.rounds, "rounds", 1)] {
         if let Some(v) = v.as_ref().filter(|v| *v.get_ref() < min) {
             diag.push_at(
                 v.span().start,
@@ -285,7 +282,10 @@ mod tests {
     /// hand-computed values.
     #[test]
     fn speed_statistics_by_hand() {
-        let t = tps(100, &[Duration::from_millis(500), Duration::from_millis(250)]);
+        let t = tps(
+            100,
+            &[Duration::from_millis(500), Duration::from_millis(250)],
+        );
         assert_eq!(t, vec![200.0, 400.0]);
         let (m, sd) = mean_sd(&t);
         assert_eq!(m, 300.0);

@@ -18,13 +18,13 @@ use crate::execute::qgref::CacheHeader;
 use crate::execute::reference::{rows_header, RefRows, Vocab};
 use crate::execute::RunContext;
 use crate::kinds::digit_rows::{DigitRow, DigitRows};
-use crate::kinds::reference_rows::RowsBuild;
-use crate::kinds::{Finish, RefWork, Start};
 use crate::kinds::digit_text::{
-    ids_sha256, piece_text, prompt_text, settings_for, tokenize, unit_tokens, Common, ExpectFile, Expected,
-    Follow, Prompt, Template,
+    ids_sha256, piece_text, prompt_text, settings_for, tokenize, unit_tokens, Common, ExpectFile,
+    Expected, Follow, Prompt, Template,
 };
+use crate::kinds::reference_rows::RowsBuild;
 use crate::kinds::Kind;
+use crate::kinds::{Finish, RefWork, Start};
 use crate::measure::forecast;
 use crate::measure::kld::{compare, RefPosition, DEFAULT_MAX_KEPT, DEFAULT_TAIL};
 use crate::measure::quantile;
@@ -177,12 +177,18 @@ pub fn parse(case: &Case, src: &str, diag: &mut Diagnostics) -> Result<Arc<dyn K
             );
         }
         if samplers.iter().any(|x: &SamplerSpec| x.name == *n) {
-            diag.push_at(s.name.span().start, format!("sampler.name: `{n}` appears twice"));
+            diag.push_at(
+                s.name.span().start,
+                format!("sampler.name: `{n}` appears twice"),
+            );
         }
         if let Some(n) = s.samples.as_ref().filter(|n| *n.get_ref() > MAX_SAMPLES) {
             diag.push_at(
                 n.span().start,
-                format!("sampler.samples: {} is more than {MAX_SAMPLES}", n.get_ref()),
+                format!(
+                    "sampler.samples: {} is more than {MAX_SAMPLES}",
+                    n.get_ref()
+                ),
             );
         }
         let t = *s.temperature.get_ref();
@@ -274,7 +280,14 @@ impl Kind for TeacherForcing {
         let ids: Vec<TokenId> = rloc.tokens.iter().map(|t| t.id).collect();
         let settings = settings_for(cx, &*rmodel, case, ids.len(), self.min_rows)?;
         let (window, unit_of_row) = tf_window(&rloc, &ids);
-        let header = tf_rows_header(cx, ref_alias, &ids_sha256(&ids), &settings, &unit_of_row, rmodel.info().n_vocab)?;
+        let header = tf_rows_header(
+            cx,
+            ref_alias,
+            &ids_sha256(&ids),
+            &settings,
+            &unit_of_row,
+            rmodel.info().n_vocab,
+        )?;
         let obs = Observation::new(rmodel.clone(), settings, vec![window.clone()]);
         Ok(tf_rows_build(header, &window, &unit_of_row, &*rmodel).work(cx, obs))
     }
@@ -617,22 +630,23 @@ fn tf_reference(
     let header = tf_rows_header(cx, ref_alias, stream, settings, unit_of_row, ci.n_vocab)
         .map_err(|e| e.context(ref_at))?;
     let at = (ref_alias.as_str(), ref_at);
-    cx.references.rows(&header, &case.path, at, Vocab::of(ci), &|| {
-        let (_, rmodel) = cx.load_reference(at, Vocab::of(ci))?;
-        let rloc = locate(cx, &*rmodel, t, case)?;
-        let rids: Vec<TokenId> = rloc.tokens.iter().map(|t| t.id).collect();
-        if rids != window.tokens {
-            return Err(Error::input(format!(
-                "{ref_at}: reference: `{ref_alias}` and `{}` do not score identical tokens \
+    cx.references
+        .rows(&header, &case.path, at, Vocab::of(ci), &|| {
+            let (_, rmodel) = cx.load_reference(at, Vocab::of(ci))?;
+            let rloc = locate(cx, &*rmodel, t, case)?;
+            let rids: Vec<TokenId> = rloc.tokens.iter().map(|t| t.id).collect();
+            if rids != window.tokens {
+                return Err(Error::input(format!(
+                    "{ref_at}: reference: `{ref_alias}` and `{}` do not score identical tokens \
                  ({} vs {} tokens)",
-                ci.file.alias,
-                rids.len(),
-                window.tokens.len()
-            )));
-        }
-        let obs = Observation::new(rmodel.clone(), settings.clone(), vec![window.clone()]);
-        tf_rows_build(header.clone(), window, unit_of_row, &*rmodel).decode(&obs)
-    })
+                    ci.file.alias,
+                    rids.len(),
+                    window.tokens.len()
+                )));
+            }
+            let obs = Observation::new(rmodel.clone(), settings.clone(), vec![window.clone()]);
+            tf_rows_build(header.clone(), window, unit_of_row, &*rmodel).decode(&obs)
+        })
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -829,13 +843,20 @@ fn sampling(
             .map(|_| Follow::new(&t.expected, t.template))
             .collect();
         model
-            .sample_many(&plain, &loc.prompt_ids, max_new, &s.sampler, &seeds, &mut |k, gen| {
-                let Some(&last) = gen.last() else {
-                    return false;
-                };
-                let r = follows[k].push(&piece_text(model, last));
-                r.complete || r.departs_at.is_some()
-            })
+            .sample_many(
+                &plain,
+                &loc.prompt_ids,
+                max_new,
+                &s.sampler,
+                &seeds,
+                &mut |k, gen| {
+                    let Some(&last) = gen.last() else {
+                        return false;
+                    };
+                    let r = follows[k].push(&piece_text(model, last));
+                    r.complete || r.departs_at.is_some()
+                },
+            )
             .map_err(|e| e.context(case.path.display()))?;
         let reached: Vec<f64> = follows.iter().map(|f| f.reach().correct as f64).collect();
         out.timings.decode += t0.elapsed();
@@ -870,7 +891,6 @@ fn sampling(
     out.texts.insert("sampling".into(), lines.join("; "));
     Ok(())
 }
-
 
 /// The scored text of a teacher-forced case and where each unit's token is.
 struct Located {
@@ -918,4 +938,3 @@ fn locate(
         units,
     })
 }
-
