@@ -1,0 +1,272 @@
+//! The command line's flags and subcommands, as clap parses them.
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "quantgate",
+    version,
+    about = "Evaluate GGUF models and their quants against gates and goldens"
+)]
+pub struct Cli {
+    /// The suites directory (holds models.toml and the cases).
+    #[arg(long, global = true, default_value = "suites")]
+    pub suites: PathBuf,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Run cases (all by default) and print a table. Exit 0: all pass; 1: a case failed; 2: unusable input.
+    Run(RunArgs),
+    /// List registry models with status, bytes and sha256; `models fetch` fetches/derives them.
+    Models(ModelsArgs),
+    /// Reference records: a reference model's scores, exported once.
+    Reference(ReferenceArgs),
+    /// Preregistered decision rules: seal, verify, report.
+    Prereg(PreregArgs),
+    /// What GGUF files are: bytes, parameters, bits per weight, tensor types,
+    /// architecture, context, vocabulary, tokenizer, quantization provenance.
+    Inspect(InspectArgs),
+    /// The ladder report (report.md, report.csv, report.html): from `--json`
+    /// files of `quantgate run`, else from the result cache (the newest
+    /// result of each selected case × model, e.g. after `cargo test`).
+    Report(ReportArgs),
+    /// Merge the outcomes of shards (folders a `QUANTGATE_OUT=DIR` run under
+    /// nextest wrote, or `--json` files) into one run: every selected test
+    /// exactly once, one build, one settings line per case, gates judged
+    /// again; then the table, `--json` and `--report` as `run` writes them.
+    /// Exit 0: all pass; 1: a test failed; 2: the shards do not make one run.
+    Merge(MergeArgs),
+    /// Print the token ids of a text file, one per line (to pin as a `[tokens]` file).
+    Tokenize(TokenizeArgs),
+}
+
+/// Which cases run on which models.
+#[derive(clap::Args)]
+pub struct Select {
+    /// Case files, directories or globs (relative to the suites directory).
+    pub patterns: Vec<String>,
+    /// Only these model aliases; or GGUF files (paths, globs, a split
+    /// file by its first part), pinned in `<suites>/models.lock`, which
+    /// every selected case then runs on instead of its own models.
+    #[arg(long = "model")]
+    pub models: Vec<String>,
+    /// The reference (an alias or a GGUF file) of every selected case
+    /// that names one, instead of its own.
+    #[arg(long)]
+    pub reference: Option<String>,
+}
+
+#[derive(Subcommand)]
+pub enum ReferenceAction {
+    /// Score a perplexity case on its reference model and write the record (JSONL):
+    /// per target the log-prob of the true token and the top-1 id.
+    Export {
+        /// The case file.
+        case: PathBuf,
+        /// Output file.
+        #[arg(long)]
+        out: PathBuf,
+        /// Model to record (default: the case's `reference`).
+        #[arg(long)]
+        model: Option<String>,
+    },
+    /// Build the reference products (`.qgref` rows for KL, `.qgscores` for
+    /// paired ΔNLL) of the selected cases once, into DIR: shards then read
+    /// them with QUANTGATE_REFERENCE_DIR=DIR and never load the reference model.
+    Build {
+        /// Which cases and models, as `run` selects them.
+        #[command(flatten)]
+        select: Select,
+        /// The folder to write (created; products already in it are kept).
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum PreregAction {
+    /// Append the sha256 of FILE's exact bytes to its directory's LEDGER (chained).
+    Seal {
+        /// The prereg file.
+        file: PathBuf,
+    },
+    /// Check every prereg, the ledger chain and the git history; runs no model.
+    Verify,
+    /// Every sealed comparison with its outcome (from the goldens), wins and losses together.
+    Report,
+}
+
+#[derive(Subcommand)]
+pub enum ModelsAction {
+    /// Fetch or derive models (all by default) and verify them.
+    Fetch {
+        /// Aliases.
+        aliases: Vec<String>,
+    },
+    /// Pin local GGUF files (paths or globs) in `<suites>/models.lock`, or
+    /// pin every entry of the lock again: the only way a pinned file's
+    /// new bytes are accepted.
+    Pin {
+        /// Files or globs (default: every file the lock pins).
+        paths: Vec<String>,
+    },
+}
+
+/// The flags of `quantgate run`.
+#[derive(clap::Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub select: Select,
+    /// Write one JSON object per case × model to FILE.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write per-position rows (kld cases) as DIR/<case>/<model>.parquet.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Print per-model stage timings.
+    #[arg(long)]
+    pub timings: bool,
+    /// llama.cpp threads of each job (default: the cores, shared by the jobs).
+    #[arg(long)]
+    pub threads: Option<u32>,
+    /// Groups of cases (one decode each) run at once (default 1).
+    #[arg(long, default_value_t = 1)]
+    pub jobs: usize,
+    /// The goldens directory a preregistered case's history is checked
+    /// against (default: `goldens` beside the suites directory).
+    #[arg(long)]
+    pub goldens: Option<PathBuf>,
+    /// Accept a selection of no case × model (otherwise an error: a
+    /// mistyped filter must not pass).
+    #[arg(long)]
+    pub allow_empty: bool,
+    /// Run every case × model again instead of taking unchanged ones from
+    /// the result cache (nor recording them there).
+    #[arg(long)]
+    pub no_cache: bool,
+    /// Layers to offload to the GPU: a number or `all` (default: all on
+    /// a GPU build, none on CPU; env QUANTGATE_N_GPU_LAYERS).
+    #[arg(long)]
+    pub n_gpu_layers: Option<String>,
+    /// KV cache type: f16 (default), f32, bf16, q8_0, q4_0, q4_1,
+    /// iq4_nl, q5_0, q5_1 (quantized ones need --flash-attn on; env
+    /// QUANTGATE_KV_TYPE).
+    #[arg(long)]
+    pub kv_type: Option<String>,
+    /// Flash attention: off (default) or on (env QUANTGATE_FLASH_ATTN).
+    #[arg(long)]
+    pub flash_attn: Option<String>,
+    /// Also write the ladder report (report.md, report.csv, report.html) to DIR.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// Replace a report that DIR of --report holds already.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// The flags of `quantgate models`.
+#[derive(clap::Args)]
+pub struct ModelsArgs {
+    #[command(subcommand)]
+    pub action: Option<ModelsAction>,
+}
+
+/// The flags of `quantgate reference`.
+#[derive(clap::Args)]
+pub struct ReferenceArgs {
+    #[command(subcommand)]
+    pub action: ReferenceAction,
+}
+
+/// The flags of `quantgate prereg`.
+#[derive(clap::Args)]
+pub struct PreregArgs {
+    #[command(subcommand)]
+    pub action: PreregAction,
+    /// The prereg directory (holds the files and LEDGER).
+    #[arg(long, global = true, default_value = "prereg")]
+    pub dir: PathBuf,
+    /// The goldens directory.
+    #[arg(long, global = true, default_value = "goldens")]
+    pub goldens: PathBuf,
+}
+
+/// The flags of `quantgate inspect`.
+#[derive(clap::Args)]
+pub struct InspectArgs {
+    /// GGUF files (a split file by any of its parts) or registry aliases.
+    #[arg(required = true)]
+    pub targets: Vec<String>,
+    /// Print a JSON array, one object per target.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The flags of `quantgate report`.
+#[derive(clap::Args)]
+pub struct ReportArgs {
+    /// Which cases and models (with the result cache), as `run` selects them.
+    #[command(flatten)]
+    pub select: Select,
+    /// `--json` files of `quantgate run` to report on.
+    #[arg(long)]
+    pub json: Vec<PathBuf>,
+    /// Where to write the report.
+    #[arg(long, default_value = "report")]
+    pub out: PathBuf,
+    /// Accept a selection of no case × model (otherwise an error).
+    #[arg(long)]
+    pub allow_empty: bool,
+    /// Replace a report that --out holds already.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// The flags of `quantgate merge`.
+#[derive(clap::Args)]
+pub struct MergeArgs {
+    /// Shard output folders (walked for `*.json`) or `--json` files.
+    #[arg(required = true)]
+    pub sources: Vec<PathBuf>,
+    /// The cases the shards ran (files, directories or globs, as `run`
+    /// takes them; default: every case).
+    #[arg(long = "case")]
+    pub cases: Vec<String>,
+    /// Only these model aliases (or files), as `run --model`.
+    #[arg(long = "model")]
+    pub models: Vec<String>,
+    /// The reference of every selected case, as `run --reference`.
+    #[arg(long)]
+    pub reference: Option<String>,
+    /// Write the merged outcomes (one JSON array, as `run --json`).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Also write the ladder report to DIR.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// Accept a selection of no case × model (otherwise an error).
+    #[arg(long)]
+    pub allow_empty: bool,
+    /// Replace a report that --report holds already.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// The flags of `quantgate tokenize`.
+#[derive(clap::Args)]
+pub struct TokenizeArgs {
+    /// The text file.
+    pub file: PathBuf,
+    /// Model whose tokenizer to use.
+    #[arg(long)]
+    pub model: String,
+    /// BOS policy: model, always, never.
+    #[arg(long, default_value = "never")]
+    pub bos: String,
+    /// At most this many ids.
+    #[arg(long)]
+    pub limit: Option<usize>,
+}

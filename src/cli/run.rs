@@ -1,0 +1,187 @@
+//! `quantgate run`: plan the selected cases × models, run them group by
+//! group (each in a worker process of its model unless
+//! `QUANTGATE_ISOLATION=off`), judge, and print the table; `--json`,
+//! `--report` and `--out` as asked.
+
+use super::args::{RunArgs, Select};
+use super::{nothing_selected, outputs_ready, write_report, Conclusion, Ctx};
+use quantgate::core::{Error, Status};
+use quantgate::execute::{threads_per_trial, RunContext};
+use quantgate::harness::worker::{executors, Job};
+use quantgate::harness::{Isolation, Selection};
+use quantgate::plan::Planned;
+use quantgate::report;
+use std::sync::Arc;
+
+/// `--threads`, checked: at least 1, at most the cores here.
+fn threads(asked: Option<u32>) -> Result<Option<u32>, Error> {
+    if asked == Some(0) {
+        return Err(Error::input(
+            "--threads 0: give at least 1 (the default is the cores here)".to_string(),
+        ));
+    }
+    let cores = quantgate::execute::cores() as u32;
+    Ok(asked.map(|t| {
+        if t > cores {
+            eprintln!(
+                "quantgate: --threads {t} is more than the {cores} cores here (oversubscribed \
+                 llama.cpp threads run slower, not faster); using {cores}"
+            );
+        }
+        t.clamp(1, cores)
+    }))
+}
+
+/// Say what is wrong with the plan before any decode: each case that does
+/// not parse (its tests are errors in the table; the other cases run), and
+/// each model that is its own reference.
+fn say_early(planned: &[Planned]) {
+    let mut said = std::collections::BTreeSet::new();
+    for e in planned.iter().filter_map(|p| p.case.as_ref().err()) {
+        if said.insert(e.message.clone()) {
+            eprintln!("error: {}", e.message);
+        }
+    }
+    // A model compared with itself passes every paired gate.
+    for p in planned {
+        if let Ok(c) = &p.case {
+            if c.case.reference.as_ref().is_some_and(|r| r.0 == p.model) {
+                eprintln!(
+                    "quantgate: warning: {}: `{}` is its own reference; its paired \
+                     metrics compare it with itself (ΔNLL and KLD 0), a pass that says \
+                     nothing",
+                    p.name, p.model
+                );
+            }
+        }
+    }
+}
+
+/// Run `quantgate run`.
+pub fn run(ctx: &Ctx, a: RunArgs) -> Result<Conclusion, Error> {
+    let RunArgs {
+        select: Select {
+            patterns,
+            models,
+            reference,
+        },
+        json,
+        out,
+        timings,
+        threads: asked_threads,
+        jobs,
+        goldens,
+        allow_empty,
+        no_cache,
+        n_gpu_layers,
+        kv_type,
+        flash_attn,
+        report: report_dir,
+        force,
+    } = a;
+    quantgate::core::EngineOptions::from_flags_or_env([
+        n_gpu_layers.as_deref(),
+        kv_type.as_deref(),
+        flash_attn.as_deref(),
+    ])
+    .and_then(quantgate::core::EngineOptions::install)?;
+    quantgate::execute::reference::shipped_from_env()?;
+    // Output paths are checked before anything runs.
+    outputs_ready(
+        json.as_deref(),
+        report_dir.as_deref().map(|d| ("--report", d)),
+        force,
+    )?;
+    if let Some(d) = &out {
+        quantgate::core::fsutil::writable_dir("--out", d)?;
+    }
+    let threads = threads(asked_threads)?;
+    let goldens = goldens.unwrap_or_else(|| ctx.default_goldens());
+    let isolation = Isolation::from_env()?;
+    let overrides = ctx.overrides(&models, reference.as_deref())?;
+    let (registry, planned) =
+        quantgate::plan::plan_with(&ctx.suites, &patterns, &models, &overrides)?;
+    if planned.is_empty() && !allow_empty {
+        return Err(nothing_selected("run", &patterns, &models));
+    }
+    say_early(&planned);
+    let runner = Arc::new(RunContext::new(
+        registry,
+        ctx.engine.clone(),
+        threads.unwrap_or_else(|| threads_per_trial(jobs.max(1))),
+    ));
+    if let Some(dir) = &out {
+        report::clean_product_temps(dir, &planned);
+    }
+    // Plan by observation: each group is one decode, after the groups
+    // whose references it reads; each runs in a worker process of its
+    // model (QUANTGATE_ISOLATION=off: in this one). Rows are not kept in
+    // the result cache: --out runs everything.
+    let cache = !no_cache && out.is_none() && quantgate::judge::cache::enabled();
+    let groups = quantgate::plan::groups::groups(&planned, &vec![true; planned.len()], true);
+    let selection = Arc::new(Selection {
+        suites: ctx.suites.clone(),
+        goldens: goldens.clone(),
+        patterns: patterns.clone(),
+        models: models.clone(),
+        overrides,
+    });
+    let executors = executors(isolation, &groups, &runner, &selection, true);
+    let exec = |g: usize, run: &[&Planned], provides: &[&Planned]| {
+        let job = Job {
+            run: run.iter().map(|p| p.name.clone()).collect(),
+            provide: provides.iter().map(|p| p.name.clone()).collect(),
+            cache,
+            rows: out.clone(),
+            outcomes: None,
+        };
+        executors[g]
+            .as_ref()
+            .expect("every group has an executor")
+            .run(run, provides, &job, &goldens, runner.threads)
+    };
+    let mut write_failed = false;
+    let (outcomes, reference_work) = quantgate::judge::run_groups(
+        &planned,
+        &groups,
+        jobs.max(1),
+        &exec,
+        &mut |names, provides| match names {
+            [] => eprintln!("quantgate: reference work for {provides} trials"),
+            [one] => eprintln!("quantgate: running {one}"),
+            _ => eprintln!("quantgate: running {} (one decode)", names.join(", ")),
+        },
+        &mut |_, unwritten| {
+            for e in unwritten {
+                eprintln!("error: {e}");
+                write_failed = true;
+            }
+        },
+    );
+    drop(executors);
+    print!("{}", report::table(&outcomes));
+    if let Some(dir) = &report_dir {
+        if let Err(e) = write_report(dir, &outcomes, runner.registry(), &ctx.label()) {
+            eprintln!("error: {}", e.message);
+            write_failed = true;
+        }
+    }
+    if timings {
+        print!("\n{}", report::timings(&outcomes, &reference_work));
+    }
+    if let Some(path) = json {
+        report::write_json(&path, &outcomes)?;
+    }
+    Ok(
+        if outcomes
+            .iter()
+            .any(|o| o.status == Status::Error && o.input_error)
+        {
+            Conclusion::Unusable
+        } else if write_failed {
+            Conclusion::Fail
+        } else {
+            Conclusion::of_outcomes(&outcomes)
+        },
+    )
+}
