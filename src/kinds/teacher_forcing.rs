@@ -27,7 +27,7 @@ use crate::kinds::Kind;
 use crate::kinds::{Finish, RefWork, Start};
 use crate::measure::forecast;
 use crate::measure::kld::{compare, RefPosition, DEFAULT_MAX_KEPT, DEFAULT_TAIL};
-use crate::measure::quantile;
+use crate::measure::stats::median;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -647,14 +647,6 @@ fn tf_reference(
             let obs = Observation::new(rmodel.clone(), settings.clone(), vec![window.clone()]);
             tf_rows_build(header.clone(), window, unit_of_row, &*rmodel).decode(&obs)
         })
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    quantile(&v, 0.5)
 }
 
 fn tf_metrics(

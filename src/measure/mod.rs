@@ -7,9 +7,13 @@
 //! a libm call per vocabulary entry would cost as much as the forward pass.
 
 pub mod forecast;
+
 pub mod kld;
 
 use std::collections::BTreeMap;
+
+pub mod stats;
+pub use stats::*;
 
 /// What one logit row reduces to.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -219,124 +223,6 @@ pub fn perplexity_metrics(windows: &[WindowNll]) -> BTreeMap<String, f64> {
         ),
         ("windows".to_string(), windows.len() as f64),
     ])
-}
-
-/// SplitMix64 (Steele, Lea, Flood 2014): the documented generator behind
-/// seeded bootstraps, so a seed gives the same interval everywhere.
-#[derive(Debug, Clone)]
-pub struct SplitMix64(pub u64);
-
-impl SplitMix64 {
-    /// Next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform integer in 0..n (n ≥ 1), by rejection: no modulo bias.
-    pub fn below(&mut self, n: u64) -> u64 {
-        let zone = u64::MAX - u64::MAX % n;
-        loop {
-            let v = self.next_u64();
-            if v < zone {
-                return v % n;
-            }
-        }
-    }
-}
-
-/// Sample quantile with linear interpolation between order statistics
-/// (Hyndman–Fan type 7, the default of R and numpy). `sorted` is ascending.
-pub fn quantile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let h = (sorted.len() - 1) as f64 * q;
-    let lo = h.floor() as usize;
-    let hi = h.ceil() as usize;
-    sorted[lo] + (h - lo as f64) * (sorted[hi] - sorted[lo])
-}
-
-/// Mean and 95% Student-t interval of `xs` (NaN bounds with fewer than 2).
-pub fn t_interval95(xs: &[f64]) -> (f64, f64, f64) {
-    let n = xs.len() as f64;
-    let mean = xs.iter().sum::<f64>() / n;
-    if xs.len() < 2 {
-        return (mean, f64::NAN, f64::NAN);
-    }
-    let var = xs.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (n - 1.0);
-    let t = statrs::distribution::ContinuousCDF::inverse_cdf(
-        &statrs::distribution::StudentsT::new(0.0, 1.0, n - 1.0).expect("df ≥ 1"),
-        0.975,
-    );
-    let half = t * (var / n).sqrt();
-    (mean, mean - half, mean + half)
-}
-
-/// 95% percentile interval of the mean of `xs` by a moving-block bootstrap:
-/// blocks of `block` consecutive values (0: ⌈n^(1/3)⌉) start anywhere in
-/// 0..=n−block, are drawn with replacement and concatenated to length n.
-/// Fewer than 4 windows give NaN: every resample would be nearly the series
-/// itself, an interval of no width that means nothing.
-pub fn block_bootstrap95(xs: &[f64], block: usize, resamples: usize, seed: u64) -> (f64, f64) {
-    let n = xs.len();
-    if n < 4 || resamples == 0 {
-        return (f64::NAN, f64::NAN);
-    }
-    let b = if block == 0 {
-        (n as f64).cbrt().ceil() as usize
-    } else {
-        block
-    }
-    .clamp(1, n / 2);
-    let starts = (n - b + 1) as u64;
-    let mut rng = SplitMix64(seed);
-    let mut means = Vec::with_capacity(resamples);
-    for _ in 0..resamples {
-        let mut sum = 0.0;
-        let mut taken = 0;
-        while taken < n {
-            let s = rng.below(starts) as usize;
-            for x in &xs[s..s + b.min(n - taken)] {
-                sum += x;
-            }
-            taken += b.min(n - taken);
-        }
-        means.push(sum / n as f64);
-    }
-    means.sort_by(f64::total_cmp);
-    (quantile(&means, 0.025), quantile(&means, 0.975))
-}
-
-/// llama-perplexity's `mean_and_uncertainty`: mean and standard error from
-/// sums, the error 0 unless the variance is positive and count > 10.
-pub fn mean_and_uncertainty(sum: f64, sum2: f64, count: usize) -> (f64, f64) {
-    if count < 1 {
-        return (0.0, 0.0);
-    }
-    let c = count as f64;
-    let f = sum / c;
-    let df = sum2 / c - f * f;
-    (
-        f,
-        if df > 0.0 && count > 10 {
-            (df / (c - 1.0)).sqrt()
-        } else {
-            0.0
-        },
-    )
-}
-
-/// llama-perplexity's `covariance` of the means (0 below 10 values).
-fn covariance(suma: f64, sumb: f64, sumab: f64, count: usize) -> f64 {
-    if count < 10 {
-        return 0.0;
-    }
-    let c = count as f64;
-    (sumab / c - (suma / c) * (sumb / c)) / (c - 1.0)
 }
 
 /// Candidate vs reference on identical tokens: per-window paired ΔNLL with a

@@ -230,7 +230,7 @@ pub fn top_flips(m: &BTreeMap<String, f64>) -> Option<TopFlips> {
         edge: top.first()?.0,
         flips,
         n,
-        wilson: crate::measure::kld::wilson95(flips as usize, n as usize),
+        wilson: crate::measure::stats::wilson95(flips as usize, n as usize),
     })
 }
 
@@ -1045,7 +1045,7 @@ mod tests {
         let t = v.rows[1].top_flips.unwrap();
         assert_eq!((t.flips, t.n), (4, 40));
         assert!((t.edge - 0.99).abs() < 1e-9);
-        assert_eq!(t.wilson, crate::measure::kld::wilson95(4, 40));
+        assert_eq!(t.wilson, crate::measure::stats::wilson95(4, 40));
         let md = markdown(&vs);
         let q8 = md.lines().find(|l| l.starts_with("| q8 ")).unwrap();
         assert!(

@@ -1,0 +1,598 @@
+//! `kind = "multiple_choice"`: tasks of a question and its choices, scored
+//! exactly as `llama-perplexity --multiple-choice` scores its binary task
+//! file (ARC, MMLU, TruthfulQA as llama.cpp ships them): each choice is
+//! tokenized as `question + " " + choice` (BOS as the model adds it), the
+//! tokens all choices share are decoded once for all of them as one
+//! sequence prefix, and a choice's score is the mean log-probability of its
+//! tokens after that prefix; the highest score is the answer.
+//!
+//! Contract: the same batches as the tool (as many tasks as fit in
+//! 4 × n_ctx tokens and 4 sequences, a unified KV cache), the same float
+//! arithmetic, so accuracy and every task's choice equal the tool's on the
+//! same file (`tests/llama_perplexity.rs`). With a reference model: answer
+//! agreement, flips right → wrong and wrong → right with McNemar's exact
+//! test, and changed answers binned by the reference's margin. A task that
+//! cannot be scored (no question, fewer than 2 choices, no correct choice,
+//! longer than the context) is an error naming the file and task, never a
+//! task counted as wrong. A model's scores of a task file are kept in the
+//! reference store ([`kept_scores`]), whichever role it plays: a reference
+//! is scored once for all its candidates.
+
+use crate::core::case::{Metric, Pin};
+use crate::core::error::{Error, Result};
+use crate::core::outcome::{Column, Table};
+use crate::core::parse::{case_table, parse_toml, Diagnostics};
+use crate::core::{Case, Outcome, Settings};
+use crate::engine::{BosPolicy, LoadedModel, SeqToken, TokenId};
+use crate::execute::reference::{same_tokenizer, Vocab};
+use crate::execute::RunContext;
+use crate::kinds::scored_text::PinnedFile;
+use crate::kinds::{Kind, Start};
+use crate::measure::stats::{mcnemar_exact, wilson95};
+use std::sync::Arc;
+use std::time::Instant;
+use toml::Spanned;
+
+mod formats;
+pub use formats::*;
+mod synthetic;
+pub use synthetic::*;
+mod scoring;
+pub use scoring::*;
+
+/// One task: the question, its choices, which are correct (1).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Task {
+    /// The question (or context to continue).
+    pub question: String,
+    /// The choices.
+    pub choices: Vec<String>,
+    /// 1 for a correct choice, else 0.
+    pub labels: Vec<i32>,
+}
+
+/// The sequences of one decode that llama-perplexity allows: `-np 4`.
+pub const N_SEQ: usize = 4;
+
+/// A task file's format, as llama-perplexity reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// `--multiple-choice`: the binary format (ARC, MMLU, TruthfulQA).
+    MultipleChoice,
+    /// `--hellaswag`: 6 lines per task (context, gold index, 4 endings).
+    Hellaswag,
+    /// `--winogrande`: a CSV of sentences with a blank and two choices.
+    Winogrande,
+    /// Our own, for hand-written suites: one JSON object per line,
+    /// `{"question": …, "choices": […], "answer": k}` (k counts from 0),
+    /// scored as `--multiple-choice` scores a task.
+    Jsonl,
+}
+
+/// A `kind = "multiple_choice"` case.
+#[derive(Debug, Clone)]
+pub struct MultipleChoice {
+    /// The task file's format.
+    pub format: Format,
+    /// The pinned task file.
+    pub file: Pin,
+    /// How many tasks (0: all), chosen as the tool chooses them.
+    pub tasks: usize,
+    /// The count the case asked for, when it named one: more than the file
+    /// holds is an error (the tool's own default, 400 HellaSwag tasks,
+    /// takes all of a smaller file).
+    pub tasks_given: Option<usize>,
+    /// The tool's `-c`: the context holds `N_SEQ` times this.
+    pub n_ctx: u32,
+    /// Upper edges of the reference-margin bins, increasing in (0, 1).
+    pub margin_bins: Vec<f64>,
+    /// A reference model.
+    pub reference: Option<(String, crate::core::Location)>,
+}
+
+case_table! {
+    struct McFile {
+        tasks_file: Spanned<PinnedFile>,
+        format: Option<Spanned<String>>,
+        tasks: Option<usize>,
+        n_ctx: Option<Spanned<u32>>,
+        margin_bins: Option<Spanned<Vec<f64>>>,
+    }
+}
+
+/// Parse the kind's keys.
+pub fn parse(case: &Case, src: &str, diag: &mut Diagnostics) -> Result<Arc<dyn Kind>> {
+    let f: McFile = parse_toml(diag.path(), src)?;
+    let file = f.tasks_file.get_ref().pin("tasks_file", case, diag);
+    let format = crate::core::parse::choice(
+        f.format.as_ref(),
+        "format",
+        &[
+            ("multiple-choice", Format::MultipleChoice),
+            ("hellaswag", Format::Hellaswag),
+            ("winogrande", Format::Winogrande),
+            ("jsonl", Format::Jsonl),
+        ],
+        diag,
+    );
+    let n_ctx = f.n_ctx.as_ref().map_or(512, |n| *n.get_ref());
+    if let Some(n) = f.n_ctx.as_ref().filter(|n| *n.get_ref() < 8) {
+        diag.push_at(n.span().start, "n_ctx: must be ≥ 8");
+    }
+    let margin_bins = f
+        .margin_bins
+        .as_ref()
+        .map_or(vec![0.1, 0.3, 0.6], |b| b.get_ref().clone());
+    let ok = margin_bins.iter().all(|x| *x > 0.0 && *x < 1.0)
+        && margin_bins.windows(2).all(|w| w[0] < w[1]);
+    if !ok {
+        diag.push_at(
+            f.margin_bins.as_ref().map_or(0, |b| b.span().start),
+            format!(
+                "margin_bins: {margin_bins:?} must be increasing numbers strictly between 0 and 1"
+            ),
+        );
+    }
+    Ok(Arc::new(MultipleChoice {
+        format,
+        file,
+        // The tool's defaults: every task, and 400 HellaSwag tasks.
+        tasks: f
+            .tasks
+            .unwrap_or(if format == Format::Hellaswag { 400 } else { 0 }),
+        tasks_given: f.tasks.filter(|&k| k > 0),
+        n_ctx,
+        margin_bins,
+        reference: case.reference.clone(),
+    }))
+}
+
+impl MultipleChoice {
+    fn settings(&self, threads: u32) -> Settings {
+        let n_ctx = self.n_ctx * N_SEQ as u32;
+        let mut s = Settings::new(n_ctx, threads);
+        s.n_batch = 2048.min(n_ctx);
+        s.n_ubatch = 512.min(s.n_batch);
+        s.n_seq = N_SEQ as u32;
+        s
+    }
+
+    fn metric_names(&self) -> Vec<String> {
+        let mut m: Vec<String> = [
+            "tasks",
+            "correct",
+            "accuracy",
+            "accuracy_se",
+            "accuracy_wilson95_lo",
+            "accuracy_wilson95_hi",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        if self.reference.is_some() {
+            for s in [
+                "ref_correct",
+                "ref_accuracy",
+                "agreement",
+                "flips_right_to_wrong",
+                "flips_wrong_to_right",
+                "mcnemar_p",
+            ] {
+                m.push(s.into());
+            }
+            for b in 0..=self.margin_bins.len() {
+                for s in [
+                    "n",
+                    "changed",
+                    "right_to_wrong",
+                    "changed_rate",
+                    "changed_rate_wilson95_lo",
+                    "changed_rate_wilson95_hi",
+                ] {
+                    m.push(format!("margin_bin{b}_{s}"));
+                }
+            }
+        }
+        m
+    }
+}
+
+const COUNTS: &[&str] = &[
+    "tasks",
+    "correct",
+    "ref_correct",
+    "flips_right_to_wrong",
+    "flips_wrong_to_right",
+];
+
+impl Kind for MultipleChoice {
+    fn metrics(&self) -> Vec<Metric> {
+        self.metric_names()
+            .into_iter()
+            .map(|n| {
+                let count = COUNTS.contains(&n.as_str())
+                    || (n.starts_with("margin_bin")
+                        && (n.ends_with("_n")
+                            || n.ends_with("_changed")
+                            || n.ends_with("_right_to_wrong")));
+                if count {
+                    Metric::count(n)
+                } else {
+                    Metric::float(n)
+                }
+            })
+            .collect()
+    }
+
+    fn headline(&self) -> Vec<&'static str> {
+        vec![
+            "accuracy",
+            "accuracy_wilson95_lo",
+            "accuracy_wilson95_hi",
+            "tasks",
+            "agreement",
+            "flips_right_to_wrong",
+            "flips_wrong_to_right",
+            "mcnemar_p",
+        ]
+    }
+
+    fn pins(&self) -> Vec<Pin> {
+        vec![self.file.clone()]
+    }
+
+    /// About a row per 4 bytes of the task file (every ending is scored
+    /// after its context), for the candidate and the reference; read from
+    /// the file's size, 0 when it cannot be read (the run says why).
+    fn weight(&self) -> usize {
+        let bytes = std::fs::metadata(&self.file.path).map_or(0, |m| m.len() as usize);
+        bytes / 4 * (1 + usize::from(self.reference.is_some()))
+    }
+
+    fn start(&self, cx: &RunContext, case: &Case, alias: &str, out: &mut Outcome) -> Result<Start> {
+        let t = Instant::now();
+        let shown = self.file.path.display().to_string();
+        let bytes = self.file.read_bytes()?;
+        let wino = match self.format {
+            Format::Winogrande => Some(read_winogrande(&bytes, self.tasks, &shown)?),
+            _ => None,
+        };
+        let tasks = match (self.format, &wino) {
+            (Format::MultipleChoice, _) => read_binary(&bytes, self.tasks, &shown)?,
+            (Format::Hellaswag, _) => read_hellaswag(&bytes, self.tasks, &shown)?,
+            (Format::Jsonl, _) => read_jsonl(&bytes, self.tasks, &shown)?,
+            (Format::Winogrande, w) => w.iter().flatten().map(|(i, t)| (*i, t.task())).collect(),
+        };
+        // Fewer drawn than asked for: the file holds fewer (all were taken).
+        if let Some(k) = self.tasks_given.filter(|&k| k > tasks.len()) {
+            return Err(Error::input(format!(
+                "{}: tasks = {k}, but {shown} holds {} tasks: give at most {}, or leave \
+                 `tasks` out to score all of them",
+                case.path.display(),
+                tasks.len(),
+                tasks.len()
+            )));
+        }
+        let score = |m: &dyn LoadedModel, settings: &Settings| match &wino {
+            Some(w) => score_winogrande(m, settings, w, &shown),
+            None => score(m, settings, &tasks, self.format, &shown),
+        };
+        let (verified, model) = cx.load(alias)?;
+        out.timings.prepare = t.elapsed();
+        out.model_sha256 = Some(verified.file.sha256.clone());
+        let settings = self.settings(cx.threads);
+        out.settings = Some(settings.clone());
+        let t = Instant::now();
+        // Both models' scores through the reference store: a reference
+        // scored for one candidate (or a model scored by another case or
+        // test) is not scored again.
+        let build = cx.identity_of(alias);
+        let of = |model_sha256, build| ScoresId {
+            model_sha256,
+            build,
+            file_sha256: &self.file.sha256,
+            format: self.format,
+            tasks: self.tasks,
+            settings: &settings,
+        };
+        let kept = kept_scores(&cx.references, &of(&verified.file.sha256, &build), &|| {
+            Ok(KeptScores::of(&*model, score(&*model, &settings)?))
+        })
+        .map_err(|e| e.context(case.path.display()))?;
+        let scores = &kept.scores;
+        let refs = match &self.reference {
+            Some((r, at)) => {
+                let pinned = cx.pinned_sha256(r).map_err(|e| e.context(at))?;
+                let rbuild = cx.identity_of(r);
+                let kept = kept_scores(&cx.references, &of(&pinned, &rbuild), &|| {
+                    let (_, rmodel) = cx.load_reference((r, at), Vocab::of(model.info()))?;
+                    Ok(KeptScores::of(&*rmodel, score(&*rmodel, &settings)?))
+                })?;
+                let scored_by = Vocab {
+                    alias: r,
+                    n_vocab: kept.n_vocab,
+                    fingerprint: &kept.fingerprint,
+                };
+                same_tokenizer(at, "reference", scored_by, Vocab::of(model.info()))?;
+                Some(kept)
+            }
+            None => None,
+        };
+        let refs = refs.as_ref().map(|k| &k.scores);
+        out.timings.decode = t.elapsed();
+        // Each task's pick, and whether it is a correct choice.
+        let verdicts = |scores: &Scores| -> (Vec<usize>, Vec<bool>) {
+            let chosen: Vec<usize> = scores.iter().map(|s| pick(self.format, s)).collect();
+            let right = tasks
+                .iter()
+                .zip(&chosen)
+                .map(|((_, t), &c)| t.labels[c] == 1)
+                .collect();
+            (chosen, right)
+        };
+        let (chosen, right) = verdicts(scores);
+        let n = tasks.len();
+        let k = right.iter().filter(|r| **r).count();
+        let m = &mut out.metrics;
+        let p = k as f64 / n as f64;
+        let (lo, hi) = wilson95(k, n);
+        m.insert("tasks".into(), n as f64);
+        m.insert("correct".into(), k as f64);
+        m.insert("accuracy".into(), p);
+        m.insert(
+            "accuracy_se".into(),
+            (p * (1.0 - p) / (n as f64 - 1.0)).sqrt(),
+        );
+        m.insert("accuracy_wilson95_lo".into(), lo);
+        m.insert("accuracy_wilson95_hi".into(), hi);
+        let mut columns: Vec<(String, Column)> = vec![
+            (
+                "task".into(),
+                Column::I32(tasks.iter().map(|(i, _)| *i as i32).collect()),
+            ),
+            (
+                "chosen".into(),
+                Column::I32(chosen.iter().map(|c| *c as i32).collect()),
+            ),
+            ("correct".into(), Column::Bool(right.clone())),
+            (
+                "logprobs".into(),
+                Column::Str(scores.iter().map(|s| format!("{s:?}")).collect()),
+            ),
+            (
+                "margin".into(),
+                Column::F64(scores.iter().map(|s| margin(s)).collect()),
+            ),
+        ];
+        if let Some(refs) = &refs {
+            let (rchosen, rright) = verdicts(refs);
+            let b = rright
+                .iter()
+                .zip(&right)
+                .filter(|(r, c)| **r && !**c)
+                .count() as u64;
+            let c = rright
+                .iter()
+                .zip(&right)
+                .filter(|(r, c)| !**r && **c)
+                .count() as u64;
+            let agree = rchosen.iter().zip(&chosen).filter(|(a, b)| a == b).count();
+            m.insert(
+                "ref_correct".into(),
+                rright.iter().filter(|r| **r).count() as f64,
+            );
+            m.insert(
+                "ref_accuracy".into(),
+                rright.iter().filter(|r| **r).count() as f64 / n as f64,
+            );
+            m.insert("agreement".into(), agree as f64 / n as f64);
+            m.insert("flips_right_to_wrong".into(), b as f64);
+            m.insert("flips_wrong_to_right".into(), c as f64);
+            m.insert("mcnemar_p".into(), mcnemar_exact(b, c));
+            let rmargin: Vec<f64> = refs.iter().map(|s| margin(s)).collect();
+            for bin in 0..=self.margin_bins.len() {
+                let lo = if bin == 0 {
+                    0.0
+                } else {
+                    self.margin_bins[bin - 1]
+                };
+                let hi = self.margin_bins.get(bin).copied().unwrap_or(f64::INFINITY);
+                let idx: Vec<usize> = (0..n)
+                    .filter(|&i| rmargin[i] >= lo && rmargin[i] < hi)
+                    .collect();
+                let changed = idx.iter().filter(|&&i| rchosen[i] != chosen[i]).count();
+                let r2w = idx.iter().filter(|&&i| rright[i] && !right[i]).count();
+                m.insert(format!("margin_bin{bin}_n"), idx.len() as f64);
+                m.insert(format!("margin_bin{bin}_changed"), changed as f64);
+                m.insert(format!("margin_bin{bin}_right_to_wrong"), r2w as f64);
+                if !idx.is_empty() {
+                    let (wl, wh) = wilson95(changed, idx.len());
+                    m.insert(
+                        format!("margin_bin{bin}_changed_rate"),
+                        changed as f64 / idx.len() as f64,
+                    );
+                    m.insert(format!("margin_bin{bin}_changed_rate_wilson95_lo"), wl);
+                    m.insert(format!("margin_bin{bin}_changed_rate_wilson95_hi"), wh);
+                }
+            }
+            columns.push((
+                "ref_chosen".into(),
+                Column::I32(rchosen.iter().map(|c| *c as i32).collect()),
+            ));
+            columns.push(("ref_correct".into(), Column::Bool(rright)));
+            columns.push((
+                "ref_logprobs".into(),
+                Column::Str(refs.iter().map(|s| format!("{s:?}")).collect()),
+            ));
+            columns.push(("ref_margin".into(), Column::F64(rmargin)));
+        }
+        out.rows = Some(Arc::new(Table {
+            name: "mc_task",
+            columns,
+        }));
+        Ok(Start::Done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// std::mt19937(1)'s first outputs, and its 10000th (the C++ standard's
+    /// check value for the default seed 5489).
+    #[test]
+    fn mersenne_twister_is_std_mt19937() {
+        let mut r = Mt19937::new(1);
+        assert_eq!(r.next(), 1_791_095_845);
+        assert_eq!(r.next(), 4_282_876_139);
+        let mut d = Mt19937::new(5489);
+        let mut v = 0;
+        for _ in 0..10000 {
+            v = d.next();
+        }
+        assert_eq!(v, 4_123_659_995);
+    }
+
+    /// The binary format round-trips; bad files are errors naming the task
+    /// and the byte; a task without a correct choice or with one choice is
+    /// refused, not scored.
+    #[test]
+    fn binary_tasks_round_trip_and_bad_ones_are_named() {
+        let t = |q: &str, c: &[&str], right: usize| Task {
+            question: q.into(),
+            choices: c.iter().map(|s| s.to_string()).collect(),
+            labels: (0..c.len()).map(|i| i32::from(i == right)).collect(),
+        };
+        let tasks = vec![t("2+2=", &["4", "5"], 0), t("3+3=", &["5", "6", "7"], 1)];
+        let bytes = write_binary(&tasks);
+        let back = read_binary(&bytes, 0, "f.bin").unwrap();
+        assert_eq!(back.iter().map(|x| x.1.clone()).collect::<Vec<_>>(), tasks);
+        let cut = read_binary(&bytes[..bytes.len() - 3], 0, "f.bin")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            cut.contains("f.bin: task 1:") && cut.contains("the file ends"),
+            "{cut}"
+        );
+        let e = read_binary(&write_binary(&[t("q", &["a"], 0)]), 0, "f.bin")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("task 0: 1 choice(s)"), "{e}");
+        let mut none = t("q", &["a", "b"], 0);
+        none.labels = vec![0, 0];
+        let e = read_binary(&write_binary(&[none]), 0, "f.bin")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no choice is labelled correct"), "{e}");
+        let e = read_binary(b"\x05\0\0\0", 0, "f.bin")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not a --multiple-choice file"), "{e}");
+        assert_eq!(tool_selection(5, 5).len(), 5);
+    }
+
+    /// HellaSwag files: 6 lines per task, a gold index 0–3; the tool's draw
+    /// takes every task once; bad files name the line.
+    #[test]
+    fn hellaswag_files_are_read_as_the_tool_reads_them() {
+        let text = write_hellaswag(&computed_hellaswag(10, 7)).unwrap();
+        let tasks = read_hellaswag(text.as_bytes(), 400, "hs").unwrap();
+        let mut seen: Vec<usize> = tasks.iter().map(|t| t.0).collect();
+        assert_ne!(
+            seen,
+            (0..10).collect::<Vec<_>>(),
+            "drawn in the tool's order"
+        );
+        seen.sort();
+        assert_eq!(seen, (0..10).collect::<Vec<_>>());
+        assert_eq!(read_hellaswag(text.as_bytes(), 3, "hs").unwrap().len(), 3);
+        let e = read_hellaswag(b"a\n1\nx\ny\nz\n", 400, "hs")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("5 lines, not a positive multiple of 6"), "{e}");
+        let e = read_hellaswag(b"a\n7\nw\nx\ny\nz\n", 400, "hs")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("task 0 (line 2): gold ending `7`"), "{e}");
+        // Lemire's method on a range of 1 is 0, whatever the engine says.
+        assert_eq!(uniform_below(&mut Mt19937::new(1), 1), 0);
+    }
+
+    /// WinoGrande CSV as the tool splits it (a quoted sentence with commas,
+    /// one `_`), and every line it would skip or leave out is an error.
+    #[test]
+    fn winogrande_lines_are_split_as_the_tool_splits_them() {
+        let csv = computed_winogrande(4, 3);
+        let t = read_winogrande(csv.as_bytes(), 0, "wg").unwrap();
+        assert_eq!(t.len(), 4);
+        let line0 = csv.lines().next().unwrap();
+        assert!(
+            line0.contains('"') && t[0].1.first.contains(", so "),
+            "{line0}"
+        );
+        assert!(!t[0].1.first.contains('"') && t[0].1.second.ends_with('.'));
+        let e = read_winogrande(b"0,no blank here,a,b,1\n\n", 0, "wg")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 1: the sentence has no `_`"), "{e}");
+        let e = read_winogrande(b"0,a _ b,x,y,3\n\n", 0, "wg")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("answer `3` is not 1 or 2"), "{e}");
+        let e = read_winogrande(b"0,a _ b,x,y,1\n", 0, "wg")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("line 1:") && e.contains("leaves out the last line"),
+            "{e}"
+        );
+        let e = read_winogrande(b"0,a _ b,x\n\n", 0, "wg")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not 5 comma-separated fields"), "{e}");
+    }
+
+    /// Our own JSONL format: read as written; a bad line is named, an
+    /// answer out of range or a single choice refused.
+    #[test]
+    fn jsonl_tasks_and_their_errors() {
+        let ok = b"{\"question\": \"2+2=\", \"choices\": [\"4\", \"5\"], \"answer\": 0}\n\n{\"question\": \"q\", \"choices\": [\"a\", \"b\", \"c\"], \"answer\": 2}\n";
+        let t = read_jsonl(ok, 0, "t.jsonl").unwrap();
+        assert_eq!(t.len(), 2);
+        assert_eq!(t[1].0, 1);
+        assert_eq!(t[1].1.labels, vec![0, 0, 1]);
+        let e = read_jsonl(
+            b"{\"question\": \"q\", \"choices\": [\"a\", \"b\"], \"answer\": 2}\n",
+            0,
+            "t.jsonl",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("t.jsonl: line 1: answer 2 is out of range"),
+            "{e}"
+        );
+        let e = read_jsonl(
+            b"\n{\"question\": \"q\", \"choices\": [\"a\"], \"answer\": 0}\n",
+            0,
+            "t.jsonl",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("line 2: 1 choice(s)"), "{e}");
+        let e = read_jsonl(b"{\"question\": 3}\n", 0, "t.jsonl")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 1:"), "{e}");
+    }
+
+    #[test]
+    fn mcnemar_exact_by_hand() {
+        // b = 0, c = 5: 2 × (1/32).
+        assert!((mcnemar_exact(0, 5) - 0.0625).abs() < 1e-12);
+        // b = 1, c = 4: 2 × (1 + 5)/32.
+        assert!((mcnemar_exact(1, 4) - 0.375).abs() < 1e-12);
+        assert_eq!(mcnemar_exact(3, 3), 1.0);
+        assert_eq!(mcnemar_exact(0, 0), 1.0);
+    }
+}
