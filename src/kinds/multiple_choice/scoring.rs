@@ -219,7 +219,9 @@ pub(crate) fn scoring_source() -> &'static str {
             include_str!("formats.rs"),
             include_str!("scoring.rs"),
             include_str!("../../engine/mod.rs"),
-            include_str!("../../engine/llama.rs"),
+            include_str!("../../engine/llama/mod.rs"),
+            include_str!("../../engine/llama/decode.rs"),
+            include_str!("../../engine/llama/model.rs"),
         ]
         .concat();
         crate::core::fsutil::sha256_bytes(code.as_bytes())
