@@ -114,7 +114,9 @@ impl LoadedModel for Loaded {
             ctx.clear_kv_cache();
             match test {
                 crate::engine::BenchTest::Prompt(_) => run(&mut ctx, test)?,
-                crate::engine::BenchTest::Generate(_) => run(&mut ctx, crate::engine::BenchTest::Generate(1))?,
+                crate::engine::BenchTest::Generate(_) => {
+                    run(&mut ctx, crate::engine::BenchTest::Generate(1))?
+                }
             }
         }
         let mut times = Vec::with_capacity(reps);
