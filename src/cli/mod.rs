@@ -132,7 +132,7 @@ impl Ctx {
             });
         }
         let registry_file = self.registry_file();
-        let own = Registry::load(&registry_file)?.own_aliases();
+        let own = self.registry()?.own_aliases();
         let cwd = Path::new(".");
         let pin_spec = |spec: &str| {
             let files = local::expand(spec, cwd).map_err(|e| e.context("--model"))?;
@@ -165,6 +165,15 @@ impl Ctx {
             models: (!specs.is_empty()).then_some(run_on),
             reference,
         })
+    }
+
+    /// A run context of one job on `registry` (the threads of one trial).
+    pub fn runner(&self, registry: Registry) -> quantgate::execute::RunContext {
+        quantgate::execute::RunContext::new(
+            registry,
+            self.engine.clone(),
+            quantgate::execute::threads_per_trial(1),
+        )
     }
 
     /// A derived model's quantizer, through the engine.

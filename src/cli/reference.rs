@@ -4,7 +4,6 @@
 use super::args::{ReferenceAction, ReferenceArgs, Select};
 use super::{Conclusion, Ctx};
 use quantgate::core::Error;
-use quantgate::execute::{threads_per_trial, RunContext};
 use std::path::{Path, PathBuf};
 
 /// Run `quantgate reference …`.
@@ -32,7 +31,7 @@ fn export(ctx: &Ctx, case: &Path, out: &Path, model: Option<String>) -> Result<C
             case.display()
         )));
     };
-    let runner = RunContext::new(registry, ctx.engine.clone(), threads_per_trial(1));
+    let runner = ctx.runner(registry);
     let jsonl = parsed
         .kind
         .reference_record(&runner, &alias)
@@ -86,7 +85,7 @@ fn build(ctx: &Ctx, select: &Select, out: &PathBuf) -> Result<Conclusion, Error>
             }
         )));
     }
-    let mut runner = RunContext::new(registry, ctx.engine.clone(), threads_per_trial(1));
+    let mut runner = ctx.runner(registry);
     // The products go to --out, whatever the environment ships.
     runner.references =
         quantgate::execute::reference::ReferenceStore::with_shipped(out.clone(), Ok(None));

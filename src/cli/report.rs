@@ -4,7 +4,6 @@
 use super::args::{ReportArgs, Select};
 use super::{nothing_selected, outputs_ready, write_report, Conclusion, Ctx};
 use quantgate::core::{Error, Outcome};
-use quantgate::execute::{threads_per_trial, RunContext};
 use quantgate::models::cache_dir;
 use std::path::PathBuf;
 
@@ -67,7 +66,7 @@ fn from_cache(ctx: &Ctx, select: &Select, allow_empty: bool) -> Result<Vec<Outco
         &select.models,
         select.reference.as_deref(),
     )?;
-    let runner = RunContext::new(reg, ctx.engine.clone(), threads_per_trial(1));
+    let runner = ctx.runner(reg);
     if planned.is_empty() && !allow_empty {
         return Err(nothing_selected("report", &select.patterns, &select.models));
     }
