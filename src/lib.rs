@@ -12,3 +12,4 @@ pub mod measure;
 pub mod models;
 pub mod plan;
 pub mod report;
+pub mod schedule;

@@ -10,9 +10,9 @@ fn main() -> ExitCode {
     // A worker of `quantgate run` (this executable run again per model, so
     // that a llama.cpp abort fails only its own tests): its selection and
     // options come from its parent, its jobs on stdin.
-    if let Some(alias) = std::env::var_os(quantgate::harness::WORKER_ENV) {
-        return quantgate::harness::worker::serve(
-            &quantgate::harness::Selection::default(),
+    if let Some(alias) = std::env::var_os(quantgate::schedule::WORKER_ENV) {
+        return quantgate::schedule::worker::serve(
+            &quantgate::schedule::Selection::default(),
             Arc::new(LlamaEngine::new()),
             &alias.to_string_lossy(),
         );

@@ -31,7 +31,7 @@ fn q3_and_q2_fail_the_delta_nll_and_kld_gates_with_readable_messages() {
     let (registry, planned) = plan(&root, &[], &[]).unwrap();
     let runner = RunContext::new(registry, Arc::new(LlamaEngine::new()), 2);
     assert_eq!(planned.len(), 3);
-    let (outcomes, _) = quantgate::judge::run_plan(
+    let (outcomes, _) = quantgate::schedule::run_plan(
         &runner,
         &planned,
         std::path::Path::new("goldens"),

@@ -417,7 +417,7 @@ fn kld_equals_llama_perplexity_kl_divergence() {
     let (registry, planned) = quantgate::plan::plan(&dir.join("suites"), &[], &[]).unwrap();
     let runner = quantgate::execute::RunContext::new(registry, engine.clone(), threads);
     // Both cases score the same windows of Q8_0: one decode.
-    let (outcomes, _) = quantgate::judge::run_plan(
+    let (outcomes, _) = quantgate::schedule::run_plan(
         &runner,
         &planned,
         std::path::Path::new("goldens"),

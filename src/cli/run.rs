@@ -7,8 +7,7 @@ use super::args::{RunArgs, Select};
 use super::{nothing_selected, outputs_ready, write_report, Conclusion, Ctx};
 use quantgate::core::{Error, Status};
 use quantgate::execute::{threads_per_trial, RunContext};
-use quantgate::harness::worker::{executors, Job};
-use quantgate::harness::{Isolation, Selection};
+use quantgate::schedule::{executors, Isolation, Job, Selection};
 use quantgate::plan::Planned;
 use quantgate::report;
 use std::sync::Arc;
@@ -141,7 +140,7 @@ pub fn run(ctx: &Ctx, a: RunArgs) -> Result<Conclusion, Error> {
             .run(run, provides, &job, &goldens, runner.threads)
     };
     let mut write_failed = false;
-    let (outcomes, reference_work) = quantgate::judge::run_groups(
+    let (outcomes, reference_work) = quantgate::schedule::run_groups(
         &planned,
         &groups,
         jobs.max(1),
@@ -151,7 +150,7 @@ pub fn run(ctx: &Ctx, a: RunArgs) -> Result<Conclusion, Error> {
             [one] => eprintln!("quantgate: running {one}"),
             _ => eprintln!("quantgate: running {} (one decode)", names.join(", ")),
         },
-        &mut |_, unwritten| {
+        &mut |_, _, unwritten| {
             for e in unwritten {
                 eprintln!("error: {e}");
                 write_failed = true;

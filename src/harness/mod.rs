@@ -7,9 +7,11 @@
 //! test's failure message; gate violations fail whatever the update mode.
 //!
 //! Plan by observation: the selected tests are grouped by what the engine
-//! must decode (`plan::groups`); the first test of a group to run runs the
-//! whole group in one decode — after the groups whose references it reads —
-//! and its other tests take their verdicts from there.
+//! must decode (`plan::groups`); the first test to run starts the one
+//! scheduler (`schedule::run_groups`, as `quantgate run` uses), which runs
+//! each group in one decode — after the groups whose references it reads,
+//! as many at once as there are test threads — and each test waits for its
+//! own outcome and judges it against its golden.
 //!
 //! Crash isolation: by default each group runs in a worker process (this
 //! executable re-run with `QUANTGATE_WORKER=<alias>`), the job on its stdin,
@@ -22,12 +24,12 @@
 //! under nextest (a process per test already) workers are not used.
 
 mod trial;
-pub mod worker;
 
 pub use trial::{group_verdicts, run_trial, Verdict};
-pub use worker::{Executor, Isolation, Selection, WORKER_ENV};
 
 use crate::core::outcome::split_test_name;
+use crate::core::Outcome;
+use crate::schedule::{executors, worker, Executor, Isolation, Selection, WORKER_ENV};
 use crate::engine::Engine;
 use crate::execute::{threads_per_trial, RunContext};
 use crate::golden::{self, Goldens, UpdateMode};
@@ -37,7 +39,7 @@ use libtest_mimic::{Arguments, Failed, Trial};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, Once};
 use trial::harness_job;
 
 /// The package root at run time: `CARGO_MANIFEST_DIR` as cargo and nextest
@@ -78,45 +80,91 @@ fn isolation() -> crate::core::Result<Isolation> {
     Isolation::from_env()
 }
 
-/// What every test closure shares: the plan, its groups and their verdicts.
+/// What every test closure shares: the plan, its groups, where each runs,
+/// and the outcomes as the scheduler gives them.
 struct Shared {
     planned: Vec<Planned>,
     groups: Vec<Group>,
-    /// Per group: its verdicts by test name, once run.
-    slots: Vec<OnceLock<HashMap<String, Verdict>>>,
-    /// Per group: where it runs (reference-only groups run where the test
-    /// that needs them runs).
+    /// Per group: where it runs.
     executors: Vec<Option<Executor>>,
     goldens: Arc<Goldens>,
     mode: UpdateMode,
     threads: u32,
+    /// Groups run at once.
+    jobs: usize,
     counts: Counts,
+    /// The scheduler, started by the first test that runs (none for
+    /// `--list`).
+    started: Once,
+    board: Mutex<Board>,
+    changed: Condvar,
+}
+
+/// The outcomes so far, by index in the plan, with what could not be written of
+/// each; and, once the scheduler has stopped, how.
+#[derive(Default)]
+struct Board {
+    outcomes: HashMap<usize, (Outcome, Vec<String>)>,
+    stopped: Option<String>,
 }
 
 impl Shared {
-    /// Run group `g` (once) on `via` unless it has its own executor.
-    fn run_group(&self, g: usize, via: &Executor) -> &HashMap<String, Verdict> {
-        self.slots[g].get_or_init(|| {
-            let grp = &self.groups[g];
-            // The groups it reads references from, first.
-            for &a in &grp.after {
-                self.run_group(a, self.executors[g].as_ref().unwrap_or(via));
-            }
-            let exec = self.executors[g].as_ref().unwrap_or(via);
-            let run: Vec<&Planned> = grp.trials.iter().map(|&i| &self.planned[i]).collect();
-            let provide: Vec<&Planned> = grp.provides.iter().map(|&i| &self.planned[i]).collect();
-            let job = harness_job(&run, &provide);
-            let ran = exec.run(&run, &provide, &job, &self.goldens.dir, self.threads);
-            let verdicts: Vec<(String, Verdict)> = job
-                .run
-                .into_iter()
-                .zip(trial::verdicts(&run, ran, &self.goldens, self.mode))
-                .collect();
-            for (_, v) in &verdicts {
+    /// Run the plan's groups on the one scheduler (`schedule::run_groups`),
+    /// `jobs` at a time, each on its executor; every outcome goes on the
+    /// board as it is judged.
+    fn schedule(&self) {
+        let exec = |g: usize, run: &[&Planned], provides: &[&Planned]| {
+            let job = harness_job(run, provides);
+            self.executors[g]
+                .as_ref()
+                .expect("every group has an executor")
+                .run(run, provides, &job, &self.goldens.dir, self.threads)
+        };
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            crate::schedule::run_groups(
+                &self.planned,
+                &self.groups,
+                self.jobs,
+                &exec,
+                &mut |_, _| {},
+                &mut |i, o, unwritten| {
+                    let mut b = self.board.lock().unwrap_or_else(|p| p.into_inner());
+                    b.outcomes.insert(i, (o.clone(), unwritten.to_vec()));
+                    self.changed.notify_all();
+                },
+            )
+        }));
+        let mut b = self.board.lock().unwrap_or_else(|p| p.into_inner());
+        b.stopped = Some(match ran {
+            Ok(_) => "its group ran and gave it no outcome".into(),
+            Err(_) => "the scheduler stopped on a panic (its message is above)".into(),
+        });
+        self.changed.notify_all();
+    }
+
+    /// Test `i`'s verdict: the scheduler started if it is not yet, then
+    /// its outcome awaited and judged against its golden.
+    fn verdict(self: &Arc<Self>, i: usize) -> Verdict {
+        self.started.call_once(|| {
+            let me = self.clone();
+            std::thread::spawn(move || me.schedule());
+        });
+        let p = &self.planned[i];
+        let mut b = self.board.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some((o, unwritten)) = b.outcomes.remove(&i) {
+                drop(b);
+                let v = trial::verdict(p, &o, unwritten, &self.goldens, self.mode);
                 self.counts.record(&v.0, v.1);
+                return v;
             }
-            verdicts.into_iter().collect()
-        })
+            if let Some(why) = &b.stopped {
+                let v = (Err(format!("{}: {why}", p.name)), true);
+                self.counts.record(&v.0, v.1);
+                return v;
+            }
+            b = self.changed.wait(b).unwrap_or_else(|p| p.into_inner());
+        }
     }
 }
 
@@ -185,43 +233,30 @@ pub fn run_with_args(
         goldens: goldens.dir.clone(),
         ..Selection::default()
     });
-    let executors = worker::executors(isolation, &groups, &runner, &selection, false);
+    let executors = executors(isolation, &groups, &runner, &selection, true);
     let group_of: HashMap<usize, usize> = groups
         .iter()
         .enumerate()
         .flat_map(|(g, grp)| grp.trials.iter().map(move |&i| (i, g)))
         .collect();
-    let n_groups = groups.len();
+    // Tests in the order the scheduler runs their groups (libtest reports
+    // them as they finish); filtered-out tests are listed too (libtest
+    // drops them).
+    let mut order: Vec<usize> = groups.iter().flat_map(|g| g.trials.clone()).collect();
+    order.extend((0..planned.len()).filter(|i| !group_of.contains_key(i)));
     let shared = Arc::new(Shared {
         planned,
-        slots: (0..n_groups).map(|_| OnceLock::new()).collect(),
         groups,
         executors,
         goldens,
         mode,
         threads,
+        jobs: concurrent.max(1),
         counts: Counts::default(),
+        started: Once::new(),
+        board: Mutex::new(Board::default()),
+        changed: Condvar::new(),
     });
-    // Tests in group order, first tests of every group first: the test that
-    // runs a group comes before the tests that only read its verdicts, and
-    // two test threads start two groups.
-    let mut order: Vec<usize> = Vec::new();
-    let longest = shared
-        .groups
-        .iter()
-        .map(|g| g.trials.len())
-        .max()
-        .unwrap_or(0);
-    for k in 0..longest {
-        order.extend(
-            shared
-                .groups
-                .iter()
-                .filter_map(|g| g.trials.get(k).copied()),
-        );
-    }
-    // Filtered-out tests are listed too (libtest drops them).
-    order.extend((0..shared.planned.len()).filter(|i| !group_of.contains_key(i)));
     let mut trials = vec![orphans];
     for i in order {
         let p = &shared.planned[i];
@@ -235,21 +270,13 @@ pub fn run_with_args(
             }));
             continue;
         }
-        let Some(&g) = group_of.get(&i) else {
+        if !group_of.contains_key(&i) {
             trials.push(Trial::test(p.name.clone(), || Ok(())));
             continue;
-        };
+        }
         let shared = shared.clone();
-        let name = p.name.clone();
         trials.push(Trial::test(p.name.clone(), move || {
-            let via = shared.executors[g]
-                .clone()
-                .expect("a group with trials runs somewhere");
-            let verdicts = shared.run_group(g, &via);
-            match verdicts.get(&name) {
-                Some((result, _)) => result.clone().map_err(Failed::from),
-                None => Err(Failed::from(format!("{name}: no verdict from its group"))),
-            }
+            shared.verdict(i).0.map_err(Failed::from)
         }));
     }
     let conclusion = libtest_mimic::run(args, trials);

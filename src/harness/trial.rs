@@ -2,10 +2,11 @@
 //! each trial's Parquet rows written when asked for, and each trial's golden
 //! checked, all reported together per test.
 
-use crate::core::Status;
+use crate::core::{Outcome, Status};
 use crate::execute::RunContext;
 use crate::golden::{self, Goldens, UpdateMode};
-use crate::harness::worker::{run_here, GroupRun, Job};
+use crate::schedule::worker::run_here;
+use crate::schedule::{GroupRun, Job};
 use crate::plan::Planned;
 use std::path::PathBuf;
 
@@ -75,22 +76,32 @@ pub fn verdicts(
     ran.outcomes
         .into_iter()
         .zip(group)
-        .map(|((outcome, unwritten), p)| {
-            let errored = outcome.status == Status::Error;
-            let mut messages: Vec<String> = outcome.failure_message().into_iter().collect();
-            messages.extend(unwritten);
-            if let Ok(parsed) = &p.case {
-                let source = format!("suites/{}.toml", parsed.case.name);
-                if let Err(m) = golden::check(&outcome, &parsed.case, &source, goldens, mode) {
-                    messages.push(m);
-                }
-            }
-            let result = if messages.is_empty() {
-                Ok(())
-            } else {
-                Err(messages.join("\n"))
-            };
-            (result, errored)
-        })
+        .map(|((outcome, unwritten), p)| verdict(p, &outcome, unwritten, goldens, mode))
         .collect()
+}
+
+/// A trial's verdict from its outcome: its gates, its error, the files
+/// not written of it (`unwritten`) and its golden, all reported together.
+pub fn verdict(
+    p: &Planned,
+    outcome: &Outcome,
+    unwritten: Vec<String>,
+    goldens: &Goldens,
+    mode: UpdateMode,
+) -> Verdict {
+    let errored = outcome.status == Status::Error;
+    let mut messages: Vec<String> = outcome.failure_message().into_iter().collect();
+    messages.extend(unwritten);
+    if let Ok(parsed) = &p.case {
+        let source = format!("suites/{}.toml", parsed.case.name);
+        if let Err(m) = golden::check(outcome, &parsed.case, &source, goldens, mode) {
+            messages.push(m);
+        }
+    }
+    let result = if messages.is_empty() {
+        Ok(())
+    } else {
+        Err(messages.join("\n"))
+    };
+    (result, errored)
 }

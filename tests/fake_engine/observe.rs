@@ -155,7 +155,7 @@ fn a_shared_decode_gives_every_trial_its_outcome_alone_bitwise() {
     let _ = std::fs::remove_dir_all(root.join("cache"));
     let (cx, _, decodes) = runner(&root);
     let mut heard: Vec<(Vec<String>, usize)> = Vec::new();
-    let (together, work) = quantgate::judge::run_plan(
+    let (together, work) = quantgate::schedule::run_plan(
         &cx,
         &planned,
         Path::new("goldens"),
@@ -186,7 +186,7 @@ fn a_shared_decode_gives_every_trial_its_outcome_alone_bitwise() {
     // A second run finds cand's and other's scores kept: only the kld case
     // decodes (it needs the whole rows), with the same numbers.
     let (cx, _, decodes) = runner(&root);
-    let (again, work) = quantgate::judge::run_plan(
+    let (again, work) = quantgate::schedule::run_plan(
         &cx,
         &planned,
         Path::new("goldens"),
@@ -205,7 +205,7 @@ fn a_shared_decode_gives_every_trial_its_outcome_alone_bitwise() {
     let _ = std::fs::remove_dir_all(root.join("cache"));
     let (cx, _, decodes) = runner(&root);
     let heard = std::sync::Mutex::new(Vec::new());
-    let (parallel, work) = quantgate::judge::run_plan(
+    let (parallel, work) = quantgate::schedule::run_plan(
         &cx,
         &planned,
         Path::new("goldens"),

@@ -19,7 +19,7 @@ use crate::core::outcome::split_test_name;
 use crate::core::{Decision, EngineBuild, EngineOptions, Outcome, Status};
 use crate::engine::Engine;
 use crate::execute::{threads_per_trial, RunContext};
-pub use crate::judge::GroupRun;
+use super::GroupRun;
 use crate::plan::parse::Overrides;
 use crate::plan::Planned;
 use std::collections::VecDeque;
@@ -243,26 +243,9 @@ impl Worker {
     pub fn run(&mut self, job: &Job, threads: u32) -> GroupRun {
         let mut ran = GroupRun::default();
         if let Err(why) = self.run_inner(job, threads, &mut ran) {
-            for name in job.run.iter().skip(ran.outcomes.len()) {
-                let with = if job.run.len() > 1 {
-                    format!(
-                        " (one decode with {})",
-                        job.run
-                            .iter()
-                            .filter(|m| *m != name)
-                            .map(|m| format!("`{m}`"))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )
-                } else {
-                    String::new()
-                };
-                let (case, model) = split_test_name(name);
-                let mut o = Outcome::new(case, model, self.build.clone());
-                o.status = Status::Error;
-                o.error = Some(why.replace("{name}", &format!("`{name}`{with}")));
-                ran.outcomes.push((o, Vec::new()));
-            }
+            let answered = ran.outcomes.len();
+            ran.outcomes
+                .extend(unanswered(job, answered, &self.build, &why));
         }
         ran
     }
@@ -506,7 +489,26 @@ impl Executor {
         threads: u32,
     ) -> GroupRun {
         match self {
-            Executor::InProcess(cx) => run_here(cx, group, provides, goldens, job),
+            // A panic fails the group's trials, not the run.
+            Executor::InProcess(cx) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(
+                || run_here(cx, group, provides, goldens, job),
+            ))
+            .unwrap_or_else(|panic| {
+                let what = panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("(no message)");
+                GroupRun {
+                    outcomes: unanswered(
+                        job,
+                        0,
+                        &cx.engine().build(),
+                        &format!("{{name}} panicked in this process: {what}"),
+                    ),
+                    work: Default::default(),
+                }
+            }),
             Executor::Worker(w) => w
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -576,6 +578,41 @@ pub fn executors(
                     Executor::Worker(w.clone())
                 }
             })
+        })
+        .collect()
+}
+
+/// Error outcomes for the trials of `job` from the `from`-th on, none of
+/// which ran to an outcome: `why`, with `{name}` where the trial's name
+/// goes (and the trials it shared its decode with).
+fn unanswered(
+    job: &Job,
+    from: usize,
+    build: &EngineBuild,
+    why: &str,
+) -> Vec<(Outcome, Vec<String>)> {
+    job.run
+        .iter()
+        .skip(from)
+        .map(|name| {
+            let with = if job.run.len() > 1 {
+                format!(
+                    " (one decode with {})",
+                    job.run
+                        .iter()
+                        .filter(|m| *m != name)
+                        .map(|m| format!("`{m}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            } else {
+                String::new()
+            };
+            let (case, model) = split_test_name(name);
+            let mut o = Outcome::new(case, model, build.clone());
+            o.status = Status::Error;
+            o.error = Some(why.replace("{name}", &format!("`{name}`{with}")));
+            (o, Vec::new())
         })
         .collect()
 }
