@@ -1561,6 +1561,7 @@ fn the_html_report_renders_its_plots_in_chromium() {
         let s = (i + 1) as f64;
         for case in ["ppl/x", "kld/x"] {
             let mut o = Outcome::new(case, model, build.clone());
+            o.kind = if case == "ppl/x" { "perplexity" } else { "kld" }.into();
             o.status = Status::Pass;
             o.reference = Some("f16".into());
             for (k, v) in [
@@ -1606,7 +1607,7 @@ fn the_html_report_renders_its_plots_in_chromium() {
             _ => 3.0,
         }),
     };
-    let views = ladder::views(&outcomes, &facts);
+    let views = ladder::views(&outcomes, &quantgate::kinds::presentations(), &facts);
     ladder::write(&dir, &views, &outcomes).unwrap();
     let shot = dir.join("shot.png");
     let out = Command::new(&chromium)

@@ -192,7 +192,7 @@ pub fn write_report(
 ) -> Result<String, Error> {
     use quantgate::report::ladder;
     let facts = |m: &str| ladder::facts_of(registry, label, m);
-    let views = ladder::views(outcomes, &facts);
+    let views = ladder::views(outcomes, &quantgate::kinds::presentations(), &facts);
     let files = ladder::write(dir, &views, outcomes)?;
     eprintln!(
         "quantgate: report ({} view(s)): {}",

@@ -7,9 +7,9 @@ use super::args::{RunArgs, Select};
 use super::{nothing_selected, outputs_ready, write_report, Conclusion, Ctx};
 use quantgate::core::{Error, Status};
 use quantgate::execute::{threads_per_trial, RunContext};
-use quantgate::schedule::{executors, Isolation, Job, Selection};
 use quantgate::plan::Planned;
 use quantgate::report;
+use quantgate::schedule::{executors, Isolation, Job, Selection};
 use std::sync::Arc;
 
 /// `--threads`, checked: at least 1, at most the cores here.

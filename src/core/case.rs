@@ -90,23 +90,53 @@ pub struct Metric {
     pub name: String,
     /// How it compares.
     pub ty: MetricType,
+    /// The intervals it carries (a gate's `on` selects a bound of one).
+    pub intervals: Vec<Interval>,
+}
+
+/// An interval a metric carries, declared by its kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Interval {
+    /// Its name, as a gate's `on` says it (`ci95` in `on = "ci95_hi"`).
+    pub name: String,
+    /// The metric holding its lower bound.
+    pub lo: String,
+    /// The metric holding its upper bound.
+    pub hi: String,
+    /// The metric counting the windows behind it, if it has one.
+    pub windows: Option<String>,
 }
 
 impl Metric {
-    /// A count.
-    pub fn count(name: impl Into<String>) -> Self {
+    /// A metric of type `ty`.
+    pub fn new(name: impl Into<String>, ty: MetricType) -> Self {
         Metric {
             name: name.into(),
-            ty: MetricType::Count,
+            ty,
+            intervals: Vec::new(),
         }
+    }
+
+    /// A count.
+    pub fn count(name: impl Into<String>) -> Self {
+        Metric::new(name, MetricType::Count)
     }
 
     /// A float.
     pub fn float(name: impl Into<String>) -> Self {
-        Metric {
+        Metric::new(name, MetricType::Float)
+    }
+
+    /// With an interval `name` whose bounds are the metrics `lo` and `hi`,
+    /// over the windows that the metric `windows` counts.
+    pub fn with_interval(mut self, name: &str, lo: &str, hi: &str, windows: Option<&str>) -> Self {
+        self.intervals.push(Interval {
             name: name.into(),
-            ty: MetricType::Float,
-        }
+            lo: lo.into(),
+            hi: hi.into(),
+            windows: windows.map(str::to_string),
+        });
+        self
     }
 }
 
@@ -233,28 +263,16 @@ pub struct Gate {
     /// Gate a bound of the metric's interval instead of its value
     /// (`ci95_hi`, `ci95_lo`, `boot95_hi`, `boot95_lo`).
     pub on: Option<String>,
+    /// The metric read: `metric`, or the bound `on` selects.
+    pub read: String,
+    /// The metric's declared `ci95` interval, for the failure message.
+    pub interval: Option<Interval>,
 }
-
-/// Interval bounds a gate can select with `on`.
-pub const GATE_ON: &[&str] = &[
-    "ci95_lo",
-    "ci95_hi",
-    "boot95_lo",
-    "boot95_hi",
-    "wilson95_lo",
-    "wilson95_hi",
-];
 
 impl Gate {
     /// The metric whose value is gated: `metric`, or with `on = "ci95_hi"`
-    /// the interval bound `<metric less _mean>_ci95_hi`.
+    /// the bound of the interval its kind declared (`read`).
     pub fn gated_metric(&self) -> String {
-        match &self.on {
-            None => self.metric.clone(),
-            Some(on) => format!(
-                "{}_{on}",
-                self.metric.strip_suffix("_mean").unwrap_or(&self.metric)
-            ),
-        }
+        self.read.clone()
     }
 }

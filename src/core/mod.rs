@@ -9,6 +9,7 @@ pub mod fsutil;
 pub mod machine;
 pub mod outcome;
 pub mod parse;
+pub mod present;
 pub mod progress;
 pub mod settings;
 

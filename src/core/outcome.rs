@@ -231,6 +231,9 @@ pub struct Outcome {
     pub case: String,
     /// Model alias.
     pub model: String,
+    /// The case's kind (`kind = "…"`): which declarations the report reads.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kind: String,
     /// Verdict.
     pub status: Status,
     /// Flat metric name → value (a NaN is written `null` and read back a
@@ -305,6 +308,7 @@ impl Outcome {
         Outcome {
             case: case.to_string(),
             model: model.to_string(),
+            kind: String::new(),
             status: Status::Error,
             metrics: BTreeMap::new(),
             gates: Vec::new(),

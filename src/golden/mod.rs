@@ -120,6 +120,18 @@ pub fn compare(golden: &Parsed, now: &Parsed, case: &Case) -> Vec<String> {
         golden.metrics.keys().chain(now.metrics.keys()).collect();
     for k in names {
         match (golden.metrics.get(k), now.metrics.get(k)) {
+            // A name the kind does not declare: a hand edit gone wrong, or a
+            // golden of another kind, said as such.
+            (Some(_), None) if case.metric_type(k).is_none() => {
+                let hint =
+                    crate::core::parse::nearest(k, case.metrics.iter().map(|m| m.name.as_str()))
+                        .map(|n| format!(" (did you mean `{n}`?)"))
+                        .unwrap_or_default();
+                diffs.push(format!(
+                    "{k}: not a metric of a {} case{hint}: the golden names a metric its kind does not declare",
+                    case.kind
+                ))
+            }
             (Some(_), None) => diffs.push(format!("{k}: missing now")),
             (None, Some(v)) => diffs.push(format!("{k}: new metric = {}", fmt_value(*v))),
             (Some(b), Some(a)) => {

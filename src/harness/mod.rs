@@ -29,12 +29,12 @@ pub use trial::{group_verdicts, run_trial, Verdict};
 
 use crate::core::outcome::split_test_name;
 use crate::core::Outcome;
-use crate::schedule::{executors, worker, Executor, Isolation, Selection, WORKER_ENV};
 use crate::engine::Engine;
 use crate::execute::{threads_per_trial, RunContext};
 use crate::golden::{self, Goldens, UpdateMode};
 use crate::plan::groups::{groups, Group};
 use crate::plan::{plan, Planned};
+use crate::schedule::{executors, worker, Executor, Isolation, Selection, WORKER_ENV};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -5,9 +5,9 @@
 use crate::core::{Outcome, Status};
 use crate::execute::RunContext;
 use crate::golden::{self, Goldens, UpdateMode};
+use crate::plan::Planned;
 use crate::schedule::worker::run_here;
 use crate::schedule::{GroupRun, Job};
-use crate::plan::Planned;
 use std::path::PathBuf;
 
 /// A test's verdict: Ok or the whole failure message, and whether the case

@@ -11,21 +11,20 @@ use std::collections::BTreeMap;
 pub fn judge(gates: &[Gate], metrics: &BTreeMap<String, f64>) -> Vec<GateResult> {
     let mut out = Vec::new();
     for g in gates {
-        let observed = metrics.get(&g.gated_metric()).copied();
+        let observed = metrics.get(&g.read).copied();
         let label = match &g.on {
             Some(on) => format!("{}.{on}", g.metric),
             None => g.metric.clone(),
         };
-        let stem = g.metric.strip_suffix("_mean").unwrap_or(&g.metric);
-        let interval = match (
-            metrics.get(&format!("{stem}_ci95_lo")),
-            metrics.get(&format!("{stem}_ci95_hi")),
-        ) {
-            (Some(lo), Some(hi)) => {
-                Some((*lo, *hi, metrics.get("windows").map_or(0, |w| *w as usize)))
-            }
-            _ => None,
-        };
+        // The interval the kind declared for the metric, when it has one.
+        let interval = g.interval.as_ref().and_then(|iv| {
+            let n = iv.windows.as_ref().and_then(|w| metrics.get(w));
+            Some((
+                *metrics.get(&iv.lo)?,
+                *metrics.get(&iv.hi)?,
+                n.map_or(0, |w| *w as usize),
+            ))
+        });
         for (bound, threshold) in [("max", g.max), ("min", g.min)] {
             let Some(threshold) = threshold else { continue };
             // NaN compares false both ways, so it fails either bound.
@@ -59,7 +58,19 @@ mod tests {
             max,
             min,
             on: None,
+            read: metric.into(),
+            interval: None,
         }
+    }
+
+    /// ΔNLL's declared 95% interval, over `windows`.
+    fn ci95() -> Option<crate::core::case::Interval> {
+        Some(crate::core::case::Interval {
+            name: "ci95".into(),
+            lo: "delta_nll_ci95_lo".into(),
+            hi: "delta_nll_ci95_hi".into(),
+            windows: Some("windows".into()),
+        })
     }
 
     #[test]
@@ -85,7 +96,11 @@ mod tests {
             ("delta_nll_ci95_hi".to_string(), 0.3),
             ("windows".to_string(), 16.0),
         ]);
-        let r = judge(&[gate("delta_nll_mean", Some(0.05), None)], &m);
+        let g = Gate {
+            interval: ci95(),
+            ..gate("delta_nll_mean", Some(0.05), None)
+        };
+        let r = judge(&[g], &m);
         assert_eq!(
             r[0].describe(),
             "delta_nll_mean = 0.25 (95% CI 0.200000 … 0.300000 over 16 windows) violates delta_nll_mean ≤ 0.05 (max 0.05)"
@@ -105,6 +120,8 @@ mod tests {
             max: Some(0.05),
             min: None,
             on: Some("ci95_hi".into()),
+            read: "delta_nll_ci95_hi".into(),
+            interval: ci95(),
         };
         let r = judge(&[g], &m);
         assert!(!r[0].passed);

@@ -242,6 +242,7 @@ fn start(cx: &RunContext, p: &Planned, goldens: &Path, cache: bool) -> Started {
         }
     };
     let case = &parsed.case;
+    s.out.kind = case.kind.to_string();
     s.out.case_sha256 = Some(case.content_sha256.clone());
     s.out.reference = case.reference.as_ref().map(|r| r.0.clone());
     s.out.reference_sha256 = case
@@ -328,6 +329,7 @@ fn conclude(cx: &RunContext, p: &Planned, s: Started, cache: bool, t0: Instant) 
 /// and the metrics the table shows (the kind's headline and every gated
 /// metric). For fresh results, cached ones and merged shards alike.
 pub fn rejudge(parsed: &crate::kinds::Parsed, out: &mut Outcome) {
+    out.kind = parsed.case.kind.to_string();
     out.gates = judge(&parsed.case.gates, &out.metrics);
     let headline = parsed.kind.headline();
     if !headline.is_empty() {

@@ -14,6 +14,7 @@
 use crate::core::case::{Location, Metric, Pin};
 use crate::core::error::Result;
 use crate::core::parse::Diagnostics;
+use crate::core::present::Presentation;
 use crate::core::{Case, Outcome};
 use crate::execute::observe::{Consumer, Observation};
 use crate::execute::RunContext;
@@ -30,6 +31,15 @@ pub trait Kind: Send + Sync + std::fmt::Debug {
     /// The metrics a case produces, with their types (a count compares
     /// exactly with its golden, a float within a tolerance).
     fn metrics(&self) -> Vec<Metric>;
+
+    /// The metrics with their intervals: what a case of the kind declares.
+    /// By default a metric `X_mean` (or `X`) carries the interval `I` of
+    /// `ci95`, `boot95`, `wilson95` whose bounds `X_I_lo` and `X_I_hi` are
+    /// among its metrics, over its `windows` when it counts them; a kind
+    /// that names its bounds otherwise declares them itself.
+    fn declared(&self) -> Vec<Metric> {
+        with_intervals(self.metrics())
+    }
 
     /// The few metrics the terminal table shows, in order (the rest are in
     /// `--json` and the goldens); empty: all of them.
@@ -171,18 +181,48 @@ pub mod recite;
 pub mod speed;
 pub mod teacher_forcing;
 
-/// Every kind: its `kind = "…"` name and its parser (plain `mod` lines
-/// above, so that `cargo fmt` sees every kind's file).
-pub const KINDS: &[(&str, Parse)] = &[
-    ("perplexity", perplexity::parse),
-    ("kld", kld::parse),
-    ("recite", recite::parse),
-    ("teacher_forcing", teacher_forcing::parse),
-    ("speed", speed::parse),
-    ("multiple_choice", multiple_choice::parse),
+/// How a kind shows in the ladder report (None: it does not).
+pub type Present = fn() -> Option<Presentation>;
+
+/// Every kind: its `kind = "…"` name, its parser and its part of the
+/// ladder report (plain `mod` lines above, so that `cargo fmt` sees every
+/// kind's file). The report lays out columns in this order.
+pub const KINDS: &[(&str, Parse, Present)] = &[
+    ("perplexity", perplexity::parse, perplexity::present),
+    ("kld", kld::parse, kld::present),
+    ("recite", recite::parse, || None),
+    ("teacher_forcing", teacher_forcing::parse, || None),
+    ("speed", speed::parse, speed::present),
+    ("multiple_choice", multiple_choice::parse, || None),
 ];
+
+/// Every kind's part of the ladder report, in [`KINDS`] order.
+pub fn presentations() -> Vec<Presentation> {
+    KINDS
+        .iter()
+        .filter_map(|(_, _, present)| present())
+        .collect()
+}
+
+/// `metrics` with the intervals their bound metrics show (see
+/// [`Kind::declared`]).
+pub fn with_intervals(mut metrics: Vec<Metric>) -> Vec<Metric> {
+    let names: std::collections::BTreeSet<String> =
+        metrics.iter().map(|m| m.name.clone()).collect();
+    let windows = names.contains("windows").then_some("windows");
+    for m in &mut metrics {
+        let stem = m.name.strip_suffix("_mean").unwrap_or(&m.name).to_string();
+        for i in ["ci95", "boot95", "wilson95"] {
+            let (lo, hi) = (format!("{stem}_{i}_lo"), format!("{stem}_{i}_hi"));
+            if names.contains(&lo) && names.contains(&hi) {
+                *m = m.clone().with_interval(i, &lo, &hi, windows);
+            }
+        }
+    }
+    metrics
+}
 
 /// The names of every kind, for messages.
 pub fn names() -> Vec<&'static str> {
-    KINDS.iter().map(|(n, _)| *n).collect()
+    KINDS.iter().map(|(n, _, _)| *n).collect()
 }

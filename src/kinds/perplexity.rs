@@ -9,6 +9,7 @@
 use crate::core::case::{metrics_of, Location, Metric, Pin};
 use crate::core::error::{Error, Result};
 use crate::core::parse::{case_table, parse_toml, Diagnostics};
+use crate::core::present::{Cell, Join, Plot, Presentation, ReportColumn, Spread};
 use crate::core::{Case, Outcome};
 use crate::execute::observe::{Consumer, Mapped, Row};
 use crate::execute::record::read_record;
@@ -52,6 +53,77 @@ pub const PAIRED_METRICS: &[&str] = &[
     "ppl_ratio_se",
     "nll_token_corr",
 ];
+
+/// The ladder columns of a scored text (perplexity and kld cases share
+/// them): PPL ± se, ΔNLL with its interval, windows better; the log PPL
+/// ratio in the CSV.
+pub fn window_columns() -> Vec<ReportColumn> {
+    vec![
+        ReportColumn::new(
+            "PPL ± se",
+            Cell::PlusMinus {
+                metric: "ppl",
+                se: "ppl_se",
+                digits: 4,
+            },
+        ),
+        ReportColumn::new(
+            "ΔNLL [95% CI]",
+            Cell::Interval {
+                metric: "delta_nll_mean",
+                lo: "delta_nll_ci95_lo",
+                hi: "delta_nll_ci95_hi",
+                digits: 4,
+                scale: 1.0,
+                signed: true,
+                suffix: "",
+            },
+        ),
+        ReportColumn::new(
+            "windows better",
+            Cell::OutOf {
+                part: "windows_better",
+                whole: "windows",
+            },
+        ),
+        ReportColumn::csv_only(&["ln_ppl_ratio", "ln_ppl_ratio_se"]),
+    ]
+}
+
+/// The plots of a scored text: ΔNLL against bits per weight, ΔNLL per
+/// window.
+pub fn window_plots() -> Vec<Plot> {
+    vec![
+        Plot::Frontier {
+            metric: "delta_nll_mean",
+            spread: Spread::Bounds("delta_nll_ci95_lo", "delta_nll_ci95_hi"),
+            label: "ΔNLL (nats/token)",
+        },
+        Plot::Series {
+            series: "delta_nll_per_window",
+            title: "ΔNLL per window",
+            xlabel: "window",
+            ylabel: "ΔNLL (nats/token)",
+        },
+    ]
+}
+
+/// What the scored-text columns mean.
+pub const WINDOW_LEGEND: &str =
+    "PPL ± se as llama-perplexity prints it. ΔNLL: mean over windows of \
+     the per-window mean NLL difference to the reference (nats/token), 95% Student-t interval \
+     over windows; windows better: windows where the model's NLL is below the reference's.";
+
+/// How perplexity cases show in the ladder report.
+pub fn present() -> Option<Presentation> {
+    Some(Presentation {
+        kind: "perplexity",
+        join: Join::Reference,
+        columns: window_columns(),
+        plots: window_plots(),
+        legend: vec![WINDOW_LEGEND],
+    })
+}
 
 /// The counts among [`PPL_METRICS`] and [`PAIRED_METRICS`].
 pub const COUNTS: &[&str] = &[

@@ -18,6 +18,7 @@
 use crate::core::case::{Metric, MetricType};
 use crate::core::error::Result;
 use crate::core::parse::{case_table, parse_toml, Diagnostics};
+use crate::core::present::{Cell, Join, Presentation, ReportColumn};
 use crate::core::{Case, Outcome, Settings};
 use crate::engine::{BenchTest, LoadedModel};
 use crate::execute::RunContext;
@@ -145,9 +146,39 @@ impl Speed {
     }
 }
 
+/// How speed cases show in the ladder report: beside every view's row of
+/// the same model, prompt processing and generation t/s (mean ± sd), and
+/// in the CSV their ratios to the reference.
+pub fn present() -> Option<Presentation> {
+    let tps = |title, metric, se| {
+        ReportColumn::new(
+            title,
+            Cell::PlusMinus {
+                metric,
+                se,
+                digits: 1,
+            },
+        )
+    };
+    Some(Presentation {
+        kind: "speed",
+        join: Join::Model,
+        columns: vec![
+            tps("pp t/s", "pp_tps_mean", "pp_tps_sd"),
+            tps("tg t/s", "tg_tps_mean", "tg_tps_sd"),
+            ReportColumn::csv_only(&["pp_ratio_vs_ref", "tg_ratio_vs_ref"]),
+        ],
+        plots: Vec::new(),
+        legend: vec![
+            "pp/tg t/s: a speed case's prompt processing and generation, mean ± sd over its \
+             repetitions.",
+        ],
+    })
+}
+
 impl Kind for Speed {
     fn metrics(&self) -> Vec<Metric> {
-        let m = |n: String, ty| Metric { name: n, ty };
+        let m = |n: String, ty| Metric::new(n, ty);
         let mut out = vec![
             Metric::count("model_bytes"),
             Metric::float("model_bpw"),

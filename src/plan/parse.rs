@@ -6,7 +6,7 @@
 //! is reported together; a gate or tolerance on a metric the case does not
 //! produce is a parse-time error; nothing here touches a model.
 
-use crate::core::case::{Gate, Metric, Tolerance, GATE_ON};
+use crate::core::case::{Gate, Metric, Tolerance};
 use crate::core::error::{Error, Result};
 use crate::core::fsutil::sha256_bytes;
 use crate::core::outcome::PREREG_METRICS;
@@ -104,7 +104,8 @@ pub fn parse_case_with(
             path.display()
         )));
     };
-    let Some(&(kind_name, parse_kind)) = KINDS.iter().find(|(n, _)| n == kind.get_ref()) else {
+    let Some(&(kind_name, parse_kind, _)) = KINDS.iter().find(|(n, _, _)| n == kind.get_ref())
+    else {
         return Err(Error::input(format!(
             "{}: kind: `{}` is not one of {names}",
             diag.at(kind.span().start),
@@ -188,7 +189,7 @@ pub fn parse_case_with(
         windows: None,
     };
     let kind = parse_kind(&case, src, &mut diag)?;
-    case.metrics = kind.metrics();
+    case.metrics = kind.declared();
     case.pins = kind.pins();
     case.windows = kind.windows();
     if let Some(p) = &head.prereg {
@@ -204,7 +205,7 @@ pub fn parse_case_with(
     let metrics: Vec<String> = case.metric_names();
     let metrics: Vec<&str> = metrics.iter().map(String::as_str).collect();
     let why_not = |m: &str| kind.why_not(m);
-    case.gates = gates(&head.gate, &metrics, kind_name, &why_not, &mut diag);
+    case.gates = gates(&head.gate, &case.metrics, kind_name, &why_not, &mut diag);
     case.tolerances = tolerances(&head.tolerance, &metrics, &mut diag);
     diag.finish(Parsed {
         case: std::sync::Arc::new(case),
@@ -212,18 +213,21 @@ pub fn parse_case_with(
     })
 }
 
-/// The gates of a case whose kind produces `metrics`.
+/// The gates of a case whose kind declares `declared`: each gate's metric
+/// and, with `on`, the bound of an interval the metric declares.
 fn gates(
     files: &[GateFile],
-    metrics: &[&str],
+    declared: &[Metric],
     kind: &str,
     why_not: &dyn Fn(&str) -> Option<&'static str>,
     diag: &mut Diagnostics,
 ) -> Vec<Gate> {
+    let metrics: Vec<&str> = declared.iter().map(|m| m.name.as_str()).collect();
     let mut gates = Vec::new();
     for (i, g) in files.iter().enumerate() {
         let m = g.metric.get_ref();
-        if !metrics.contains(&m.as_str()) {
+        let decl = declared.iter().find(|d| &d.name == m);
+        if decl.is_none() {
             let hint = nearest(m, metrics.iter().copied())
                 .map(|n| format!(" (did you mean `{n}`?)"))
                 .unwrap_or_default();
@@ -247,34 +251,47 @@ fn gates(
             ),
             _ => {}
         }
-        let gate = Gate {
-            metric: m.clone(),
-            max: g.max,
-            min: g.min,
-            on: g.on.as_ref().map(|o| o.get_ref().clone()),
-        };
-        if let Some(on) = &g.on {
-            let gated = gate.gated_metric();
-            if !GATE_ON.contains(&on.get_ref().as_str()) {
-                diag.push_at(
+        let intervals = decl.map_or(&[][..], |d| &d.intervals[..]);
+        let mut read = m.clone();
+        if let (Some(on), Some(_)) = (&g.on, decl) {
+            let bound = intervals
+                .iter()
+                .find_map(|iv| match on.get_ref().rsplit_once('_') {
+                    Some((name, "lo")) if name == iv.name => Some(iv.lo.clone()),
+                    Some((name, "hi")) if name == iv.name => Some(iv.hi.clone()),
+                    _ => None,
+                });
+            match bound {
+                Some(b) => read = b,
+                None if intervals.is_empty() => diag.push_at(
+                    on.span().start,
+                    format!(
+                        "gate[{i}].on: `{m}` has no `{}` bound (its kind declares no interval of it)",
+                        on.get_ref()
+                    ),
+                ),
+                None => diag.push_at(
                     on.span().start,
                     format!(
                         "gate[{i}].on: `{}` is not one of {}",
                         on.get_ref(),
-                        GATE_ON.join(", ")
+                        intervals
+                            .iter()
+                            .flat_map(|iv| [format!("{}_lo", iv.name), format!("{}_hi", iv.name)])
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     ),
-                );
-            } else if metrics.contains(&m.as_str()) && !metrics.contains(&gated.as_str()) {
-                diag.push_at(
-                    on.span().start,
-                    format!(
-                        "gate[{i}].on: `{m}` has no `{}` bound (`{gated}` is not a metric of this case)",
-                        on.get_ref()
-                    ),
-                );
+                ),
             }
         }
-        gates.push(gate);
+        gates.push(Gate {
+            metric: m.clone(),
+            max: g.max,
+            min: g.min,
+            on: g.on.as_ref().map(|o| o.get_ref().clone()),
+            read,
+            interval: intervals.iter().find(|iv| iv.name == "ci95").cloned(),
+        });
     }
     gates
 }
@@ -347,7 +364,9 @@ max = 10.0
                 metric: "ppl".into(),
                 max: Some(10.0),
                 min: None,
-                on: None
+                on: None,
+                read: "ppl".into(),
+                interval: None,
             }]
         );
         assert_eq!(c.kind, "perplexity");

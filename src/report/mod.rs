@@ -9,6 +9,7 @@ use crate::core::{Outcome, Status};
 pub mod ladder;
 pub mod parquet;
 pub mod prereg;
+pub(crate) mod svg;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -121,7 +122,7 @@ pub fn table(outcomes: &[Outcome]) -> String {
 /// decode shared by several cases counts its share to each), and the
 /// reference work done in shared decodes: (model, seconds, products).
 pub fn timings(outcomes: &[Outcome], reference_work: &[(String, f64, usize)]) -> String {
-    let mut by_model: std::collections::BTreeMap<&str, [f64; 7]> = Default::default();
+    let mut by_model: std::collections::BTreeMap<&str, [f64; 6]> = Default::default();
     for o in outcomes {
         let t = &o.timings;
         let e = by_model.entry(&o.model).or_default();
@@ -131,7 +132,6 @@ pub fn timings(outcomes: &[Outcome], reference_work: &[(String, f64, usize)]) ->
         {
             e[i] += d.as_secs_f64();
         }
-        e[6] += o.metrics.get("tokens_scored").copied().unwrap_or(0.0);
     }
     let mut s = format!(
         "{:<16} {:>8} {:>8} {:>9} {:>8} {:>8} {:>8} {:>10} {:>10}\n",

@@ -40,7 +40,9 @@ pub fn run_plan(
             work,
         }
     };
-    run_groups(planned, &groups, jobs, &exec, progress, &mut |_, o, _| done(o))
+    run_groups(planned, &groups, jobs, &exec, progress, &mut |_, o, _| {
+        done(o)
+    })
 }
 
 /// Runs one group, wherever: its index, its trials, the trials whose

@@ -15,11 +15,11 @@
 //! worker that dies fails the trials of its job with the signal, the model,
 //! its file, the case and llama.cpp's last words.
 
+use super::GroupRun;
 use crate::core::outcome::split_test_name;
 use crate::core::{Decision, EngineBuild, EngineOptions, Outcome, Status};
 use crate::engine::Engine;
 use crate::execute::{threads_per_trial, RunContext};
-use super::GroupRun;
 use crate::plan::parse::Overrides;
 use crate::plan::Planned;
 use std::collections::VecDeque;
@@ -490,25 +490,27 @@ impl Executor {
     ) -> GroupRun {
         match self {
             // A panic fails the group's trials, not the run.
-            Executor::InProcess(cx) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(
-                || run_here(cx, group, provides, goldens, job),
-            ))
-            .unwrap_or_else(|panic| {
-                let what = panic
-                    .downcast_ref::<String>()
-                    .map(String::as_str)
-                    .or_else(|| panic.downcast_ref::<&str>().copied())
-                    .unwrap_or("(no message)");
-                GroupRun {
-                    outcomes: unanswered(
-                        job,
-                        0,
-                        &cx.engine().build(),
-                        &format!("{{name}} panicked in this process: {what}"),
-                    ),
-                    work: Default::default(),
-                }
-            }),
+            Executor::InProcess(cx) => {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    run_here(cx, group, provides, goldens, job)
+                }))
+                .unwrap_or_else(|panic| {
+                    let what = panic
+                        .downcast_ref::<String>()
+                        .map(String::as_str)
+                        .or_else(|| panic.downcast_ref::<&str>().copied())
+                        .unwrap_or("(no message)");
+                    GroupRun {
+                        outcomes: unanswered(
+                            job,
+                            0,
+                            &cx.engine().build(),
+                            &format!("{{name}} panicked in this process: {what}"),
+                        ),
+                        work: Default::default(),
+                    }
+                })
+            }
             Executor::Worker(w) => w
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())

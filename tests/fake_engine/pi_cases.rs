@@ -401,3 +401,30 @@ fn golden_texts_are_compared_exactly() {
         ["output: \"3456789\" → \"3456799\" (texts compare exactly)"]
     );
 }
+
+/// A golden that names a metric its case's kind does not declare (a hand
+/// edit gone wrong) says so, with the nearest declared name.
+#[test]
+fn a_golden_naming_an_undeclared_metric_says_which() {
+    let root = root("golden-undeclared", &[("r.toml", &recite_case("\"cand\""))]);
+    let (registry, planned) = plan(&root.join("suites"), &[], &[]).unwrap();
+    let r = RunContext::new(registry, Arc::new(engine()), 1);
+    let o = quantgate::judge::trial(&r, &planned[0], std::path::Path::new("goldens"));
+    let case = &planned[0].case.as_ref().unwrap().case;
+    let now = quantgate::golden::parse(&quantgate::golden::render(&o, "suites/r.toml")).unwrap();
+    let mut edited = now.clone();
+    let (name, v) = edited
+        .metrics
+        .pop_first()
+        .expect("a recite case has metrics");
+    let typo = format!("{name}x");
+    edited.metrics.insert(typo.clone(), v);
+    let diffs = quantgate::golden::compare(&edited, &now, case);
+    assert!(
+        diffs.contains(&format!(
+            "{typo}: not a metric of a recite case (did you mean `{name}`?): the golden names a \
+             metric its kind does not declare"
+        )),
+        "{diffs:?}"
+    );
+}

@@ -629,7 +629,6 @@ impl ReferenceStore {
 }
 
 /// The value of a kept product's file when it is intact and for `id`;
-
 /// None when there is none, or (said on stderr) when it is unusable.
 fn read_kept<T: serde::de::DeserializeOwned>(id: &str, path: &Path) -> Option<T> {
     let why = match read_sealed(path) {
@@ -655,7 +654,6 @@ fn read_kept<T: serde::de::DeserializeOwned>(id: &str, path: &Path) -> Option<T>
 fn memo_holds<T: ?Sized>(m: &Memo<T>, id: &str) -> bool {
     m.lock().unwrap_or_else(|p| p.into_inner()).contains_key(id)
 }
-
 
 #[cfg(test)]
 mod tests;

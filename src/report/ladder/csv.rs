@@ -1,0 +1,54 @@
+//! The ladder view as CSV: every number at full precision, a missing one
+//! an empty field.
+
+use super::*;
+
+pub(crate) fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+/// The CSV report: one line per view × model; the declared columns' fields
+/// between the model's facts and its status (the header is the first
+/// view's: every view has the same columns).
+pub fn csv(views: &[View]) -> String {
+    let mut s = String::from("reference,cases,model,bytes,bpw,");
+    let fields: Vec<&str> = views
+        .first()
+        .map(|v| {
+            v.columns
+                .iter()
+                .flat_map(|c| c.csv.iter().map(|f| f.0))
+                .collect()
+        })
+        .unwrap_or_default();
+    for f in &fields {
+        s.push_str(f);
+        s.push(',');
+    }
+    let _ = writeln!(s, "status,failures");
+    let f = |v: Option<f64>| v.map(|x| format!("{x}")).unwrap_or_default();
+    for v in views {
+        for r in &v.rows {
+            let mut line = vec![
+                csv_field(&v.reference),
+                csv_field(&v.cases.join(" ")),
+                csv_field(&r.model),
+                r.facts.bytes.map(|b| b.to_string()).unwrap_or_default(),
+                f(r.facts.bpw),
+            ];
+            line.extend(
+                v.columns
+                    .iter()
+                    .flat_map(|c| c.csv.iter().map(|(_, field)| field.show(&r.metrics))),
+            );
+            line.push(r.status.as_str().into());
+            line.push(csv_field(&r.failures.join("; ")));
+            let _ = writeln!(s, "{}", line.join(","));
+        }
+    }
+    s
+}

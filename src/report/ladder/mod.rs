@@ -1,0 +1,297 @@
+//! The ladder report: from one run's outcomes, one view per reference model,
+//! a row per model — bytes and bits per weight, then the columns every kind
+//! declares (`core::present`: PPL ± se, ΔNLL, KLD, same top, flips, t/s, …)
+//! and the gate verdicts — largest file first; as Markdown (model-card
+//! ready), CSV, and one self-contained HTML page with the declared plots.
+//! The report names no metric: it lays out the kinds' declarations.
+//!
+//! Contract: every number is one the run measured (a metric of its
+//! outcome, or the model file's own header); a missing one is shown as
+//! missing (`–`, an empty CSV field), never as zero. A model whose trial
+//! failed to run is a row that says ERROR.
+
+use crate::core::error::Result;
+use crate::core::present::{Join, Metrics, Plot, Presentation, ReportColumn};
+use crate::core::{Outcome, Status};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+pub use crate::report::svg::PALETTE;
+mod markdown;
+pub use markdown::*;
+mod csv;
+pub use csv::*;
+mod html;
+pub use html::*;
+
+/// What the model file says of itself.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ModelFacts {
+    /// Bytes, every part of a split file added up.
+    pub bytes: Option<u64>,
+    /// Bits per weight (tensor bytes × 8 / parameters).
+    pub bpw: Option<f64>,
+}
+
+/// One model in a view.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    /// Alias.
+    pub model: String,
+    /// File facts.
+    pub facts: ModelFacts,
+    /// Worst status over the view's cases.
+    pub status: Status,
+    /// Metrics by name: the view's cases' in kind order (a name the first
+    /// case has keeps its value), then those of the model's cases of a kind
+    /// that joins by model (speed).
+    pub metrics: Metrics,
+    /// Series by name, the same way.
+    pub series: BTreeMap<String, Vec<f64>>,
+    /// `case: metric` of every failed gate, and errors.
+    pub failures: Vec<String>,
+    /// Gates checked.
+    pub gates: usize,
+}
+
+/// One reference's ladder.
+#[derive(Debug, Clone)]
+pub struct View {
+    /// The reference alias.
+    pub reference: String,
+    /// The cases behind the columns, one per kind, in kind order.
+    pub cases: Vec<String>,
+    /// The columns, as the kinds declared them (each title once).
+    pub columns: Vec<ReportColumn>,
+    /// The plots, the same way.
+    pub plots: Vec<Plot>,
+    /// What the columns mean: the kinds' legends, each once.
+    pub legend: Vec<&'static str>,
+    /// Rows, largest file first.
+    pub rows: Vec<Row>,
+}
+
+/// What the report's own columns (size, BPW) mean.
+const FACTS_LEGEND: &str = "BPW: tensor bytes × 8 / parameters, from the GGUF header.";
+
+/// The columns, plots and legend of every view: every kind's declaration
+/// in `catalog` order (kinds that join by reference, then the report's own
+/// legend, then kinds that join by model), a column or plot declared twice
+/// shown once.
+fn layout(catalog: &[Presentation]) -> (Vec<ReportColumn>, Vec<Plot>, Vec<&'static str>) {
+    let mut columns: Vec<ReportColumn> = Vec::new();
+    let mut plots: Vec<Plot> = Vec::new();
+    let mut legend: Vec<&'static str> = Vec::new();
+    let by_join = |j: Join| catalog.iter().filter(move |p| p.join == j);
+    for p in by_join(Join::Reference).chain(by_join(Join::Model)) {
+        for c in &p.columns {
+            let same = |d: &ReportColumn| {
+                if c.title.is_empty() {
+                    d.csv.iter().map(|f| f.0).eq(c.csv.iter().map(|f| f.0))
+                } else {
+                    d.title == c.title
+                }
+            };
+            if !columns.iter().any(same) {
+                columns.push(c.clone());
+            }
+        }
+        for plot in &p.plots {
+            if !plots.contains(plot) {
+                plots.push(plot.clone());
+            }
+        }
+        if p.join == Join::Model && !legend.contains(&FACTS_LEGEND) {
+            legend.push(FACTS_LEGEND);
+        }
+        for l in &p.legend {
+            if !legend.contains(l) {
+                legend.push(l);
+            }
+        }
+    }
+    if !legend.contains(&FACTS_LEGEND) {
+        legend.push(FACTS_LEGEND);
+    }
+    (columns, plots, legend)
+}
+
+/// The views of `outcomes`, laid out as the kinds in `catalog` declare:
+/// per reference, at most one case of each kind that joins by reference (a
+/// second case of a kind opens another view), in `catalog` order; the
+/// model's cases of a kind that joins by model beside each row. An
+/// outcome of a kind the catalog does not show is left out.
+pub fn views(
+    outcomes: &[Outcome],
+    catalog: &[Presentation],
+    facts: &dyn Fn(&str) -> ModelFacts,
+) -> Vec<View> {
+    let join_of = |o: &Outcome| {
+        catalog
+            .iter()
+            .position(|p| p.kind == o.kind)
+            .map(|i| (i, catalog[i].join))
+    };
+    // Each case's kind (its index in the catalog).
+    let mut case_kind: BTreeMap<&str, usize> = BTreeMap::new();
+    for o in outcomes.iter().filter(|o| o.reference.is_some()) {
+        if let Some((k, Join::Reference)) = join_of(o) {
+            case_kind.insert(&o.case, k);
+        }
+    }
+    // (reference, {kind: case}) in order of first appearance.
+    let mut slots: Vec<(String, BTreeMap<usize, String>)> = Vec::new();
+    let mut cases: Vec<(&str, &str)> = outcomes
+        .iter()
+        .filter_map(|o| Some((o.case.as_str(), o.reference.as_deref()?)))
+        .filter(|(c, _)| case_kind.contains_key(c))
+        .collect();
+    cases.sort();
+    cases.dedup();
+    for (case, reference) in cases {
+        let kind = case_kind[case];
+        let at = slots
+            .iter()
+            .position(|(r, k)| r == reference && !k.contains_key(&kind))
+            .unwrap_or_else(|| {
+                slots.push((reference.to_string(), BTreeMap::new()));
+                slots.len() - 1
+            });
+        slots[at].1.insert(kind, case.to_string());
+    }
+    let (columns, plots, legend) = layout(catalog);
+    let beside: Vec<&Outcome> = outcomes
+        .iter()
+        .filter(|o| matches!(join_of(o), Some((_, Join::Model))))
+        .collect();
+    slots
+        .iter()
+        .map(|(reference, kinds)| {
+            let mut rows: BTreeMap<&str, Row> = BTreeMap::new();
+            // In kind order: the first case's metric wins a shared name.
+            for case in kinds.values() {
+                for o in outcomes.iter().filter(|o| &o.case == case) {
+                    let row = rows.entry(&o.model).or_insert_with(|| Row {
+                        model: o.model.clone(),
+                        facts: facts(&o.model),
+                        status: Status::Pass,
+                        metrics: Metrics::new(),
+                        series: BTreeMap::new(),
+                        failures: Vec::new(),
+                        gates: 0,
+                    });
+                    fold(row, o);
+                }
+            }
+            let mut rows: Vec<Row> = rows.into_values().collect();
+            for r in &mut rows {
+                for o in beside.iter().filter(|o| o.model == r.model) {
+                    for (k, v) in &o.metrics {
+                        r.metrics.entry(k.clone()).or_insert(*v);
+                    }
+                }
+            }
+            rows.sort_by(|a, b| {
+                b.facts
+                    .bytes
+                    .cmp(&a.facts.bytes)
+                    .then_with(|| a.model.cmp(&b.model))
+            });
+            View {
+                reference: reference.clone(),
+                cases: kinds.values().cloned().collect(),
+                columns: columns.clone(),
+                plots: plots.clone(),
+                legend: legend.clone(),
+                rows,
+            }
+        })
+        .collect()
+}
+
+/// One outcome of a view's case into its model's row: metrics and series
+/// it lacks, its gates, its failures and the worst status.
+fn fold(row: &mut Row, o: &Outcome) {
+    for (k, v) in &o.metrics {
+        row.metrics.entry(k.clone()).or_insert(*v);
+    }
+    for (k, v) in &o.series {
+        row.series.entry(k.clone()).or_insert_with(|| v.clone());
+    }
+    row.gates += o.gates.len();
+    for g in o.gates.iter().filter(|g| !g.passed) {
+        row.failures.push(format!("{}: {}", o.case, g.metric));
+    }
+    match o.status {
+        Status::Error => {
+            row.status = Status::Error;
+            let first = o.error.as_deref().unwrap_or("").lines().next();
+            row.failures
+                .push(format!("{}: error: {}", o.case, first.unwrap_or("")));
+        }
+        Status::Fail if row.status == Status::Pass => row.status = Status::Fail,
+        _ => {}
+    }
+}
+
+/// The files a report folder holds.
+pub const FILES: [&str; 3] = ["report.md", "report.csv", "report.html"];
+
+/// Whether a report may be written into `dir`, checked before any work:
+/// the folder can be made and written, and holds no report already (one is
+/// replaced only when `force`). Err names the flag, the folder and the fix.
+pub fn ready(flag: &str, dir: &Path, force: bool) -> Result<()> {
+    crate::core::fsutil::writable_dir(flag, dir)?;
+    let held: Vec<&str> = FILES
+        .iter()
+        .copied()
+        .filter(|f| dir.join(f).exists())
+        .collect();
+    if !held.is_empty() && !force {
+        return Err(crate::core::Error::input(format!(
+            "{flag} {}: holds a report already ({}); pass --force to replace it, or name \
+             another folder",
+            dir.display(),
+            held.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+/// Write `report.md`, `report.csv` and `report.html` into `dir`; the paths.
+pub fn write(dir: &Path, views: &[View], outcomes: &[Outcome]) -> Result<Vec<PathBuf>> {
+    let [md, csv_name, html_name] = FILES;
+    let files = [
+        (md, markdown(views)),
+        (csv_name, csv(views)),
+        (html_name, html(views, outcomes)),
+    ];
+    let mut out = Vec::new();
+    for (name, body) in files {
+        let p = dir.join(name);
+        crate::core::fsutil::write_atomic(&p, body.as_bytes())?;
+        out.push(p);
+    }
+    Ok(out)
+}
+
+/// Bytes and bits per weight of a registry model, from its file's header
+/// (every part of a split file); nothing when the file is not there or is
+/// not the size the registry pins.
+pub fn facts_of(registry: &crate::models::Registry, build_label: &str, alias: &str) -> ModelFacts {
+    let Ok(path) = registry.location(alias, build_label) else {
+        return ModelFacts::default();
+    };
+    let pinned = registry.entry(alias).ok().and_then(|e| e.bytes);
+    match crate::models::inspect::inspect(&path, false) {
+        Ok(i) if pinned.is_none_or(|b| b == i.bytes) => ModelFacts {
+            bytes: Some(i.bytes),
+            bpw: i.bpw(),
+        },
+        _ => ModelFacts::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests;
