@@ -1,7 +1,8 @@
 //! Every test that needs only the fake engine, in one test binary (each
 //! binary links llama.cpp): the golden workflow's own output, kld and
-//! teacher-forcing cases against independent computations, preregistered
-//! rules.
+//! teacher-forcing cases against independent computations, multiple
+//! choice and speed through the fake engine's batches and bench,
+//! preregistered rules.
 
 mod common;
 #[path = "fake_engine/golden_selftest.rs"]
@@ -10,6 +11,8 @@ mod golden_selftest;
 mod goldens_agree;
 #[path = "fake_engine/kld.rs"]
 mod kld;
+#[path = "fake_engine/mc_speed.rs"]
+mod mc_speed;
 #[path = "fake_engine/observe.rs"]
 mod observe;
 #[path = "fake_engine/pi_cases.rs"]

@@ -5,7 +5,7 @@
 
 use super::args::{RunArgs, Select};
 use super::{nothing_selected, outputs_ready, write_report, Conclusion, Ctx};
-use quantgate::core::{Error, Status};
+use quantgate::core::{Error, TrialEnd};
 use quantgate::execute::{threads_per_trial, RunContext};
 use quantgate::plan::Planned;
 use quantgate::report;
@@ -174,7 +174,7 @@ pub fn run(ctx: &Ctx, a: RunArgs) -> Result<Conclusion, Error> {
     Ok(
         if outcomes
             .iter()
-            .any(|o| o.status == Status::Error && o.input_error)
+            .any(|o| matches!(o.end(), TrialEnd::InputError(_)))
         {
             Conclusion::Unusable
         } else if write_failed {

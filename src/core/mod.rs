@@ -16,6 +16,6 @@ pub mod settings;
 pub use case::{Case, Gate, Location, Metric, MetricType, Pin, Tolerance};
 pub use error::{Error, ErrorKind, Result};
 pub use outcome::{
-    Artifact, Column, Decision, GateResult, Outcome, StageTimings, Status, Table, Verdict,
+    Artifact, Column, Decision, GateResult, Outcome, StageTimings, Status, Table, TrialEnd, Verdict,
 };
 pub use settings::{Decoding, EngineBuild, EngineOptions, Sampler, Settings};

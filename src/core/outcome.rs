@@ -334,17 +334,58 @@ impl Outcome {
 
     /// The failure message for a test, or None on pass.
     pub fn failure_message(&self) -> Option<String> {
+        self.end().into_result().err()
+    }
+
+    /// How the trial ended: passed, a gate violated (the violations), or
+    /// it could not run (its error, the input's fault or the engine's).
+    pub fn end(&self) -> TrialEnd {
         match self.status {
-            Status::Pass => None,
-            Status::Error => Some(self.error.clone().unwrap_or_default()),
+            Status::Pass => TrialEnd::Pass,
+            Status::Error if self.input_error => {
+                TrialEnd::InputError(self.error.clone().unwrap_or_default())
+            }
+            Status::Error => TrialEnd::EngineError(self.error.clone().unwrap_or_default()),
             Status::Fail => {
                 let mut m = format!("{}::{}: gate violated\n", self.case, self.model);
                 for g in self.gates.iter().filter(|g| !g.passed) {
                     m.push_str(&format!("  {}\n", g.describe()));
                 }
-                Some(m)
+                TrialEnd::Fail(m)
             }
         }
+    }
+}
+
+/// How a trial ended, with the whole failure message when it did not pass
+/// (one enum over an outcome's status, error and input fault).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TrialEnd {
+    /// Its gates held, its files were written and its golden matches.
+    Pass,
+    /// It ran, and a gate was violated, a file could not be written or
+    /// its golden differs.
+    Fail(String),
+    /// It could not run: its input is wrong (a case, a model file, a
+    /// pinned file); exit 2 in `quantgate run`.
+    InputError(String),
+    /// It could not run: the engine failed, or its worker died.
+    EngineError(String),
+}
+
+impl TrialEnd {
+    /// Ok, or the whole failure message.
+    pub fn into_result(self) -> Result<(), String> {
+        match self {
+            TrialEnd::Pass => Ok(()),
+            TrialEnd::Fail(m) | TrialEnd::InputError(m) | TrialEnd::EngineError(m) => Err(m),
+        }
+    }
+
+    /// Whether it could not run at all (as opposed to a violated gate or a
+    /// changed golden).
+    pub fn is_error(&self) -> bool {
+        matches!(self, TrialEnd::InputError(_) | TrialEnd::EngineError(_))
     }
 }
 

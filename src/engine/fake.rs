@@ -8,8 +8,8 @@
 //! "next byte" `(last + step) % 256`.
 
 use super::{
-    top_gap, BosPolicy, Engine, EngineTimings, LoadedModel, ModelFile, ModelInfo, PassSink, Step,
-    Token, TokenId, Window,
+    top_gap, BatchSink, BenchTest, BosPolicy, Engine, EngineTimings, LoadedModel, ModelFile,
+    ModelInfo, PassSink, SeqToken, Step, Token, TokenId, Window,
 };
 use crate::core::error::{Error, Result};
 use crate::core::{Decoding, EngineBuild, Sampler, Settings};
@@ -44,6 +44,10 @@ pub struct FakeSpec {
     pub sleep_ms: u64,
     /// Tokenizer fingerprint (models of one base share it).
     pub tokenizer: &'static str,
+    /// Prompt processing speed `bench` reports (tokens per second).
+    pub pp_tps: f64,
+    /// Generation speed `bench` reports (tokens per second).
+    pub tg_tps: f64,
 }
 
 impl Default for FakeSpec {
@@ -58,6 +62,8 @@ impl Default for FakeSpec {
             abort_in: None,
             sleep_ms: 0,
             tokenizer: "fake-bytes-v1",
+            pp_tps: 1000.0,
+            tg_tps: 100.0,
         }
     }
 }
@@ -68,6 +74,18 @@ impl FakeSpec {
         let ripple = ((j as i64 * 31 + last as i64 * 17 + pos as i64 * 7).rem_euclid(23)) as f32;
         let favoured = (last + self.step).rem_euclid(256) as usize;
         0.1 * ripple + if j == favoured { self.confidence } else { 0.0 }
+    }
+
+    /// The wall time `bench` reports for repetition `rep` of `test`: the
+    /// tokens at the spec's speed, times `1 + 0.01·(rep mod 3 − 1)` (so that
+    /// repetitions differ as measured ones do, by a known amount).
+    pub fn bench_time(&self, test: BenchTest, rep: usize) -> std::time::Duration {
+        let (n, tps) = match test {
+            BenchTest::Prompt(n) => (n, self.pp_tps),
+            BenchTest::Generate(n) => (n, self.tg_tps),
+        };
+        let jitter = 1.0 + 0.01 * ((rep % 3) as f64 - 1.0);
+        std::time::Duration::from_secs_f64(n as f64 / tps * jitter)
     }
 
     /// The whole logit row after token `last` at position `pos`: what the
@@ -287,6 +305,89 @@ impl LoadedModel for FakeModel {
             }
         }
         Ok(EngineTimings::default())
+    }
+
+    /// Each batch on cleared memory: every output token's row is the row
+    /// after that token at its position (fake rows depend on nothing else),
+    /// with the spec's faults by batch index (`decode_error_in`, `nan_at` as
+    /// (batch, position)). A sequence's positions must count up from 0 and
+    /// fit `n_ctx`, as llama.cpp's memory requires.
+    fn decode_batches(
+        &self,
+        settings: &Settings,
+        batches: &[Vec<SeqToken>],
+        sink: &mut BatchSink<'_>,
+    ) -> Result<EngineTimings> {
+        self.decodes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        for (b, batch) in batches.iter().enumerate() {
+            if self.spec.decode_error_in == Some(b) {
+                return Err(self.info.file.error(format!(
+                    "llama_decode failed (1) in batch {b} of {} tokens",
+                    batch.len()
+                )));
+            }
+            // Each sequence's next position: a token must continue it.
+            let mut next: HashMap<i32, usize> = HashMap::new();
+            for t in batch {
+                for s in &t.seqs {
+                    let want = next.entry(*s).or_insert(0);
+                    if t.pos != *want {
+                        return Err(self.info.file.error(format!(
+                            "batch {b}: sequence {s} continues at position {} instead of {want}",
+                            t.pos
+                        )));
+                    }
+                    *want += 1;
+                }
+                if t.pos >= settings.n_ctx as usize {
+                    return Err(self.info.file.error(format!(
+                        "batch {b}: position {} is outside n_ctx {}",
+                        t.pos, settings.n_ctx
+                    )));
+                }
+            }
+            let mut rows: Vec<Vec<f32>> = Vec::new();
+            for t in batch.iter().filter(|t| t.output) {
+                let mut row = Vec::with_capacity(N_VOCAB);
+                self.spec.row(t.id, t.pos, &mut row);
+                if self.spec.nan_at == Some((b, t.pos)) {
+                    row[7] = f32::NAN;
+                }
+                if let Some(j) = super::first_non_finite(&row) {
+                    return Err(self.info.file.error(format!(
+                        "non-finite logit {} for token {j} at position {} of batch {b}",
+                        row[j], t.pos
+                    )));
+                }
+                rows.push(row);
+            }
+            let rows: Vec<&[f32]> = rows.iter().map(|r| &r[..]).collect();
+            sink(b, &rows)?;
+        }
+        Ok(EngineTimings::default())
+    }
+
+    /// The spec's speed ([`FakeSpec::bench_time`] per repetition), after
+    /// the same checks llama-bench's context makes.
+    fn bench(
+        &self,
+        settings: &Settings,
+        test: BenchTest,
+        reps: usize,
+        _warmup: bool,
+        _seed: u64,
+    ) -> Result<Vec<std::time::Duration>> {
+        let n = match test {
+            BenchTest::Prompt(n) | BenchTest::Generate(n) => n,
+        };
+        if n == 0 || n > settings.n_ctx as usize {
+            return Err(self.info.file.error(format!(
+                "a speed test of {n} tokens does not fit n_ctx {}",
+                settings.n_ctx
+            )));
+        }
+        Ok((0..reps).map(|r| self.spec.bench_time(test, r)).collect())
     }
 
     fn generate(

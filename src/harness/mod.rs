@@ -25,7 +25,8 @@
 
 mod trial;
 
-pub use trial::{group_verdicts, run_trial, Verdict};
+pub use crate::core::TrialEnd;
+pub use trial::{group_verdicts, run_trial};
 
 use crate::core::outcome::split_test_name;
 use crate::core::Outcome;
@@ -144,7 +145,7 @@ impl Shared {
 
     /// Test `i`'s verdict: the scheduler started if it is not yet, then
     /// its outcome awaited and judged against its golden.
-    fn verdict(self: &Arc<Self>, i: usize) -> Verdict {
+    fn verdict(self: &Arc<Self>, i: usize) -> TrialEnd {
         self.started.call_once(|| {
             let me = self.clone();
             std::thread::spawn(move || me.schedule());
@@ -155,12 +156,12 @@ impl Shared {
             if let Some((o, unwritten)) = b.outcomes.remove(&i) {
                 drop(b);
                 let v = trial::verdict(p, &o, unwritten, &self.goldens, self.mode);
-                self.counts.record(&v.0, v.1);
+                self.counts.record(&v);
                 return v;
             }
             if let Some(why) = &b.stopped {
-                let v = (Err(format!("{}: {why}", p.name)), true);
-                self.counts.record(&v.0, v.1);
+                let v = TrialEnd::EngineError(format!("{}: {why}", p.name));
+                self.counts.record(&v);
                 return v;
             }
             b = self.changed.wait(b).unwrap_or_else(|p| p.into_inner());
@@ -265,8 +266,9 @@ pub fn run_with_args(
             let msg = e.message.clone();
             let shared = shared.clone();
             trials.push(Trial::test(p.name.clone(), move || {
-                shared.counts.record(&Err(String::new()), true);
-                Err(Failed::from(msg.clone()))
+                let end = TrialEnd::InputError(msg.clone());
+                shared.counts.record(&end);
+                end.into_result().map_err(Failed::from)
             }));
             continue;
         }
@@ -276,7 +278,7 @@ pub fn run_with_args(
         }
         let shared = shared.clone();
         trials.push(Trial::test(p.name.clone(), move || {
-            shared.verdict(i).0.map_err(Failed::from)
+            shared.verdict(i).into_result().map_err(Failed::from)
         }));
     }
     let conclusion = libtest_mimic::run(args, trials);
@@ -292,12 +294,12 @@ struct Counts {
 }
 
 impl Counts {
-    fn record(&self, result: &Result<(), String>, errored: bool) {
+    fn record(&self, end: &TrialEnd) {
         use std::sync::atomic::Ordering::Relaxed;
-        match (result, errored) {
-            (_, true) => self.errors.fetch_add(1, Relaxed),
-            (Err(_), false) => self.failed.fetch_add(1, Relaxed),
-            (Ok(()), false) => 0,
+        match end {
+            TrialEnd::Pass => 0,
+            TrialEnd::Fail(_) => self.failed.fetch_add(1, Relaxed),
+            TrialEnd::InputError(_) | TrialEnd::EngineError(_) => self.errors.fetch_add(1, Relaxed),
         };
     }
 

@@ -2,18 +2,13 @@
 //! each trial's Parquet rows written when asked for, and each trial's golden
 //! checked, all reported together per test.
 
-use crate::core::{Outcome, Status};
+use crate::core::{Outcome, TrialEnd};
 use crate::execute::RunContext;
 use crate::golden::{self, Goldens, UpdateMode};
 use crate::plan::Planned;
 use crate::schedule::worker::run_here;
 use crate::schedule::{GroupRun, Job};
 use std::path::PathBuf;
-
-/// A test's verdict: Ok or the whole failure message, and whether the case
-/// could not run at all (an error, as opposed to a violated gate or a
-/// changed golden).
-pub type Verdict = (Result<(), String>, bool);
 
 /// Run one trial: gates, errors and the golden, all reported together.
 pub fn run_trial(
@@ -25,7 +20,7 @@ pub fn run_trial(
     group_verdicts(runner, &[p], &[], goldens, mode)
         .pop()
         .expect("one verdict per trial")
-        .0
+        .into_result()
 }
 
 /// The job of a group under `cargo test`: the result cache as the
@@ -54,7 +49,7 @@ pub fn group_verdicts(
     provides: &[&Planned],
     goldens: &Goldens,
     mode: UpdateMode,
-) -> Vec<Verdict> {
+) -> Vec<TrialEnd> {
     let job = harness_job(group, provides);
     let ran = run_here(runner, group, provides, &goldens.dir, &job);
     verdicts(group, ran, goldens, mode)
@@ -67,7 +62,7 @@ pub fn verdicts(
     ran: GroupRun,
     goldens: &Goldens,
     mode: UpdateMode,
-) -> Vec<Verdict> {
+) -> Vec<TrialEnd> {
     // Reference work that failed is not a test's failure: the trials that
     // need it build it themselves, or say why they cannot.
     for f in &ran.work.failed {
@@ -88,9 +83,9 @@ pub fn verdict(
     unwritten: Vec<String>,
     goldens: &Goldens,
     mode: UpdateMode,
-) -> Verdict {
-    let errored = outcome.status == Status::Error;
-    let mut messages: Vec<String> = outcome.failure_message().into_iter().collect();
+) -> TrialEnd {
+    let end = outcome.end();
+    let mut messages: Vec<String> = end.clone().into_result().err().into_iter().collect();
     messages.extend(unwritten);
     if let Ok(parsed) = &p.case {
         let source = format!("suites/{}.toml", parsed.case.name);
@@ -98,10 +93,11 @@ pub fn verdict(
             messages.push(m);
         }
     }
-    let result = if messages.is_empty() {
-        Ok(())
-    } else {
-        Err(messages.join("\n"))
-    };
-    (result, errored)
+    let message = messages.join("\n");
+    match end {
+        TrialEnd::InputError(_) => TrialEnd::InputError(message),
+        TrialEnd::EngineError(_) => TrialEnd::EngineError(message),
+        _ if messages.is_empty() => TrialEnd::Pass,
+        _ => TrialEnd::Fail(message),
+    }
 }
