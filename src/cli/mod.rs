@@ -243,9 +243,17 @@ pub fn nothing_selected(what: &str, patterns: &[String], models: &[String]) -> E
 
 /// Run the command `cli` names.
 pub fn dispatch(cli: Cli) -> Result<Conclusion, Error> {
-    // A bad signing key is refused before anything runs or is read.
-    quantgate::core::auth::signing_key()?;
-    quantgate::models::check_cache_dir()?;
+    // The config (a bad value of any variable or engine flag is refused
+    // before anything runs or is read).
+    let flags = match &cli.command {
+        Command::Run(a) => [
+            a.n_gpu_layers.as_deref(),
+            a.kv_type.as_deref(),
+            a.flash_attn.as_deref(),
+        ],
+        _ => [None; 3],
+    };
+    quantgate::core::config::Config::from_env(flags)?.install()?;
     quantgate::models::clean_stale_temps();
     let ctx = Ctx {
         suites: cli.suites,

@@ -9,7 +9,7 @@ use quantgate::core::{Error, TrialEnd};
 use quantgate::execute::{threads_per_trial, RunContext};
 use quantgate::plan::Planned;
 use quantgate::report;
-use quantgate::schedule::{executors, Isolation, Job, Selection};
+use quantgate::schedule::{executors, Job, Selection};
 use std::sync::Arc;
 
 /// `--threads`, checked: at least 1, at most the cores here.
@@ -72,19 +72,14 @@ pub fn run(ctx: &Ctx, a: RunArgs) -> Result<Conclusion, Error> {
         goldens,
         allow_empty,
         no_cache,
-        n_gpu_layers,
-        kv_type,
-        flash_attn,
+        // Read into the config by `dispatch`.
+        n_gpu_layers: _,
+        kv_type: _,
+        flash_attn: _,
         report: report_dir,
         force,
     } = a;
-    quantgate::core::EngineOptions::from_flags_or_env([
-        n_gpu_layers.as_deref(),
-        kv_type.as_deref(),
-        flash_attn.as_deref(),
-    ])
-    .and_then(quantgate::core::EngineOptions::install)?;
-    quantgate::execute::reference::shipped_from_env()?;
+    let config = quantgate::core::config::Config::current();
     // Output paths are checked before anything runs.
     outputs_ready(
         json.as_deref(),
@@ -96,7 +91,7 @@ pub fn run(ctx: &Ctx, a: RunArgs) -> Result<Conclusion, Error> {
     }
     let threads = threads(asked_threads)?;
     let goldens = goldens.unwrap_or_else(|| ctx.default_goldens());
-    let isolation = Isolation::from_env()?;
+    let isolation = config.isolation;
     let overrides = ctx.overrides(&models, reference.as_deref())?;
     let (registry, planned) =
         quantgate::plan::plan_with(&ctx.suites, &patterns, &models, &overrides)?;
@@ -116,7 +111,7 @@ pub fn run(ctx: &Ctx, a: RunArgs) -> Result<Conclusion, Error> {
     // whose references it reads; each runs in a worker process of its
     // model (QUANTGATE_ISOLATION=off: in this one). Rows are not kept in
     // the result cache: --out runs everything.
-    let cache = !no_cache && out.is_none() && quantgate::judge::cache::enabled();
+    let cache = !no_cache && out.is_none() && config.result_cache;
     let groups = quantgate::plan::groups::groups(&planned, &vec![true; planned.len()], true);
     let selection = Arc::new(Selection {
         suites: ctx.suites.clone(),

@@ -31,6 +31,7 @@ pub const KEY_FILE_ENV: &str = "QUANTGATE_SIGNING_KEY_FILE";
 const MIN_KEY: usize = 16;
 
 /// A MAC key (its Debug form shows where it came from, never the key).
+#[derive(Clone)]
 pub struct Key {
     bytes: Vec<u8>,
     /// Where it came from, for messages (`QUANTGATE_SIGNING_KEY`, a file).
@@ -85,36 +86,11 @@ impl Key {
     }
 }
 
-/// The signing key the environment gives: `QUANTGATE_SIGNING_KEY` (the key
-/// text), or `QUANTGATE_SIGNING_KEY_FILE` (a file holding it; surrounding
-/// whitespace trimmed); None when neither is set. Read once; a bad value
-/// (both set, an unreadable file, a key under 16 bytes) is an error naming
-/// the variable, checked at the edge before anything runs.
+/// The signing key of this process's config (`QUANTGATE_SIGNING_KEY`, or
+/// `QUANTGATE_SIGNING_KEY_FILE`): None when neither is set. A bad value is
+/// an error of the config, checked at the edge before anything runs.
 pub fn signing_key() -> Result<Option<&'static Key>> {
-    static KEY: OnceLock<std::result::Result<Option<Key>, Error>> = OnceLock::new();
-    KEY.get_or_init(|| {
-        let text = std::env::var_os(KEY_ENV).filter(|v| !v.is_empty());
-        let file = std::env::var_os(KEY_FILE_ENV).filter(|v| !v.is_empty());
-        match (text, file) {
-            (Some(_), Some(_)) => Err(Error::input(format!(
-                "{KEY_ENV} and {KEY_FILE_ENV} are both set; set one"
-            ))),
-            (Some(t), None) => {
-                Key::new(t.to_string_lossy().trim().as_bytes().to_vec(), KEY_ENV).map(Some)
-            }
-            (None, Some(f)) => {
-                let f = PathBuf::from(f);
-                let bytes = std::fs::read(&f)
-                    .map_err(|e| Error::input(format!("{KEY_FILE_ENV}={}: {e}", f.display())))?;
-                let trimmed = String::from_utf8_lossy(&bytes).trim().as_bytes().to_vec();
-                Key::new(trimmed, &format!("{KEY_FILE_ENV}={}", f.display())).map(Some)
-            }
-            (None, None) => Ok(None),
-        }
-    })
-    .as_ref()
-    .map(Option::as_ref)
-    .map_err(Clone::clone)
+    Ok(crate::core::config::Config::current().signing_key.as_ref())
 }
 
 /// The key result-cache entries are MACed with: the signing key, else this
@@ -154,15 +130,10 @@ pub fn user_key() -> Option<&'static Key> {
 
 /// `$XDG_CONFIG_HOME/quantgate/result-cache.key`, else under `~/.config`.
 fn local_key_path() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CONFIG_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .filter(|v| !v.is_empty())
-                .map(|h| PathBuf::from(h).join(".config"))
-        })?;
-    Some(base.join("quantgate").join("result-cache.key"))
+    crate::core::config::Config::current()
+        .config_home
+        .as_ref()
+        .map(|d| d.join("result-cache.key"))
 }
 
 /// The key at `path`, made there first when there is none: 32 bytes from

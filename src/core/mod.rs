@@ -4,6 +4,7 @@
 
 pub mod auth;
 pub mod case;
+pub mod config;
 pub mod error;
 pub mod fsutil;
 pub mod machine;

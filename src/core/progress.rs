@@ -68,7 +68,7 @@ impl TermLike for PassedOn {
 /// Where bars are drawn: stderr when it is a terminal, or when the parent
 /// that passes this process's stderr on is on one; else nowhere.
 fn target() -> ProgressDrawTarget {
-    if !stderr_is_terminal() && std::env::var_os(TERMINAL_ENV).is_some() {
+    if !stderr_is_terminal() && crate::core::config::Config::current().parent_terminal {
         ProgressDrawTarget::term_like_with_hz(Box::new(PassedOn), 10)
     } else {
         ProgressDrawTarget::stderr()

@@ -9,7 +9,7 @@
 //! is a failure naming the file, never "missing". Golden files are written
 //! atomically.
 
-use crate::core::error::{Error, Result};
+use crate::core::error::Result;
 use crate::core::Case;
 pub mod diff;
 pub mod snap;
@@ -19,56 +19,12 @@ use snap::fmt_value;
 pub use snap::{parse, render, Inputs, Parsed};
 use std::path::{Path, PathBuf};
 
-/// What to do with a changed or missing golden (insta's modes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UpdateMode {
-    /// Write `.snap.new` beside the golden and fail.
-    New,
-    /// Overwrite the golden and pass (gates still fail).
-    Always,
-    /// Write nothing and fail.
-    No,
-}
+pub use crate::core::config::{update_mode_from, UpdateMode};
 
-/// The update mode from `QUANTGATE_UPDATE` (else `INSTA_UPDATE`), given
-/// whether `CI` is set: `auto` (the default) is `new` locally and `no` under
-/// CI; asking to write under CI is an error.
-pub fn update_mode_from(
-    quantgate: Option<&str>,
-    insta: Option<&str>,
-    ci: bool,
-) -> Result<UpdateMode> {
-    let (var, value) = match (quantgate, insta) {
-        (Some(v), _) => ("QUANTGATE_UPDATE", v),
-        (None, Some(v)) => ("INSTA_UPDATE", v),
-        (None, None) => ("QUANTGATE_UPDATE", "auto"),
-    };
-    let mode = match value {
-        "auto" | "" => return Ok(if ci { UpdateMode::No } else { UpdateMode::New }),
-        "new" | "unseen" => UpdateMode::New,
-        "always" | "force" => UpdateMode::Always,
-        "no" => UpdateMode::No,
-        other => {
-            return Err(Error::input(format!(
-                "{var}=`{other}` is not one of \"auto\", \"new\", \"always\", \"no\""
-            )))
-        }
-    };
-    if ci && mode != UpdateMode::No {
-        return Err(Error::input(format!(
-            "{var}={value} asks to update goldens, but CI is set: goldens are never written under CI; \
-             update them locally and commit the reviewed files"
-        )));
-    }
-    Ok(mode)
-}
-
-/// The update mode of this process's environment.
+/// The update mode of this process's config (`QUANTGATE_UPDATE`, else
+/// `INSTA_UPDATE`, and `CI`).
 pub fn update_mode() -> Result<UpdateMode> {
-    let q = std::env::var("QUANTGATE_UPDATE").ok();
-    let i = std::env::var("INSTA_UPDATE").ok();
-    let ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false" && v != "0");
-    update_mode_from(q.as_deref(), i.as_deref(), ci)
+    Ok(crate::core::config::Config::current().update)
 }
 
 /// Where goldens live, and how their paths are shown in messages.
@@ -242,7 +198,7 @@ pub fn check(
                  run `cargo test --release` locally to write it, review and commit it",
                 outcome.case,
                 outcome.model,
-                if std::env::var_os("CI").is_some() {
+                if crate::core::config::Config::current().ci {
                     ", CI is set"
                 } else {
                     ""

@@ -28,6 +28,7 @@ mod trial;
 pub use crate::core::TrialEnd;
 pub use trial::{group_verdicts, run_trial};
 
+use crate::core::config::Config;
 use crate::core::outcome::split_test_name;
 use crate::core::Outcome;
 use crate::engine::Engine;
@@ -66,19 +67,7 @@ pub fn run_suites(suites: &Path, goldens: &Path, engine: Arc<dyn Engine>) -> Exi
         return worker::serve(&own, engine, &alias.to_string_lossy());
     }
     let args = Arguments::from_args();
-    // What an interrupted run left: temp files of processes that are gone.
-    crate::models::clean_stale_temps();
-    crate::core::fsutil::clean_stale_temps(goldens);
     run_with_args(suites, goldens, engine, &args)
-}
-
-/// `QUANTGATE_ISOLATION` (default group); off under nextest, which runs a
-/// process per test itself.
-fn isolation() -> crate::core::Result<Isolation> {
-    if std::env::var_os("NEXTEST").is_some() {
-        return Ok(Isolation::Off);
-    }
-    Isolation::from_env()
 }
 
 /// What every test closure shares: the plan, its groups, where each runs,
@@ -178,6 +167,18 @@ pub fn run_with_args(
 ) -> ExitCode {
     let failing =
         |name: &str, msg: String| Trial::test(name, move || Err(Failed::from(msg.clone())));
+    // The config (engine options, the shipped reference folder, the signing
+    // key, the cache folder, isolation, the update mode), checked before
+    // anything runs: a bad value fails every test rather than run under
+    // other settings (or risk writing goldens under CI). The tests are
+    // still planned (to be named) under a config of nothing but `HOME`.
+    let config = Config::from_env([None, None, None]).and_then(Config::install);
+    if config.is_err() {
+        if let Err(e) = Config::bare().and_then(Config::install) {
+            let trial = failing("quantgate::config", e.message);
+            return libtest_mimic::run(args, vec![trial]).exit_code();
+        }
+    }
     let (registry, planned) = match plan(suites, &[], &[]) {
         Ok(p) => p,
         // The harness could not plan at all: one failing test says why.
@@ -186,19 +187,14 @@ pub fn run_with_args(
                 .exit_code()
         }
     };
-    // Engine options, the shipped reference folder, the signing key, the
-    // cache folder, isolation and the update mode from the environment,
-    // checked before anything runs: a bad value fails every test rather
-    // than run under other settings (or risk writing goldens under CI).
-    let checked = crate::core::EngineOptions::from_env()
-        .and_then(crate::core::EngineOptions::install)
-        .and_then(|()| crate::execute::reference::shipped_from_env().map(|_| ()))
-        .and_then(|()| crate::core::auth::signing_key().map(|_| ()))
-        .and_then(|()| crate::models::check_cache_dir())
-        .and_then(|()| isolation())
-        .and_then(|i| golden::update_mode().map(|m| (i, m)));
-    let (isolation, mode) = match checked {
-        Ok(v) => v,
+    let config = match config {
+        Ok(c) => {
+            // What an interrupted run left: temp files of processes that
+            // are gone.
+            crate::models::clean_stale_temps();
+            crate::core::fsutil::clean_stale_temps(goldens);
+            c
+        }
         Err(e) => {
             let trials = planned
                 .iter()
@@ -207,12 +203,17 @@ pub fn run_with_args(
             return libtest_mimic::run(args, trials).exit_code();
         }
     };
-    if let Some(dir) = std::env::var_os("QUANTGATE_OUT").filter(|d| !d.is_empty()) {
-        crate::report::clean_product_temps(Path::new(&dir), &planned);
+    // Under nextest (a process per test already) workers are not used.
+    let (isolation, mode) = match config.nextest {
+        true => (Isolation::Off, config.update),
+        false => (config.isolation, config.update),
+    };
+    if let Some(dir) = &config.out {
+        crate::report::clean_product_temps(dir, &planned);
     }
     // nextest runs one process per test, as many at once as there are cores.
     let cores = crate::execute::cores();
-    let concurrent = if std::env::var_os("NEXTEST").is_some() {
+    let concurrent = if config.nextest {
         cores
     } else {
         args.test_threads.unwrap_or(cores)

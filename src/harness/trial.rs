@@ -8,7 +8,6 @@ use crate::golden::{self, Goldens, UpdateMode};
 use crate::plan::Planned;
 use crate::schedule::worker::run_here;
 use crate::schedule::{GroupRun, Job};
-use std::path::PathBuf;
 
 /// Run one trial: gates, errors and the golden, all reported together.
 pub fn run_trial(
@@ -28,9 +27,7 @@ pub fn run_trial(
 /// `QUANTGATE_OUT` when it names a folder (what `quantgate merge` reads
 /// from shards).
 pub fn harness_job(group: &[&Planned], provides: &[&Planned]) -> Job {
-    let out = std::env::var_os("QUANTGATE_OUT")
-        .filter(|d| !d.is_empty())
-        .map(PathBuf::from);
+    let out = crate::core::config::Config::current().out.clone();
     Job {
         run: group.iter().map(|p| p.name.clone()).collect(),
         provide: provides.iter().map(|p| p.name.clone()).collect(),

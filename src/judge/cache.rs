@@ -14,10 +14,9 @@ use std::path::PathBuf;
 
 /// Whether the result cache is on for this process: not when
 /// `QUANTGATE_RESULT_CACHE=off`, nor when per-position rows are asked for
-/// (`QUANTGATE_OUT`: rows are not kept in the cache).
+/// (`QUANTGATE_OUT`: rows are not kept in the cache), as the config says.
 pub fn enabled() -> bool {
-    !(std::env::var_os("QUANTGATE_OUT").is_some_and(|d| !d.is_empty())
-        || std::env::var("QUANTGATE_RESULT_CACHE").is_ok_and(|v| v == "off"))
+    crate::core::config::Config::current().result_cache
 }
 
 /// The entry of a trial: keyed by this executable, the case's bytes (its

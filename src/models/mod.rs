@@ -82,36 +82,10 @@ pub struct Registry {
     pub models: BTreeMap<String, ModelEntry>,
 }
 
-/// The cache directory: `$QUANTGATE_CACHE`, else `$XDG_CACHE_HOME/quantgate`,
-/// else `~/.cache/quantgate`.
+/// The cache directory of this process's config: `$QUANTGATE_CACHE`,
+/// else `$XDG_CACHE_HOME/quantgate`, else `~/.cache/quantgate`.
 pub fn cache_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("QUANTGATE_CACHE").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d);
-    }
-    if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d).join("quantgate");
-    }
-    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
-    home.join(".cache").join("quantgate")
-}
-
-/// The cache folder can be used: where it exists, it is a folder (a
-/// `QUANTGATE_CACHE` naming a file failed every trial before). Checked at
-/// the edge, before anything runs.
-pub fn check_cache_dir() -> Result<()> {
-    let dir = cache_dir();
-    if dir.exists() && !dir.is_dir() {
-        let from = if std::env::var_os("QUANTGATE_CACHE").is_some_and(|d| !d.is_empty()) {
-            "QUANTGATE_CACHE="
-        } else {
-            "the cache folder "
-        };
-        return Err(Error::input(format!(
-            "{from}{}: exists and is not a directory",
-            dir.display()
-        )));
-    }
-    Ok(())
+    crate::core::config::Config::current().cache.clone()
 }
 
 /// Why `alias` cannot name a model, if it cannot: aliases are

@@ -137,14 +137,16 @@ pub fn serve(fallback: &Selection, engine: Arc<dyn Engine>, alias: &str) -> Exit
         },
         Err(_) => fallback.clone(),
     };
+    // The parent's config (its environment, engine flags included).
+    let config = crate::core::config::Config::from_env([None, None, None]);
+    if let Err(e) = config.and_then(|c| c.install()) {
+        return said(e.message);
+    }
     // The whole plan: a job may do reference work for other models' trials.
     let (registry, planned) = match selection.plan() {
         Ok(p) => p,
         Err(e) => return said(e.message),
     };
-    if let Err(e) = EngineOptions::from_env().and_then(EngineOptions::install) {
-        return said(e.message);
-    }
     let threads = std::env::var("QUANTGATE_WORKER_THREADS")
         .ok()
         .and_then(|t| t.parse().ok())
@@ -435,35 +437,7 @@ impl WorkerPool {
     }
 }
 
-/// How trials are spread over worker processes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Isolation {
-    /// Everything in this process.
-    Off,
-    /// One worker per model, running that model's groups in turn.
-    Model,
-    /// One worker per group of tests that share a decode (idle workers of
-    /// a model are reused).
-    Group,
-    /// One worker per test, nothing shared.
-    Test,
-}
-
-impl Isolation {
-    /// `QUANTGATE_ISOLATION` = off | model | group | test (default group);
-    /// another value is an error naming the variable.
-    pub fn from_env() -> crate::core::Result<Isolation> {
-        match std::env::var("QUANTGATE_ISOLATION").as_deref() {
-            Err(_) | Ok("") | Ok("group") => Ok(Isolation::Group),
-            Ok("off") => Ok(Isolation::Off),
-            Ok("model") => Ok(Isolation::Model),
-            Ok("test") => Ok(Isolation::Test),
-            Ok(v) => Err(crate::core::Error::input(format!(
-                "QUANTGATE_ISOLATION: `{v}` is not one of off, model, group, test"
-            ))),
-        }
-    }
-}
+pub use crate::core::config::Isolation;
 
 /// Where a group's job runs: this process, one worker process, or any
 /// idle worker process of a model.

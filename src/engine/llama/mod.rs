@@ -48,7 +48,7 @@ fn backend() -> Result<&'static LlamaBackend> {
         .get_or_init(|| {
             let mut b = LlamaBackend::init().map_err(|e| e.to_string())?;
             // llama.cpp prints ~1,100 lines per load; QUANTGATE_LLAMA_LOG=1 keeps them.
-            if std::env::var_os("QUANTGATE_LLAMA_LOG").is_none() {
+            if !crate::core::config::Config::current().llama_log {
                 b.void_logs();
             }
             Ok(b)
