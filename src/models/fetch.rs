@@ -39,7 +39,7 @@ fn download(alias: &str, f: &Fetch, dl: &Path) -> Result<()> {
         f.pip
     );
     let python = &crate::core::config::Config::current().python;
-    let out = std::process::Command::new(&python)
+    let out = std::process::Command::new(python)
         .args([
             "-m",
             "pip",
