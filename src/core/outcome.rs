@@ -292,6 +292,10 @@ pub struct Outcome {
     /// gated metric); empty: all of them.
     #[serde(skip)]
     pub headline: Vec<String>,
+    /// Notes the terminal table prints under the outcome, as its kind
+    /// words them (not in goldens).
+    #[serde(skip)]
+    pub notes: Vec<String>,
 }
 
 /// Metrics from JSON, where serde_json writes a NaN as `null`.
@@ -329,6 +333,7 @@ impl Outcome {
             rows: None,
             artifacts: Vec::new(),
             headline: Vec::new(),
+            notes: Vec::new(),
         }
     }
 

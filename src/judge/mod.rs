@@ -331,6 +331,7 @@ fn conclude(cx: &RunContext, p: &Planned, s: Started, cache: bool, t0: Instant) 
 pub fn rejudge(parsed: &crate::kinds::Parsed, out: &mut Outcome) {
     out.kind = parsed.case.kind.to_string();
     out.gates = judge(&parsed.case.gates, &out.metrics);
+    out.notes = parsed.kind.notes(out);
     let headline = parsed.kind.headline();
     if !headline.is_empty() {
         out.headline = headline.iter().map(|m| m.to_string()).collect();
@@ -402,7 +403,16 @@ fn decide_prereg(
         };
         prereg::check_size(p, bytes(alias)?, bytes(baseline)?)?;
     }
-    let windows = out.metrics.get("windows").copied().unwrap_or(f64::NAN);
+    // The windows behind the decided metric, as its kind declares them.
+    let counted = case
+        .metrics
+        .iter()
+        .find(|m| m.name == p.metric.0)
+        .and_then(|m| m.intervals.iter().find_map(|i| i.windows.as_ref()));
+    let windows = counted
+        .and_then(|w| out.metrics.get(w))
+        .copied()
+        .unwrap_or(f64::NAN);
     if windows != p.windows as f64 {
         return Err(Error::input(format!(
             "{}: windows: {} preregistered, {windows} evaluated",

@@ -47,6 +47,12 @@ pub trait Kind: Send + Sync + std::fmt::Debug {
         Vec::new()
     }
 
+    /// Notes for the terminal table on an outcome of the kind (a caveat
+    /// its numbers carry); none by default.
+    fn notes(&self, _out: &Outcome) -> Vec<String> {
+        Vec::new()
+    }
+
     /// Why `metric` is not among this case's metrics when another case of
     /// the kind would produce it (appended to the gate error).
     fn why_not(&self, _metric: &str) -> Option<&'static str> {

@@ -83,12 +83,8 @@ pub fn table(outcomes: &[Outcome]) -> String {
         for g in o.gates.iter().filter(|g| !g.passed) {
             let _ = writeln!(s, "{:<width$}  {:<6}  gate: {}", "", "", g.describe());
         }
-        if let Some(&n) = o.metrics.get("approx_positions").filter(|n| **n > 0.0) {
-            let _ = writeln!(
-                s,
-                "{:<width$}  {:<6}  note: KL at {n} positions is approximate (a 16-bit llama-perplexity reference, its −16 floor)",
-                "", ""
-            );
+        for note in &o.notes {
+            let _ = writeln!(s, "{:<width$}  {:<6}  note: {note}", "", "");
         }
         if let Some(d) = &o.prereg {
             let _ = writeln!(

@@ -89,6 +89,7 @@ struct Reply {
     outcome: Outcome,
     input_error: bool,
     headline: Vec<String>,
+    notes: Vec<String>,
     prereg: Option<Decision>,
     unwritten: Vec<String>,
 }
@@ -173,6 +174,7 @@ pub fn serve(fallback: &Selection, engine: Arc<dyn Engine>, alias: &str) -> Exit
                 name: name.clone(),
                 input_error: o.input_error,
                 headline: o.headline.clone(),
+                notes: o.notes.clone(),
                 prereg: o.prereg.clone(),
                 outcome: o,
                 unwritten,
@@ -342,6 +344,7 @@ impl Worker {
                 let mut o = r.outcome;
                 o.input_error = r.input_error;
                 o.headline = r.headline;
+                o.notes = r.notes;
                 o.prereg = r.prereg;
                 ran.outcomes.push((o, r.unwritten));
             }

@@ -24,7 +24,10 @@ use crate::kinds::reference_rows::RowsBuild;
 use crate::kinds::scored_text::{BootstrapFile, PinnedFile, ScoredText, TextFile, WindowFile};
 use crate::kinds::{Finish, Kind, RefWork, Start};
 use crate::measure::kld::{self as math, PosKld};
-use crate::measure::perplexity_metrics;
+
+mod metrics;
+use crate::kinds::perplexity::perplexity_metrics;
+pub use metrics::{kld_metrics, metric_names};
 use serde::Deserialize;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -330,7 +333,7 @@ pub fn present() -> Option<Presentation> {
 impl Kind for Kld {
     fn metrics(&self) -> Vec<Metric> {
         let mut m = window_metrics(self.reference.is_some());
-        m.extend(math::metric_names(self.bins.len()).into_iter().map(|name| {
+        m.extend(metric_names(self.bins.len()).into_iter().map(|name| {
             let ty = if is_count(&name) {
                 MetricType::Count
             } else {
@@ -354,6 +357,15 @@ impl Kind for Kld {
             "delta_nll_mean",
             "positions",
         ]
+    }
+
+    fn notes(&self, out: &Outcome) -> Vec<String> {
+        match out.metrics.get("approx_positions") {
+            Some(&n) if n > 0.0 => vec![format!(
+                "KL at {n} positions is approximate (a 16-bit llama-perplexity reference, its −16 floor)"
+            )],
+            _ => Vec::new(),
+        }
     }
 
     fn recheck(&self, out: &Outcome) -> std::result::Result<(), String> {
@@ -510,7 +522,7 @@ impl Finish for KldTrial {
             let rscored = scored_from_rows(&plan, &refs.rows);
             text.add_paired(out, &scored, &rscored);
         }
-        out.metrics.extend(math::kld_metrics(&pos, &bins));
+        out.metrics.extend(kld_metrics(&pos, &bins));
         out.rows = Some(Arc::new(rows_table(&plan, &pos, &scored.token_nll)));
         out.timings.measure += t.elapsed();
         Ok(())
