@@ -199,7 +199,11 @@ pub const KINDS: &[(&str, Parse, Present)] = &[
     ("recite", recite::parse, || None),
     ("teacher_forcing", teacher_forcing::parse, || None),
     ("speed", speed::parse, speed::present),
-    ("multiple_choice", multiple_choice::parse, || None),
+    (
+        "multiple_choice",
+        multiple_choice::parse,
+        multiple_choice::present,
+    ),
 ];
 
 /// Every kind's part of the ladder report, in [`KINDS`] order.

@@ -101,18 +101,14 @@ impl Frame {
             self.h - MT - MB
         );
         let xs: Vec<(f64, String)> = match self.xticks {
-            XTicks::Linear => (0..=4)
-                .map(|i| self.x.0 + (self.x.1 - self.x.0) * i as f64 / 4.0)
-                .map(|x| (x, tick(x)))
+            XTicks::Linear => labelled(&nice_ticks(self.x.0, self.x.1, 5)),
+            // Whole numbers from 0 (a window index is never negative): the
+            // padding left of window 0 gets no tick.
+            XTicks::Integer => nice_ticks(self.x.0.max(0.0), self.x.1, 6)
+                .into_iter()
+                .filter(|x| x.fract() == 0.0)
+                .map(|x| (x, format!("{x:.0}")))
                 .collect(),
-            XTicks::Integer => {
-                let (a, b) = (self.x.0.ceil() as i64, self.x.1.floor() as i64);
-                let step = ((b - a) / 6).max(1) as usize;
-                (a..=b)
-                    .step_by(step)
-                    .map(|i| (i as f64, i.to_string()))
-                    .collect()
-            }
             XTicks::None => Vec::new(),
         };
         for (fx, label) in xs {
@@ -126,9 +122,12 @@ impl Frame {
                 ty = self.h - MB + 16.0,
             );
         }
-        for i in 0..=4 {
-            let fy = self.y.0 + (self.y.1 - self.y.0) * i as f64 / 4.0;
-            let yv = if self.logy { 10f64.powf(fy) } else { fy };
+        let ys = if self.logy {
+            log_ticks(self.y.0, self.y.1)
+        } else {
+            labelled(&nice_ticks(self.y.0, self.y.1, 5))
+        };
+        for (yv, label) in ys {
             let y = self.py(yv);
             let _ = write!(
                 s,
@@ -137,7 +136,7 @@ impl Frame {
                 l2 = self.w - MR,
                 lx = ML - 4.0,
                 yy = y + 4.0,
-                yl = tick(yv),
+                yl = label,
             );
         }
         if !self.logy && self.y.0 < 0.0 && self.y.1 > 0.0 {
@@ -164,19 +163,64 @@ impl Frame {
     }
 }
 
-pub(crate) fn tick(v: f64) -> String {
-    let a = v.abs();
-    if a == 0.0 {
-        "0".into()
-    } else if !(1e-3..1e4).contains(&a) {
-        format!("{v:.1e}")
-    } else if a >= 100.0 {
-        format!("{v:.0}")
-    } else if a >= 1.0 {
-        format!("{v:.2}")
-    } else {
-        format!("{v:.4}")
+/// Round values in `[lo, hi]`, about `n` of them: multiples of a step of
+/// 1, 2, 2.5 or 5 × 10^k (so that a reader can interpolate between them).
+pub(crate) fn nice_ticks(lo: f64, hi: f64, n: usize) -> Vec<f64> {
+    let span = hi - lo;
+    if !(span > 0.0 && span.is_finite()) {
+        return if lo.is_finite() { vec![lo] } else { Vec::new() };
     }
+    let raw = span / n.max(1) as f64;
+    let mag = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 2.5, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|s| *s >= raw * (1.0 - 1e-9))
+        .unwrap_or(10.0 * mag);
+    let (first, last) = ((lo / step).ceil() as i64, (hi / step).floor() as i64);
+    (first..=last)
+        .map(|k| k as f64 * step)
+        .map(|v| if v.abs() < step * 1e-9 { 0.0 } else { v })
+        .collect()
+}
+
+/// Ticks with labels that show them exactly: as many decimals as the step
+/// between them needs (all with the same), or powers of ten for very small
+/// or large values.
+pub(crate) fn labelled(ticks: &[f64]) -> Vec<(f64, String)> {
+    let step = match ticks {
+        [a, b, ..] => (b - a).abs(),
+        [a] => a.abs(),
+        [] => return Vec::new(),
+    };
+    let biggest = ticks.iter().fold(0f64, |m, t| m.max(t.abs()));
+    if biggest > 0.0 && !(1e-4..1e5).contains(&biggest) {
+        return ticks.iter().map(|&t| (t, format!("{t:.1e}"))).collect();
+    }
+    let decimals = (0..10)
+        .find(|&d| {
+            let shown: f64 = format!("{step:.d$}").parse().unwrap_or(f64::NAN);
+            (shown - step).abs() <= step * 1e-9
+        })
+        .unwrap_or(10);
+    ticks
+        .iter()
+        .map(|&t| (t, format!("{t:.decimals$}")))
+        .collect()
+}
+
+/// Powers of ten in `[lo, hi]` (log10 of the axis' ends), with 2 and 5
+/// times them when fewer than three powers fit.
+pub(crate) fn log_ticks(lo: f64, hi: f64) -> Vec<(f64, String)> {
+    let (a, b) = (lo.ceil() as i32, hi.floor() as i32);
+    let mut out: Vec<(f64, String)> = (a..=b).map(|k| (10f64.powi(k), format!("1e{k}"))).collect();
+    if out.len() < 3 {
+        out = (a - 1..=b)
+            .flat_map(|k| [1.0, 2.0, 5.0].map(|m| (m * 10f64.powi(k), format!("{m}e{k}"))))
+            .filter(|(v, _)| (lo..=hi).contains(&v.log10()))
+            .collect();
+    }
+    out
 }
 
 /// `s` escaped for HTML and SVG text.
@@ -185,4 +229,45 @@ pub(crate) fn esc(s: &str) -> String {
         .replace('<', "&lt;")
         .replace('>', "&gt;")
         .replace('"', "&quot;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ticks are multiples of 1, 2, 2.5 or 5 × 10^k inside the range, and
+    /// their labels show them exactly, with one number of decimals.
+    #[test]
+    fn ticks_are_round_and_labelled_exactly() {
+        let t = nice_ticks(-0.0123, 0.0431, 5);
+        assert_eq!(t, vec![0.0, 0.02, 0.04]);
+        let l: Vec<String> = labelled(&t).into_iter().map(|x| x.1).collect();
+        assert_eq!(l, ["0.00", "0.02", "0.04"]);
+        let t = nice_ticks(2.6, 8.5, 5);
+        assert_eq!(t, vec![4.0, 6.0, 8.0]);
+        assert_eq!(labelled(&t)[0].1, "4");
+        let t = nice_ticks(0.0, 1.0, 4);
+        assert_eq!(t, vec![0.0, 0.25, 0.5, 0.75, 1.0]);
+        assert_eq!(labelled(&t)[1].1, "0.25");
+        assert_eq!(labelled(&t)[2].1, "0.50");
+        // Every tick inside, and a step from the 1-2-2.5-5 family.
+        for (lo, hi) in [(-1.2, 16.2), (0.0286, 0.0431), (1e-7, 3e-5), (190.0, 410.0)] {
+            let t = nice_ticks(lo, hi, 5);
+            assert!(t.len() >= 2, "{lo}..{hi}: {t:?}");
+            assert!(t.iter().all(|x| (lo..=hi).contains(x)), "{lo}..{hi}: {t:?}");
+            let step = t[1] - t[0];
+            let m = step / 10f64.powf(step.log10().floor());
+            assert!(
+                [1.0, 2.0, 2.5, 5.0].iter().any(|k| (m - k).abs() < 1e-9),
+                "{lo}..{hi}: step {step}"
+            );
+        }
+        // Powers of ten on a log axis; 2 and 5 times them on a short one.
+        let l = log_ticks(-6.0, -1.2);
+        assert_eq!(
+            l.iter().map(|x| x.1.as_str()).collect::<Vec<_>>(),
+            ["1e-6", "1e-5", "1e-4", "1e-3", "1e-2"]
+        );
+        assert!(log_ticks(-2.9, -2.1).len() >= 2);
+    }
 }

@@ -154,6 +154,24 @@ fn multiple_choice_scores_picks_and_flips_match_an_independent_scoring() {
     assert_eq!(m("flips_right_to_wrong"), expect[2] as f64);
     assert_eq!(m("flips_wrong_to_right"), expect[3] as f64);
     assert!((m("accuracy") - expect[0] as f64 / TASKS.len() as f64).abs() < 1e-12);
+    // The ladder report shows the case as the kind declares it: accuracy
+    // with its Wilson interval, flips both ways, McNemar's p.
+    let facts = |_: &str| quantgate::report::ladder::ModelFacts::default();
+    let views = quantgate::report::ladder::views(
+        std::slice::from_ref(&o),
+        &quantgate::kinds::presentations(),
+        &facts,
+    );
+    let md = quantgate::report::ladder::markdown(&views);
+    let row = md.lines().find(|l| l.starts_with("| cand ")).unwrap();
+    let acc = format!(
+        "{:.1}% [{:.1}, {:.1}]",
+        m("accuracy") * 100.0,
+        m("accuracy_wilson95_lo") * 100.0,
+        m("accuracy_wilson95_hi") * 100.0
+    );
+    assert!(row.contains(&acc) && row.contains("| 2 / 2 |"), "{row}");
+    assert!(row.contains(&format!("| {:.3} |", m("mcnemar_p"))), "{row}");
     // 2 of 6 < 0.5: the gate fails, and says so.
     assert!(
         o.failure_message()

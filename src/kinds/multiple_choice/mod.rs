@@ -22,6 +22,7 @@ use crate::core::case::{Metric, Pin};
 use crate::core::error::{Error, Result};
 use crate::core::outcome::{Column, Table};
 use crate::core::parse::{case_table, parse_toml, Diagnostics};
+use crate::core::present::{Cell, Field, Join, Metrics, Presentation, ReportColumn};
 use crate::core::{Case, Outcome, Settings};
 use crate::engine::{BosPolicy, LoadedModel, SeqToken, TokenId};
 use crate::execute::reference::{same_tokenizer, Vocab};
@@ -204,6 +205,67 @@ const COUNTS: &[&str] = &[
     "flips_right_to_wrong",
     "flips_wrong_to_right",
 ];
+
+/// The flips cell: `right→wrong / wrong→right` against the reference.
+fn flips_cell(m: &Metrics) -> Option<String> {
+    let (a, b) = (
+        m.get("flips_right_to_wrong")?,
+        m.get("flips_wrong_to_right")?,
+    );
+    Some(format!("{a:.0} / {b:.0}"))
+}
+
+/// How multiple-choice cases show in the ladder report (a model card's
+/// task accuracy): accuracy with its Wilson interval, the answers that
+/// flipped against the reference both ways, and McNemar's exact p of them.
+pub fn present() -> Option<Presentation> {
+    Some(Presentation {
+        kind: "multiple_choice",
+        join: Join::Reference,
+        columns: vec![
+            ReportColumn::new(
+                "MC accuracy % [Wilson 95%]",
+                Cell::Interval {
+                    metric: "accuracy",
+                    lo: "accuracy_wilson95_lo",
+                    hi: "accuracy_wilson95_hi",
+                    digits: 1,
+                    scale: 100.0,
+                    signed: false,
+                    suffix: "%",
+                },
+            ),
+            ReportColumn {
+                title: "MC flips right→wrong / wrong→right",
+                cell: Cell::Text(flips_cell),
+                csv: vec![
+                    (
+                        "flips_right_to_wrong",
+                        Field::Metric("flips_right_to_wrong"),
+                    ),
+                    (
+                        "flips_wrong_to_right",
+                        Field::Metric("flips_wrong_to_right"),
+                    ),
+                ],
+            },
+            ReportColumn::new(
+                "MC McNemar p",
+                Cell::Number {
+                    metric: "mcnemar_p",
+                    digits: 3,
+                    scale: 1.0,
+                },
+            ),
+        ],
+        plots: Vec::new(),
+        legend: vec![
+            "MC: a multiple-choice case's tasks answered right (Wilson 95% interval); flips: \
+             tasks the reference answers right and the model wrong / the other way; McNemar p: \
+             the exact two-sided test that the two kinds of flip are equally likely.",
+        ],
+    })
+}
 
 impl Kind for MultipleChoice {
     fn metrics(&self) -> Vec<Metric> {

@@ -21,6 +21,16 @@ pub(crate) fn pareto(v: &View, metric: &str, spread: Spread, label: &str) -> Opt
     }
     let xs: Vec<f64> = pts.iter().map(|p| p.2).collect();
     let mut ys: Vec<f64> = pts.iter().map(|p| p.3).collect();
+    // The gates on this metric (or a bound of its interval): a line each.
+    let mut gates: Vec<(String, String, f64)> = Vec::new();
+    for t in v.rows.iter().flat_map(|r| &r.thresholds) {
+        let on_metric =
+            t.0 == metric || t.0.strip_prefix(metric).is_some_and(|r| r.starts_with('.'));
+        if on_metric && t.2.is_finite() && !gates.contains(t) {
+            gates.push(t.clone());
+        }
+    }
+    ys.extend(gates.iter().map(|g| g.2));
     for p in &pts {
         if let Some((l, h)) = lo(p.1) {
             ys.extend([l, h]);
@@ -32,6 +42,19 @@ pub(crate) fn pareto(v: &View, metric: &str, spread: Spread, label: &str) -> Opt
         "bits per weight",
         label,
     );
+    for (label, bound, threshold) in &gates {
+        let y = f.py(*threshold);
+        let op = if bound == "max" { "≤" } else { "≥" };
+        let _ = write!(
+            s,
+            "<line class=\"gate\" x1=\"{ML}\" y1=\"{y:.1}\" x2=\"{x2}\" y2=\"{y:.1}\" stroke=\"#c00\" stroke-dasharray=\"6 3\"/>\
+             <text x=\"{tx}\" y=\"{ty:.1}\" fill=\"#c00\" text-anchor=\"end\">gate {} {op} {threshold}</text>",
+            esc(label),
+            x2 = f.w - MR,
+            tx = f.w - MR - 4.0,
+            ty = y - 4.0,
+        );
+    }
     let mut sorted = pts.clone();
     sorted.sort_by(|a, b| a.2.total_cmp(&b.2));
     let path: Vec<String> = sorted
@@ -155,8 +178,7 @@ pub(crate) fn quantiles(
             "<line x1=\"{x:.1}\" y1=\"{:.1}\" x2=\"{x:.1}\" y2=\"{:.1}\" stroke=\"{c}\"/>\
              <rect class=\"box\" x=\"{:.1}\" y=\"{:.1}\" width=\"24\" height=\"{:.1}\" fill=\"{c}\" fill-opacity=\"0.35\" stroke=\"{c}\"/>\
              <line x1=\"{:.1}\" y1=\"{m:.1}\" x2=\"{:.1}\" y2=\"{m:.1}\" stroke=\"{c}\" stroke-width=\"2\"/>\
-             <circle cx=\"{x:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{c}\"/><circle cx=\"{x:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"none\" stroke=\"{c}\"/>\
-             <text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\" font-size=\"10\">{}</text>",
+             <circle cx=\"{x:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{c}\"/><circle cx=\"{x:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"none\" stroke=\"{c}\"/>",
             f.py(q[0]),
             f.py(q[6]),
             x - 12.0,
@@ -166,8 +188,6 @@ pub(crate) fn quantiles(
             x + 12.0,
             f.py(q[7]),
             f.py(q[8]),
-            f.h - MB + 14.0 + 11.0 * (slot % 2) as f64,
-            esc(&r.model),
             m = f.py(q[3]),
         );
         s.push_str(&f.legend(*i, &r.model));

@@ -53,6 +53,9 @@ pub struct Row {
     pub failures: Vec<String>,
     /// Gates checked.
     pub gates: usize,
+    /// Every gate's metric (`delta_nll_mean`, or `delta_nll_mean.ci95_hi`),
+    /// bound (`max`, `min`) and threshold: the lines the plots draw.
+    pub thresholds: Vec<(String, String, f64)>,
 }
 
 /// One reference's ladder.
@@ -180,6 +183,7 @@ pub fn views(
                         series: BTreeMap::new(),
                         failures: Vec::new(),
                         gates: 0,
+                        thresholds: Vec::new(),
                     });
                     fold(row, o);
                 }
@@ -220,6 +224,12 @@ fn fold(row: &mut Row, o: &Outcome) {
         row.series.entry(k.clone()).or_insert_with(|| v.clone());
     }
     row.gates += o.gates.len();
+    for g in &o.gates {
+        let t = (g.metric.clone(), g.bound.clone(), g.threshold);
+        if !row.thresholds.contains(&t) {
+            row.thresholds.push(t);
+        }
+    }
     for g in o.gates.iter().filter(|g| !g.passed) {
         row.failures.push(format!("{}: {}", o.case, g.metric));
     }

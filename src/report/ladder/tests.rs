@@ -103,4 +103,10 @@ fn one_view_per_reference_sorted_by_size() {
         assert!(!html.contains(external), "not self-contained: {external}");
     }
     assert_eq!(html.matches("class=\"series\"").count(), 1);
+    // The gate on ΔNLL is drawn on its plot, once, at its threshold.
+    assert_eq!(
+        html.matches("gate delta_nll_mean ≤ 0.05").count(),
+        1,
+        "{html}"
+    );
 }
