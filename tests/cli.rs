@@ -2260,3 +2260,115 @@ fn multiple_choice_scores_are_kept_and_never_read_back_corrupt() {
     assert_eq!(json_metrics(&json), first, "scored again: the same");
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// A folder of the user's own GGUF files becomes a release repository:
+/// `quantgate init` writes the cases, the corpus, Cargo.toml and a one-line
+/// tests/gate.rs; a second init refuses; `quantgate run` there gives the
+/// verdicts (Q2_K fails ΔNLL, KLD and multiple choice against its F16) and a
+/// report with every kind's columns, with no hand edit.
+#[test]
+fn init_makes_a_release_repository_that_runs_as_is() {
+    let root = fresh_dir("init");
+    std::fs::create_dir_all(root.join("lm")).unwrap();
+    let reg = Registry::load(&repo().join("suites/models.toml")).unwrap();
+    let engine = LlamaEngine::new();
+    let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 1);
+    for (alias, name) in [
+        ("smollm2-f16", "mine-f16.gguf"),
+        ("smollm2-q2_k", "mine-q2_k.gguf"),
+    ] {
+        let f = ensure(&reg, alias, &engine.build().label(), &q).unwrap();
+        std::fs::copy(&f.file.path, root.join("lm").join(name)).unwrap();
+    }
+    let init = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_quantgate"))
+            .current_dir(&root)
+            .args(["init", "rel", "--model", "lm/*.gguf"])
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stdout, stderr) = init(&[]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let rel = root.join("rel");
+    assert!(
+        stderr.contains("the reference is the largest file"),
+        "{stderr}"
+    );
+    let gate = std::fs::read_to_string(rel.join("tests/gate.rs")).unwrap();
+    assert_eq!(
+        gate.lines()
+            .filter(|l| !l.starts_with("//"))
+            .collect::<Vec<_>>(),
+        ["quantgate::gate!();"]
+    );
+    let case = std::fs::read_to_string(rel.join("suites/release/delta_nll.toml")).unwrap();
+    assert!(
+        case.contains("models = [\"path:../../../lm/mine-q2_k.gguf\"]")
+            || case.contains(&format!(
+                "models = [\"path:{}\"]",
+                root.join("lm/mine-q2_k.gguf")
+                    .canonicalize()
+                    .unwrap()
+                    .display()
+            )),
+        "{case}"
+    );
+    // Again: nothing is replaced without --force.
+    let (code, _, stderr) = init(&[]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("pass --force"), "{stderr}");
+    let out = Command::new(env!("CARGO_BIN_EXE_quantgate"))
+        .current_dir(&rel)
+        .args(["run", "--report", "report"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for failing in ["release/delta_nll", "release/kld", "release/mc"] {
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with(&format!("{failing}::mine-q2_k")) && l.contains("FAIL")),
+            "{failing}: {stdout}"
+        );
+    }
+    assert!(
+        stdout.contains("violates delta_nll_mean ≤ 0.05"),
+        "{stdout}"
+    );
+    let md = std::fs::read_to_string(rel.join("report/report.md")).unwrap();
+    let row = md.lines().find(|l| l.starts_with("| mine-q2_k ")).unwrap();
+    // Every kind's columns hold a number: PPL, ΔNLL, KLD, MC, speed.
+    let cells: Vec<&str> = row.split(" | ").collect();
+    let head: Vec<&str> = md
+        .lines()
+        .find(|l| l.starts_with("| model "))
+        .unwrap()
+        .split(" | ")
+        .collect();
+    for col in [
+        "PPL ± se",
+        "ΔNLL [95% CI]",
+        "KLD mean",
+        "MC accuracy % [Wilson 95%]",
+        "tg t/s",
+    ] {
+        let i = head
+            .iter()
+            .position(|h| *h == col)
+            .unwrap_or_else(|| panic!("{col}: {md}"));
+        assert_ne!(cells[i], "–", "{col} is missing: {row}");
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}

@@ -18,6 +18,12 @@ pub struct Cli {
 
 #[derive(Subcommand)]
 pub enum Command {
+    /// Write a release repository for a folder of GGUF files: suites/ with
+    /// the standard release gates (ΔNLL, KLD, multiple choice, speed against
+    /// the reference), the corpus, Cargo.toml and tests/gate.rs for `cargo
+    /// test`, a nextest config and a README. Refuses to overwrite unless
+    /// --force; never writes goldens.
+    Init(InitArgs),
     /// Run cases (all by default) and print a table. Exit 0: all pass; 1: a case failed; 2: unusable input.
     Run(RunArgs),
     /// List registry models with status, bytes and sha256; `models fetch` fetches/derives them.
@@ -203,6 +209,33 @@ pub struct InspectArgs {
     /// Print a JSON array, one object per target.
     #[arg(long)]
     pub json: bool,
+}
+
+/// The flags of `quantgate init`.
+#[derive(clap::Args)]
+pub struct InitArgs {
+    /// The folder to write (made if missing).
+    #[arg(default_value = ".")]
+    pub dir: PathBuf,
+    /// The GGUF files to release (paths or globs, relative to the working
+    /// directory): the reference and its quants.
+    #[arg(long = "model", required = true)]
+    pub models: Vec<String>,
+    /// The reference file (default: the largest of the --model files).
+    #[arg(long)]
+    pub reference: Option<String>,
+    /// The corpus for ΔNLL and KLD (default: WikiText-2 test, shipped with
+    /// quantgate); copied into suites/data and pinned by sha256.
+    #[arg(long)]
+    pub text: Option<PathBuf>,
+    /// Replace the files init writes (goldens are never touched).
+    #[arg(long)]
+    pub force: bool,
+    /// The quantgate dependency of the written Cargo.toml, as a TOML
+    /// inline table's inside (default: this quantgate's source folder,
+    /// `path = "…"`; e.g. `git = "https://…"`).
+    #[arg(long)]
+    pub dependency: Option<String>,
 }
 
 /// The flags of `quantgate report`.

@@ -3,6 +3,7 @@
 //! mapping from a conclusion to the process's exit code.
 
 pub mod args;
+mod init;
 mod inspect;
 mod merge;
 mod models;
@@ -260,6 +261,7 @@ pub fn dispatch(cli: Cli) -> Result<Conclusion, Error> {
         engine: std::sync::Arc::new(LlamaEngine::new()),
     };
     match cli.command {
+        Command::Init(a) => init::run(a),
         Command::Run(a) => run::run(&ctx, a),
         Command::Reference(a) => reference::run(&ctx, a),
         Command::Prereg(a) => prereg::run(&ctx, a),

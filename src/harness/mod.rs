@@ -55,6 +55,17 @@ pub fn project_root() -> PathBuf {
         .unwrap_or_else(|| std::env::current_dir().unwrap_or_default())
 }
 
+/// [`crate::gate!`]: the suites and goldens of the crate under test (at
+/// run time, [`project_root`]) as tests on llama.cpp.
+pub fn gate() -> ExitCode {
+    let root = project_root();
+    run_suites(
+        &root.join("suites"),
+        &root.join("goldens"),
+        Arc::new(crate::engine::llama::LlamaEngine::new()),
+    )
+}
+
 /// Run the suites under `suites` as tests, goldens under `goldens`, with the
 /// process's arguments and environment.
 pub fn run_suites(suites: &Path, goldens: &Path, engine: Arc<dyn Engine>) -> ExitCode {

@@ -1,0 +1,316 @@
+//! `quantgate init`: a release repository for a folder of GGUF files — the
+//! standard release gates as cases, the corpus and task file they read, a
+//! `Cargo.toml` and `tests/gate.rs` so that `cargo test` gates the release,
+//! a nextest config and a README that says how to review goldens and
+//! publish the report. `quantgate run` in that folder then gives the
+//! verdicts and the report with no hand edit.
+//!
+//! Contract: nothing is overwritten without `--force`, and goldens are never
+//! written (the first run records them, as for any case); every file is
+//! written whole or not at all.
+
+use super::args::InitArgs;
+use super::Conclusion;
+use quantgate::core::fsutil::{sha256_bytes, write_atomic};
+use quantgate::core::Error;
+use quantgate::models::local;
+use std::path::{Path, PathBuf};
+
+/// WikiText-2 test, the default corpus (llama-perplexity's usual one).
+const WIKITEXT: &[u8] = include_bytes!("../../suites/data/wikitext-2-test.txt");
+/// 64 computed multiple-choice questions in llama-perplexity's binary
+/// `--multiple-choice` format (`multiple_choice::computed_tasks(64, 2026)`).
+const MC_TASKS: &[u8] = include_bytes!("../../suites/data/mc-computed.bin");
+
+/// Write the release repository `a` describes.
+pub fn run(a: InitArgs) -> Result<Conclusion, Error> {
+    let cwd = std::env::current_dir().map_err(|e| Error::input(format!("working folder: {e}")))?;
+    let mut files: Vec<PathBuf> = Vec::new();
+    for m in &a.models {
+        for f in local::expand(m, &cwd).map_err(|e| e.context("--model"))? {
+            let f = canonical(&f)?;
+            if !files.contains(&f) {
+                files.push(f);
+            }
+        }
+    }
+    let size = |f: &Path| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0);
+    let reference = match &a.reference {
+        Some(r) => match local::expand(r, &cwd).map_err(|e| e.context("--reference"))?[..] {
+            [ref one] => canonical(one)?,
+            ref many => {
+                return Err(Error::input(format!(
+                    "--reference {r}: names {} files; name one",
+                    many.len()
+                )))
+            }
+        },
+        None => {
+            let largest = files
+                .iter()
+                .max_by_key(|f| size(f))
+                .cloned()
+                .ok_or_else(|| Error::input("--model: no file"))?;
+            eprintln!(
+                "quantgate: the reference is the largest file, {} (--reference names another)",
+                largest.display()
+            );
+            largest
+        }
+    };
+    let candidates: Vec<&PathBuf> = files.iter().filter(|f| **f != reference).collect();
+    if candidates.is_empty() {
+        return Err(Error::input(format!(
+            "--model: no file besides the reference {}: name the quants to release",
+            reference.display()
+        )));
+    }
+    std::fs::create_dir_all(&a.dir)
+        .map_err(|e| Error::input(format!("{}: {e}", a.dir.display())))?;
+    let dir = canonical(&a.dir)?;
+    // Model files as the cases name them: relative to `suites/release/`
+    // when inside the folder (the repository moves with them), else as they are.
+    let named = |f: &Path| match f.strip_prefix(&dir) {
+        Ok(rel) => format!("path:../../{}", rel.display()),
+        Err(_) => format!("path:{}", f.display()),
+    };
+    let models: Vec<String> = candidates.iter().map(|f| named(f)).collect();
+    let reference_named = named(&reference);
+    let (text_name, text) = match &a.text {
+        Some(t) => (
+            t.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .ok_or_else(|| Error::input(format!("--text {}: not a file", t.display())))?,
+            std::fs::read(t).map_err(|e| Error::input(format!("--text {}: {e}", t.display())))?,
+        ),
+        None => ("wikitext-2-test.txt".to_string(), WIKITEXT.to_vec()),
+    };
+    if std::str::from_utf8(&text).is_err() {
+        return Err(Error::input(format!("--text {text_name}: not UTF-8 text")));
+    }
+    let writes: Vec<(&str, Vec<u8>)> = vec![
+        ("suites/models.toml", REGISTRY.as_bytes().to_vec()),
+        (
+            "suites/release/delta_nll.toml",
+            cases::delta_nll(&models, &reference_named, &text_name, &sha256_bytes(&text)).into(),
+        ),
+        (
+            "suites/release/kld.toml",
+            cases::kld(&models, &reference_named, &text_name, &sha256_bytes(&text)).into(),
+        ),
+        (
+            "suites/release/mc.toml",
+            cases::mc(&models, &reference_named, &sha256_bytes(MC_TASKS)).into(),
+        ),
+        (
+            "suites/release/speed.toml",
+            cases::speed(&models, &reference_named).into(),
+        ),
+        ("suites/data/mc-computed.bin", MC_TASKS.to_vec()),
+        (
+            "Cargo.toml",
+            cargo_toml(&dir, a.dependency.as_deref()).into(),
+        ),
+        ("src/lib.rs", LIB_RS.as_bytes().to_vec()),
+        ("tests/gate.rs", GATE_RS.as_bytes().to_vec()),
+        (".config/nextest.toml", NEXTEST.as_bytes().to_vec()),
+        ("README.md", README.as_bytes().to_vec()),
+    ];
+    let text_path = format!("suites/data/{text_name}");
+    let mut writes = writes;
+    writes.push((&text_path, text));
+    let held: Vec<&str> = writes
+        .iter()
+        .map(|(p, _)| *p)
+        .filter(|p| dir.join(p).exists())
+        .collect();
+    if !held.is_empty() && !a.force {
+        return Err(Error::input(format!(
+            "{}: holds {} already; pass --force to replace what init writes (goldens are never touched)",
+            dir.display(),
+            held.join(", ")
+        )));
+    }
+    for (p, body) in &writes {
+        let path = dir.join(p);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| Error::input(format!("{}: {e}", parent.display())))?;
+        }
+        write_atomic(&path, body)?;
+    }
+    println!(
+        "quantgate: wrote a release repository in {} for {} quant(s) of {}:",
+        dir.display(),
+        candidates.len(),
+        reference.display()
+    );
+    for (p, _) in &writes {
+        println!("  {p}");
+    }
+    println!(
+        "next: cd {} && quantgate run --report report   (then `cargo test` gates the same files)",
+        dir.display()
+    );
+    Ok(Conclusion::Pass)
+}
+
+/// `p` made absolute and free of `.`/`..`, the error naming it.
+fn canonical(p: &Path) -> Result<PathBuf, Error> {
+    p.canonicalize()
+        .map_err(|e| Error::input(format!("{}: {e}", p.display())))
+}
+
+/// The written `Cargo.toml`: a crate whose only test gates the release.
+fn cargo_toml(dir: &Path, dependency: Option<&str>) -> String {
+    let name: String = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().to_lowercase())
+        .unwrap_or_default()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    let name = match name.trim_matches('-') {
+        "" => "release".to_string(),
+        n if n.starts_with(|c: char| c.is_ascii_digit()) => format!("release-{n}"),
+        n => n.to_string(),
+    };
+    let dependency = dependency.map(str::to_string).unwrap_or_else(|| {
+        format!(
+            "path = {:?}",
+            Path::new(env!("CARGO_MANIFEST_DIR")).display().to_string()
+        )
+    });
+    format!(
+        "[package]\nname = \"{name}-gates\"\nversion = \"0.1.0\"\nedition = \"2021\"\npublish = false\n\n\
+         [dev-dependencies]\nquantgate = {{ {dependency} }}\n\n\
+         # `cargo test` runs every case under suites/ as a test (tests/gate.rs).\n\
+         [[test]]\nname = \"gate\"\nharness = false\n\n\
+         # llama.cpp is slow unoptimised: the tests build in release.\n\
+         [profile.test]\nopt-level = 3\n\n[profile.dev]\nopt-level = 3\n"
+    )
+}
+
+const REGISTRY: &str = "\
+# Model registry. The release's files are named by path in the cases
+# (`path:…`) and pinned by sha256 in models.lock on the first run: a changed
+# file then fails until `quantgate models pin` pins it again. Aliases for
+# other files go here (see quantgate's README, \"Models\").
+";
+
+const LIB_RS: &str = "\
+//! The release gates of this folder's GGUF files: `cargo test` runs every
+//! case under `suites/` on them and checks each outcome against its golden
+//! under `goldens/` (`tests/gate.rs`).
+";
+
+const GATE_RS: &str = "\
+//! `cargo test` gates the release: every case under suites/, goldens/.
+quantgate::gate!();
+";
+
+const NEXTEST: &str = "\
+# cargo nextest: each test is one case on one model; a test that shares a
+# decode with others waits for it, so give slow models time.
+[profile.default]
+slow-timeout = { period = \"120s\", terminate-after = 30 }
+
+[profile.ci]
+fail-fast = false
+";
+
+const README: &str = "\
+# Release gates
+
+Written by `quantgate init`. The cases under `suites/release/` gate every quant
+against the reference on the evidence a model card shows:
+
+| case | measures | gate (edit the `[[gate]]` tables to change) |
+|---|---|---|
+| `delta_nll` | paired ΔNLL per window on the corpus, 95% interval | mean ≤ +0.05 nats/token |
+| `kld` | KL(reference ‖ quant) per position, same top token, flips | mean ≤ 0.1, p99 ≤ 0.5 |
+| `mc` | 64 computed multiple-choice questions, flips against the reference | ≤ 10 right→wrong |
+| `speed` | prompt processing and generation t/s, against the reference | tg not slower |
+
+```sh
+quantgate run --report report   # the verdicts and report/report.{md,csv,html}
+cargo test --release            # the same gates as tests, each outcome against its golden
+```
+
+The first `cargo test` writes each outcome as a pending golden under
+`goldens/` (`.snap.new`, insta's format) and fails until they are reviewed:
+`cargo insta review` (or `cargo insta accept`), then commit `goldens/`.
+Afterwards a changed number fails its test with a diff, and the new outcome
+is written beside the golden as `.snap.new` to accept or reject.
+`report/report.md` is a model-card table as it is; publish it with the files.
+";
+
+/// The release cases, with their gates documented.
+mod cases {
+    fn list(models: &[String]) -> String {
+        models
+            .iter()
+            .map(|m| format!("{m:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    fn windows(text: &str, sha: &str) -> String {
+        format!(
+            "[text]\npath = \"../data/{text}\"\nsha256 = \"{sha}\"\n\n\
+             # llama-perplexity's windows: n_ctx tokens, the second half of each scored.\n\
+             # More chunks give a tighter interval (and take longer).\n\
+             [window]\nmode = \"llama-perplexity\"\nn_ctx = 512\nchunks = 16\n"
+        )
+    }
+
+    pub fn delta_nll(models: &[String], reference: &str, text: &str, sha: &str) -> String {
+        format!(
+            "# The release gate: the mean paired ΔNLL (quant − reference, per window of\n\
+             # identical tokens) stays ≤ +0.05 nats/token.\n\
+             kind = \"perplexity\"\ndescription = \"paired ΔNLL against the reference\"\n\
+             models = [{}]\nreference = {reference:?}\n\n{}\n\
+             [[gate]]\nmetric = \"delta_nll_mean\"\nmax = 0.05\n",
+            list(models),
+            windows(text, sha)
+        )
+    }
+
+    pub fn kld(models: &[String], reference: &str, text: &str, sha: &str) -> String {
+        format!(
+            "# KL(reference ‖ quant) per scored position on the same windows (one decode\n\
+             # with delta_nll), top-1 agreement and the flips where the reference is sure.\n\
+             kind = \"kld\"\ndescription = \"KL divergence, same top, flips against the reference\"\n\
+             models = [{}]\nreference = {reference:?}\n\n{}\n\
+             [[gate]]\nmetric = \"kld_mean\"\nmax = 0.1\n\n\
+             [[gate]]\nmetric = \"kld_p99\"\nmax = 0.5\n",
+            list(models),
+            windows(text, sha)
+        )
+    }
+
+    pub fn mc(models: &[String], reference: &str, sha: &str) -> String {
+        format!(
+            "# 64 computed questions (sums, products, digits of π, unit conversions) in\n\
+             # llama-perplexity's --multiple-choice format: the answers the reference gets\n\
+             # right and the quant gets wrong, and McNemar's p of the flips.\n\
+             kind = \"multiple_choice\"\ndescription = \"multiple choice against the reference\"\n\
+             models = [{}]\nreference = {reference:?}\nn_ctx = 512\n\n\
+             [tasks_file]\npath = \"../data/mc-computed.bin\"\nsha256 = \"{sha}\"\n\n\
+             [[gate]]\nmetric = \"flips_right_to_wrong\"\nmax = 10\n",
+            list(models)
+        )
+    }
+
+    pub fn speed(models: &[String], reference: &str) -> String {
+        format!(
+            "# Prompt processing and generation speed against the reference, measured\n\
+             # apart in rotated rounds on this machine: a quant should not generate slower\n\
+             # than its reference (lower `min` on machines where it may).\n\
+             kind = \"speed\"\ndescription = \"speed against the reference\"\n\
+             models = [{}]\nreference = {reference:?}\npp = 256\ntg = 32\nrepetitions = 3\nrounds = 3\n\n\
+             [[gate]]\nmetric = \"tg_ratio_vs_ref\"\nmin = 1.0\n",
+            list(models)
+        )
+    }
+}
