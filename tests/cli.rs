@@ -62,12 +62,17 @@ fn case(n_ctx: u32, gate: &str) -> String {
 
 /// `quantgate --suites ROOT ARGS…`: exit code, stdout, stderr.
 fn quantgate(root: &Path, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_quantgate"))
-        .arg("--suites")
-        .arg(root)
-        .args(args)
-        .output()
-        .unwrap();
+    output(
+        Command::new(env!("CARGO_BIN_EXE_quantgate"))
+            .arg("--suites")
+            .arg(root)
+            .args(args),
+    )
+}
+
+/// Run `cmd`: exit code, stdout, stderr.
+fn output(cmd: &mut Command) -> (i32, String, String) {
+    let out = cmd.output().unwrap();
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -2295,16 +2300,11 @@ fn init_makes_a_release_repository_that_runs_as_is() {
         std::fs::copy(&f.file.path, root.join("lm").join(name)).unwrap();
     }
     let init = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_quantgate"))
-            .current_dir(&root)
-            .args(["init", "rel", "--model", "lm/*.gguf"])
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
+        output(
+            Command::new(env!("CARGO_BIN_EXE_quantgate"))
+                .current_dir(&root)
+                .args(["init", "rel", "--model", "lm/*.gguf"])
+                .args(args),
         )
     };
     let (code, stdout, stderr) = init(&[]);
