@@ -2337,18 +2337,12 @@ fn init_makes_a_release_repository_that_runs_as_is() {
     let (code, _, stderr) = init(&[]);
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("pass --force"), "{stderr}");
-    let out = Command::new(env!("CARGO_BIN_EXE_quantgate"))
-        .current_dir(&rel)
-        .args(["run", "--report", "report"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let (code, stdout, stderr) = output(
+        Command::new(env!("CARGO_BIN_EXE_quantgate"))
+            .current_dir(&rel)
+            .args(["run", "--report", "report"]),
     );
+    assert_eq!(code, 1, "{stdout}\n{stderr}");
     for failing in ["release/delta_nll", "release/kld", "release/mc"] {
         assert!(
             stdout

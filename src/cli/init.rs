@@ -22,7 +22,7 @@ const WIKITEXT: &[u8] = include_bytes!("../../suites/data/wikitext-2-test.txt");
 /// `--multiple-choice` format (`multiple_choice::computed_tasks(64, 2026)`).
 const MC_TASKS: &[u8] = include_bytes!("../../suites/data/mc-computed.bin");
 /// The CI workflow (`__INSTALL__`: the step that installs quantgate).
-pub const WORKFLOW: &str = include_str!("release-gates.yml");
+const WORKFLOW: &str = include_str!("release-gates.yml");
 
 /// Write the release repository `a` describes.
 pub fn run(a: InitArgs) -> Result<Conclusion, Error> {
@@ -90,15 +90,17 @@ pub fn run(a: InitArgs) -> Result<Conclusion, Error> {
     if std::str::from_utf8(&text).is_err() {
         return Err(Error::input(format!("--text {text_name}: not UTF-8 text")));
     }
+    let text_sha = sha256_bytes(&text);
+    let text_path = format!("suites/data/{text_name}");
     let writes: Vec<(&str, Vec<u8>)> = vec![
         ("suites/models.toml", REGISTRY.as_bytes().to_vec()),
         (
             "suites/release/delta_nll.toml",
-            cases::delta_nll(&models, &reference_named, &text_name, &sha256_bytes(&text)).into(),
+            cases::delta_nll(&models, &reference_named, &text_name, &text_sha).into(),
         ),
         (
             "suites/release/kld.toml",
-            cases::kld(&models, &reference_named, &text_name, &sha256_bytes(&text)).into(),
+            cases::kld(&models, &reference_named, &text_name, &text_sha).into(),
         ),
         (
             "suites/release/mc.toml",
@@ -121,10 +123,8 @@ pub fn run(a: InitArgs) -> Result<Conclusion, Error> {
             workflow(a.dependency.as_deref()).into(),
         ),
         ("README.md", README.as_bytes().to_vec()),
+        (&text_path, text),
     ];
-    let text_path = format!("suites/data/{text_name}");
-    let mut writes = writes;
-    writes.push((&text_path, text));
     let held: Vec<&str> = writes
         .iter()
         .map(|(p, _)| *p)

@@ -126,10 +126,7 @@ impl Config {
     /// the command line gives (`--n-gpu-layers`, `--kv-type`,
     /// `--flash-attn`; None: not given) over their variables.
     pub fn from_env(engine_flags: [Option<&str>; 3]) -> Result<Config> {
-        Config::from_lookup(
-            &|k| std::env::var_os(k).map(|v| v.to_string_lossy().into_owned()),
-            engine_flags,
-        )
+        Config::from_lookup(&env_var, engine_flags)
     }
 
     /// The config `var` gives (a variable's value, None when unset; an
@@ -253,16 +250,18 @@ impl Config {
     /// cache folder is): what the harness plans under to name every test
     /// that a bad value then fails.
     pub fn bare() -> Result<Config> {
-        let home = std::env::var_os("HOME").map(|h| h.to_string_lossy().into_owned());
-        Config::from_lookup(&|k| home.clone().filter(|_| k == "HOME"), [None; 3])
+        Config::from_lookup(&|k| env_var(k).filter(|_| k == "HOME"), [None; 3])
     }
 
-    /// Fix this process's config (its engine options too), before anything
-    /// runs; an error when another was fixed already.
+    /// Fix this process's config, before anything runs; an error when
+    /// another was fixed already.
     pub fn install(self) -> Result<&'static Config> {
-        EngineOptions::install(self.engine.clone())?;
         let now = CURRENT.get_or_init(|| self.clone());
-        if now.cache != self.cache || now.out != self.out || now.update != self.update {
+        if now.cache != self.cache
+            || now.out != self.out
+            || now.update != self.update
+            || now.engine != self.engine
+        {
             return Err(Error::input(format!(
                 "the configuration is fixed already ({now:?})"
             )));
@@ -280,6 +279,11 @@ impl Config {
                 .unwrap_or_else(|e| panic!("quantgate configuration: {}", e.message))
         })
     }
+}
+
+/// A variable of this process's environment (lossy UTF-8).
+fn env_var(k: &str) -> Option<String> {
+    std::env::var_os(k).map(|v| v.to_string_lossy().into_owned())
 }
 
 /// The update mode from `QUANTGATE_UPDATE` (else `INSTA_UPDATE`), given

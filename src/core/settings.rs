@@ -3,7 +3,6 @@
 
 use crate::core::error::{Error, Result};
 use serde::Serialize;
-use std::sync::OnceLock;
 
 /// The engine options of a whole run, set by the command line
 /// (`--n-gpu-layers`, `--kv-type`, `--flash-attn`) or the environment
@@ -28,8 +27,6 @@ pub struct EngineOptions {
 pub const KV_TYPES: &[&str] = &[
     "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1",
 ];
-
-static OPTIONS: OnceLock<EngineOptions> = OnceLock::new();
 
 impl Default for EngineOptions {
     fn default() -> Self {
@@ -129,21 +126,9 @@ impl EngineOptions {
         ]
     }
 
-    /// Fix this process's options (before any setting is made); an error
-    /// when other options were fixed already.
-    pub fn install(o: EngineOptions) -> Result<()> {
-        let now = OPTIONS.get_or_init(|| o.clone());
-        if *now != o {
-            return Err(Error::input(format!(
-                "engine options already fixed as {now:?}, not {o:?}"
-            )));
-        }
-        Ok(())
-    }
-
-    /// This process's options: those installed, else the config's.
+    /// This process's options: its config's ([`crate::core::config::Config`]).
     pub fn current() -> &'static EngineOptions {
-        OPTIONS.get_or_init(|| crate::core::config::Config::current().engine.clone())
+        &crate::core::config::Config::current().engine
     }
 }
 

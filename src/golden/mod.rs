@@ -9,7 +9,6 @@
 //! is a failure naming the file, never "missing". Golden files are written
 //! atomically.
 
-use crate::core::error::Result;
 use crate::core::Case;
 pub mod diff;
 pub mod snap;
@@ -20,12 +19,6 @@ pub use snap::{parse, render, Inputs, Parsed};
 use std::path::{Path, PathBuf};
 
 pub use crate::core::config::{update_mode_from, UpdateMode};
-
-/// The update mode of this process's config (`QUANTGATE_UPDATE`, else
-/// `INSTA_UPDATE`, and `CI`).
-pub fn update_mode() -> Result<UpdateMode> {
-    Ok(crate::core::config::Config::current().update)
-}
 
 /// Where goldens live, and how their paths are shown in messages.
 #[derive(Debug, Clone)]

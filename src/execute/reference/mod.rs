@@ -135,10 +135,13 @@ pub struct ScoresKey<'a> {
 }
 
 impl ReferenceStore {
-    /// A store with its caches under `dir`, and the shipped folder the
-    /// environment names ([`shipped_from_env`]).
+    /// A store with its caches under `dir`, and the shipped folder this
+    /// process's config names (`QUANTGATE_REFERENCE_DIR`).
     pub fn new(dir: PathBuf) -> Self {
-        Self::with_shipped(dir, shipped_from_env().map_err(|e| e.message))
+        Self::with_shipped(
+            dir,
+            Ok(crate::core::config::Config::current().reference.clone()),
+        )
     }
 
     /// A store with its caches under `dir` and `shipped` as the shipped
