@@ -2459,3 +2459,62 @@ fn the_ci_workflow_init_writes_passes_actionlint() {
     assert!(said.contains("partitions"), "{said}");
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// `cargo package --list` works, and the package holds every file the
+/// crate's source compiles in (`include_str!`, `include_bytes!`: the corpus
+/// and tasks `init` writes, the workflow template): a git or path
+/// dependency builds from what the package lists.
+#[test]
+fn the_package_lists_every_file_the_source_compiles_in() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let (code, stdout, stderr) = output(
+        Command::new(cargo)
+            .args(["package", "--list", "--allow-dirty", "--offline"])
+            .current_dir(repo()),
+    );
+    assert_eq!(code, 0, "cargo package --list: {stderr}");
+    let listed: std::collections::BTreeSet<&str> = stdout.lines().collect();
+    for needed in ["Cargo.toml", "README.md", "src/lib.rs", "src/main.rs"] {
+        assert!(listed.contains(needed), "{needed} not packaged");
+    }
+    let mut checked = 0;
+    for e in walkdir::WalkDir::new(repo().join("src")) {
+        let e = e.unwrap();
+        if e.path().extension().is_none_or(|x| x != "rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(e.path()).unwrap();
+        for rel in included_files(&text) {
+            let path = e.path().parent().unwrap().join(&rel);
+            let path = std::fs::canonicalize(&path)
+                .unwrap_or_else(|err| panic!("{}: {rel}: {err}", e.path().display()));
+            let shown = path
+                .strip_prefix(std::fs::canonicalize(repo()).unwrap())
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            assert!(
+                listed.contains(shown.as_str()),
+                "{} compiles in {shown}, which cargo package leaves out",
+                e.path().display()
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 10, "only {checked} included files found");
+}
+
+/// The paths of every `include_str!("…")` / `include_bytes!("…")` in a
+/// source file.
+fn included_files(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for mac in ["include_str!(\"", "include_bytes!(\""] {
+        for (i, _) in text.match_indices(mac) {
+            let rest = &text[i + mac.len()..];
+            if let Some(end) = rest.find('"') {
+                out.push(rest[..end].to_string());
+            }
+        }
+    }
+    out
+}

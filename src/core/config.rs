@@ -12,6 +12,9 @@
 //!
 //! | variable | default | meaning |
 //! |---|---|---|
+//! | `CARGO_MANIFEST_DIR` | the working directory | the crate root (cargo and nextest set it for tests) |
+//! | `QUANTGATE_SUITES` | `<root>/suites` | the cases `gate!()` runs (relative to the root) |
+//! | `QUANTGATE_GOLDENS` | `<root>/goldens` | their goldens (relative to the root) |
 //! | `QUANTGATE_CACHE` | `$XDG_CACHE_HOME/quantgate`, `~/.cache/quantgate` | models, results, references, locks |
 //! | `QUANTGATE_OUT` | none | per-trial Parquet rows and outcomes (a shard's) |
 //! | `QUANTGATE_UPDATE` (or `INSTA_UPDATE`) | `auto` | goldens: `auto`, `new`, `always`, `no` |
@@ -84,6 +87,18 @@ pub const REFERENCE_MISSING_ENV: &str = "QUANTGATE_REFERENCE_MISSING";
 /// Everything a run takes from outside the case files.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// The crate under test (`CARGO_MANIFEST_DIR` at run time, as cargo and
+    /// nextest set it for test binaries; else the working directory). Never
+    /// a path compiled into a binary: two checkouts sharing one target
+    /// folder each test their own files.
+    pub root: PathBuf,
+    /// The cases [`crate::gate!`] runs (`QUANTGATE_SUITES`, relative to
+    /// `root`; default `<root>/suites`). Preregistered rules are named
+    /// from the case files, relative to `root`.
+    pub suites: PathBuf,
+    /// Their goldens (`QUANTGATE_GOLDENS`, relative to `root`; default
+    /// `<root>/goldens`).
+    pub goldens: PathBuf,
     /// The cache folder: models, results, references, locks.
     pub cache: PathBuf,
     /// The variable the cache folder came from, for messages.
@@ -122,6 +137,12 @@ pub struct Config {
 static CURRENT: OnceLock<Config> = OnceLock::new();
 
 impl Config {
+    /// The config of this process's environment (every value checked; an
+    /// input error naming the first bad variable).
+    pub fn load() -> Result<Config> {
+        Config::from_env([None, None, None])
+    }
+
     /// The config of this process's environment, with the engine options
     /// the command line gives (`--n-gpu-layers`, `--kv-type`,
     /// `--flash-attn`; None: not given) over their variables.
@@ -141,6 +162,31 @@ impl Config {
         let bad =
             |k: &str, v: &str, want: &str| Error::input(format!("{k}=`{v}` is not one of {want}"));
         let home = get("HOME").map(PathBuf::from);
+        let root = get("CARGO_MANIFEST_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| std::env::current_dir().unwrap_or_default());
+        let folder = |k: &str, default: &str| -> Result<PathBuf> {
+            match get(k) {
+                None => Ok(root.join(default)),
+                Some(d) => {
+                    let dir = root.join(d);
+                    match dir.is_dir() {
+                        true => Ok(dir),
+                        false => Err(Error::input(format!(
+                            "{k}={}: not a folder ({})",
+                            dir.display(),
+                            if dir.exists() {
+                                "a file"
+                            } else {
+                                "no such path"
+                            }
+                        ))),
+                    }
+                }
+            }
+        };
+        let suites = folder("QUANTGATE_SUITES", "suites")?;
+        let goldens = folder("QUANTGATE_GOLDENS", "goldens")?;
         let (cache, cache_from) = match (get("QUANTGATE_CACHE"), get("XDG_CACHE_HOME")) {
             (Some(d), _) => (PathBuf::from(d), "QUANTGATE_CACHE="),
             (None, Some(d)) => (PathBuf::from(d).join("quantgate"), "the cache folder "),
@@ -228,6 +274,9 @@ impl Config {
             .map(|b| b.join("quantgate"));
         let engine = EngineOptions::from_flags_or(engine_flags, &get)?;
         Ok(Config {
+            root,
+            suites,
+            goldens,
             cache,
             cache_from,
             result_cache: result_cache && out.is_none(),
@@ -247,10 +296,13 @@ impl Config {
     }
 
     /// The defaults, with nothing from the environment but `HOME` (where the
-    /// cache folder is): what the harness plans under to name every test
-    /// that a bad value then fails.
+    /// cache folder is) and `CARGO_MANIFEST_DIR` (the crate): what the
+    /// harness plans under to name every test that a bad value then fails.
     pub fn bare() -> Result<Config> {
-        Config::from_lookup(&|k| env_var(k).filter(|_| k == "HOME"), [None; 3])
+        Config::from_lookup(
+            &|k| env_var(k).filter(|_| k == "HOME" || k == "CARGO_MANIFEST_DIR"),
+            [None; 3],
+        )
     }
 
     /// Fix this process's config, before anything runs; an error when
@@ -346,6 +398,18 @@ mod tests {
             (UpdateMode::New, true, Isolation::Group)
         );
         assert!(c.out.is_none() && c.reference.is_none() && c.signing_key.is_none());
+        let crate_root = with(&[("CARGO_MANIFEST_DIR", "/crate")]).unwrap();
+        assert_eq!(crate_root.suites, PathBuf::from("/crate/suites"));
+        assert_eq!(crate_root.goldens, PathBuf::from("/crate/goldens"));
+        let here = env!("CARGO_MANIFEST_DIR");
+        let moved = with(&[
+            ("CARGO_MANIFEST_DIR", here),
+            ("QUANTGATE_SUITES", "src"),
+            ("QUANTGATE_GOLDENS", "tests/snapshots"),
+        ])
+        .unwrap();
+        assert_eq!(moved.suites, PathBuf::from(here).join("src"));
+        assert_eq!(moved.goldens, PathBuf::from(here).join("tests/snapshots"));
         let c = with(&[
             ("QUANTGATE_CACHE", "/c"),
             ("XDG_CACHE_HOME", "/x"),
@@ -381,6 +445,8 @@ mod tests {
             ("QUANTGATE_KV_TYPE", "f12"),
             ("QUANTGATE_N_GPU_LAYERS", "many"),
             ("QUANTGATE_CACHE", "/dev/null"),
+            ("QUANTGATE_SUITES", "/no/such/folder"),
+            ("QUANTGATE_GOLDENS", "/dev/null"),
         ] {
             let e = with(&[(k, v)]).unwrap_err();
             assert_eq!(e.kind, crate::core::ErrorKind::Input, "{k}");

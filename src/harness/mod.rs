@@ -44,24 +44,34 @@ use std::process::ExitCode;
 use std::sync::{Arc, Condvar, Mutex, Once};
 use trial::harness_job;
 
-/// The package root at run time: `CARGO_MANIFEST_DIR` as cargo and nextest
-/// set it in the environment of the test binaries they run, else the working
-/// directory (where they start them). Never a path compiled into the binary:
-/// two checkouts sharing one target directory each test their own files.
+/// The package root at run time ([`Config::root`]): `CARGO_MANIFEST_DIR` as
+/// cargo and nextest set it in the environment of the test binaries they
+/// run, else the working directory (where they start them).
 pub fn project_root() -> PathBuf {
-    std::env::var_os("CARGO_MANIFEST_DIR")
-        .filter(|d| !d.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| std::env::current_dir().unwrap_or_default())
+    match Config::bare() {
+        Ok(c) => c.root,
+        Err(_) => std::env::current_dir().unwrap_or_default(),
+    }
 }
 
-/// [`crate::gate!`]: the suites and goldens of the crate under test (at
-/// run time, [`project_root`]) as tests on llama.cpp.
+/// [`crate::gate!`]: the cases and goldens of the crate under test
+/// ([`Config::suites`], [`Config::goldens`]: by default `suites/` and
+/// `goldens/` of [`project_root`]) as tests on llama.cpp.
 pub fn gate() -> ExitCode {
-    let root = project_root();
+    // A bad variable fails every test by name (run_with_args reads the
+    // config again and says which); the tests are planned from the
+    // default folders.
+    let config = Config::from_env([None, None, None]).or_else(|_| Config::bare());
+    let (suites, goldens) = match config {
+        Ok(c) => (c.suites, c.goldens),
+        Err(_) => (
+            project_root().join("suites"),
+            project_root().join("goldens"),
+        ),
+    };
     run_suites(
-        &root.join("suites"),
-        &root.join("goldens"),
+        &suites,
+        &goldens,
         Arc::new(crate::engine::llama::LlamaEngine::new()),
     )
 }

@@ -181,7 +181,7 @@ struct PredictionFile {
     high: f64,
 }
 
-/// Parse a prereg file (schema and rule only; see [`check_static`]).
+/// Parse a prereg file (schema and rule only; see [`check_case`]).
 pub fn parse(path: &Path) -> Result<Prereg> {
     let bytes =
         std::fs::read(path).map_err(|e| Error::input(format!("{}: {e}", path.display())))?;
