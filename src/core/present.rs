@@ -36,6 +36,10 @@ pub enum Join {
     Reference,
     /// Beside every view's row of the same model (a machine's speed).
     Model,
+    /// Beside every view's row of the same model, a group of its columns
+    /// per case of the kind (several recitation or teacher-forcing cases
+    /// per model, each its own columns, named by the case).
+    Case,
 }
 
 /// One column of the ladder: a cell in the table (unless `title` is

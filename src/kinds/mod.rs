@@ -196,8 +196,12 @@ pub type Present = fn() -> Option<Presentation>;
 pub const KINDS: &[(&str, Parse, Present)] = &[
     ("perplexity", perplexity::parse, perplexity::present),
     ("kld", kld::parse, kld::present),
-    ("recite", recite::parse, || None),
-    ("teacher_forcing", teacher_forcing::parse, || None),
+    ("recite", recite::parse, recite::present),
+    (
+        "teacher_forcing",
+        teacher_forcing::parse,
+        teacher_forcing::present,
+    ),
     ("speed", speed::parse, speed::present),
     (
         "multiple_choice",

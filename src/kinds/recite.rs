@@ -10,6 +10,7 @@
 use crate::core::case::{metrics_of, Metric};
 use crate::core::error::{Error, Result};
 use crate::core::parse::{case_table, choice, parse_toml, Diagnostics};
+use crate::core::present::{Cell, Field, Join, Presentation, ReportColumn};
 use crate::core::{Case, Decoding, Outcome};
 use crate::engine::TokenId;
 use crate::execute::RunContext;
@@ -33,6 +34,29 @@ pub const METRICS: &[&str] = &[
     "max_tokens_reached",
     "error_gap",
 ];
+
+/// How recitation cases show in the ladder report: per case, the first
+/// wrong unit of the greedy recitation out of the units expected.
+pub fn present() -> Option<Presentation> {
+    let mut first = ReportColumn::new(
+        "first error",
+        Cell::OutOf {
+            part: "first_error",
+            whole: "units_expected",
+        },
+    );
+    first.csv.push(("complete", Field::Metric("complete")));
+    Some(Presentation {
+        kind: "recite",
+        join: Join::Case,
+        columns: vec![first],
+        plots: Vec::new(),
+        legend: vec![
+            "first error CASE: the greedy recitation's first wrong unit (digit, word) out \
+             of the units expected, per recitation case (a full recitation shows n/n).",
+        ],
+    })
+}
 
 /// A `kind = "recite"` case.
 #[derive(Debug, Clone)]

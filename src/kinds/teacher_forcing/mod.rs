@@ -11,6 +11,7 @@
 use crate::core::case::{metrics_of, Location, Metric};
 use crate::core::error::{Error, Result};
 use crate::core::parse::{case_table, parse_toml, Diagnostics};
+use crate::core::present::{Cell, Field, Join, Presentation, ReportColumn};
 use crate::core::{Artifact, Case, Outcome, Sampler, Settings};
 use crate::engine::{LoadedModel, Token, TokenId, Window};
 use crate::execute::observe::{mapped, Consumer, Mapped, Observation, Row};
@@ -53,6 +54,32 @@ pub const METRICS: &[&str] = &[
     "p_true_mean",
     "margin_median",
 ];
+
+/// How teacher-forcing cases show in the ladder report: per case, the
+/// first unit whose true token is not the model's top pick, out of the
+/// units (and, in the CSV, the flips, p(true) and the KL to the reference).
+pub fn present() -> Option<Presentation> {
+    let mut first = ReportColumn::new(
+        "first flip",
+        Cell::OutOf {
+            part: "first_flip",
+            whole: "units",
+        },
+    );
+    first
+        .csv
+        .extend(["flips", "p_true_mean", "kl_mean"].map(|m| (m, Field::Metric(m))));
+    Some(Presentation {
+        kind: "teacher_forcing",
+        join: Join::Case,
+        columns: vec![first],
+        plots: Vec::new(),
+        legend: vec![
+            "first flip CASE: fed the true text, the first unit whose true token is not the \
+             model's top pick, out of the units, per teacher-forcing case.",
+        ],
+    })
+}
 
 /// Metrics a teacher-forcing case adds with a reference model.
 pub const REF_METRICS: &[&str] = &[

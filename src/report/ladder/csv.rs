@@ -16,17 +16,12 @@ pub(crate) fn csv_field(s: &str) -> String {
 /// view's: every view has the same columns).
 pub fn csv(views: &[View]) -> String {
     let mut s = String::from("reference,cases,model,bytes,bpw,");
-    let fields: Vec<&str> = views
+    let fields: Vec<String> = views
         .first()
-        .map(|v| {
-            v.columns
-                .iter()
-                .flat_map(|c| c.csv.iter().map(|f| f.0))
-                .collect()
-        })
+        .map(|v| v.columns.iter().flat_map(ViewColumn::csv_headers).collect())
         .unwrap_or_default();
     for f in &fields {
-        s.push_str(f);
+        s.push_str(&csv_field(f));
         s.push(',');
     }
     let _ = writeln!(s, "status,failures");
@@ -40,11 +35,7 @@ pub fn csv(views: &[View]) -> String {
                 r.facts.bytes.map(|b| b.to_string()).unwrap_or_default(),
                 f(r.facts.bpw),
             ];
-            line.extend(
-                v.columns
-                    .iter()
-                    .flat_map(|c| c.csv.iter().map(|(_, field)| field.show(&r.metrics))),
-            );
+            line.extend(v.columns.iter().flat_map(|c| c.csv_values(r)));
             line.push(r.status.as_str().into());
             line.push(csv_field(&r.failures.join("; ")));
             let _ = writeln!(s, "{}", line.join(","));

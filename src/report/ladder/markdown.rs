@@ -13,10 +13,10 @@ pub(crate) fn human_bytes(b: Option<u64>) -> String {
 
 /// The table's header: the report's own columns around the view's
 /// declared ones.
-pub(crate) fn head(v: &View) -> Vec<&'static str> {
-    let mut h = vec!["model", "size", "BPW"];
-    h.extend(v.columns.iter().map(|c| c.title).filter(|t| !t.is_empty()));
-    h.push("gates");
+pub(crate) fn head(v: &View) -> Vec<String> {
+    let mut h: Vec<String> = ["model", "size", "BPW"].map(String::from).into();
+    h.extend(v.columns.iter().filter_map(ViewColumn::title));
+    h.push("gates".into());
     h
 }
 
@@ -35,8 +35,8 @@ pub(crate) fn cells(v: &View, r: &Row) -> Vec<String> {
     c.extend(
         v.columns
             .iter()
-            .filter(|c| !c.title.is_empty())
-            .map(|c| c.cell.show(&r.metrics)),
+            .filter(|c| c.title().is_some())
+            .map(|c| c.show(r)),
     );
     c.push(verdict);
     c

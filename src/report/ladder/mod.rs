@@ -49,6 +49,9 @@ pub struct Row {
     pub metrics: Metrics,
     /// Series by name, the same way.
     pub series: BTreeMap<String, Vec<f64>>,
+    /// The metrics of the model's cases of a kind that joins per case
+    /// (recitation, teacher forcing), by case.
+    pub by_case: BTreeMap<String, Metrics>,
     /// `case: metric` of every failed gate, and errors.
     pub failures: Vec<String>,
     /// Gates checked.
@@ -65,14 +68,69 @@ pub struct View {
     pub reference: String,
     /// The cases behind the columns, one per kind, in kind order.
     pub cases: Vec<String>,
-    /// The columns, as the kinds declared them (each title once).
-    pub columns: Vec<ReportColumn>,
+    /// The columns, as the kinds declared them (each title once; a kind
+    /// that joins per case, once per case).
+    pub columns: Vec<ViewColumn>,
     /// The plots, the same way.
     pub plots: Vec<Plot>,
     /// What the columns mean: the kinds' legends, each once.
     pub legend: Vec<&'static str>,
     /// Rows, largest file first.
     pub rows: Vec<Row>,
+}
+
+/// A column of a view: a kind's declared column, read from the row's
+/// metrics, or from one case's (a kind that joins per case).
+#[derive(Debug, Clone)]
+pub struct ViewColumn {
+    /// The declared column.
+    pub column: ReportColumn,
+    /// The case it reads, for a kind that joins per case.
+    pub case: Option<String>,
+}
+
+/// No metrics: what a row without a case's outcome reads.
+static NO_METRICS: Metrics = Metrics::new();
+
+impl ViewColumn {
+    /// The table's header (`first error pi/e1_recall`); None for a column
+    /// only the CSV has.
+    pub fn title(&self) -> Option<String> {
+        let t = self.column.title;
+        match &self.case {
+            _ if t.is_empty() => None,
+            None => Some(t.to_string()),
+            Some(case) => Some(format!("{t} {case}")),
+        }
+    }
+
+    /// The metrics the column reads in `r`.
+    fn metrics<'a>(&self, r: &'a Row) -> &'a Metrics {
+        match &self.case {
+            None => &r.metrics,
+            Some(case) => r.by_case.get(case).unwrap_or(&NO_METRICS),
+        }
+    }
+
+    /// The table's cell for `r`.
+    pub fn show(&self, r: &Row) -> String {
+        self.column.cell.show(self.metrics(r))
+    }
+
+    /// The CSV's headers (`pi/e1_recall:first_error` for a case's).
+    pub fn csv_headers(&self) -> Vec<String> {
+        let field = |f: &str| match &self.case {
+            None => f.to_string(),
+            Some(case) => format!("{case}:{f}"),
+        };
+        self.column.csv.iter().map(|(f, _)| field(f)).collect()
+    }
+
+    /// The CSV's fields for `r`.
+    pub fn csv_values(&self, r: &Row) -> Vec<String> {
+        let m = self.metrics(r);
+        self.column.csv.iter().map(|(_, f)| f.show(m)).collect()
+    }
 }
 
 /// What the report's own columns (size, BPW) mean.
@@ -82,14 +140,16 @@ const FACTS_LEGEND: &str = "BPW: tensor bytes × 8 / parameters, from the GGUF h
 /// in `catalog` order (kinds that join by reference, then the report's own
 /// legend, then kinds that join by model), a column or plot declared twice
 /// shown once.
-fn layout(catalog: &[Presentation]) -> (Vec<ReportColumn>, Vec<Plot>, Vec<&'static str>) {
-    let mut columns: Vec<ReportColumn> = Vec::new();
+fn layout(catalog: &[Presentation]) -> (Vec<ViewColumn>, Vec<Plot>, Vec<&'static str>) {
+    let mut columns: Vec<ViewColumn> = Vec::new();
     let mut plots: Vec<Plot> = Vec::new();
     let mut legend: Vec<&'static str> = Vec::new();
     let by_join = |j: Join| catalog.iter().filter(move |p| p.join == j);
+    // (Kinds that join per case are laid out per case, in `views`.)
     for p in by_join(Join::Reference).chain(by_join(Join::Model)) {
         for c in &p.columns {
-            let same = |d: &ReportColumn| {
+            let same = |d: &ViewColumn| {
+                let d = &d.column;
                 if c.title.is_empty() {
                     d.csv.iter().map(|f| f.0).eq(c.csv.iter().map(|f| f.0))
                 } else {
@@ -97,7 +157,10 @@ fn layout(catalog: &[Presentation]) -> (Vec<ReportColumn>, Vec<Plot>, Vec<&'stat
                 }
             };
             if !columns.iter().any(same) {
-                columns.push(c.clone());
+                columns.push(ViewColumn {
+                    column: c.clone(),
+                    case: None,
+                });
             }
         }
         for plot in &p.plots {
@@ -163,11 +226,36 @@ pub fn views(
             });
         slots[at].1.insert(kind, case.to_string());
     }
-    let (columns, plots, legend) = layout(catalog);
+    let (mut columns, plots, mut legend) = layout(catalog);
     let beside: Vec<&Outcome> = outcomes
         .iter()
         .filter(|o| matches!(join_of(o), Some((_, Join::Model))))
         .collect();
+    // Kinds that join per case: their columns once per case, in case
+    // order, after every other kind's; their legends when a case ran.
+    let per_case: Vec<&Outcome> = outcomes
+        .iter()
+        .filter(|o| matches!(join_of(o), Some((_, Join::Case))))
+        .collect();
+    let mut case_kinds: Vec<(&str, usize)> = per_case
+        .iter()
+        .filter_map(|o| Some((o.case.as_str(), join_of(o)?.0)))
+        .collect();
+    case_kinds.sort();
+    case_kinds.dedup();
+    for &(case, kind) in &case_kinds {
+        for c in &catalog[kind].columns {
+            columns.push(ViewColumn {
+                column: c.clone(),
+                case: Some(case.to_string()),
+            });
+        }
+        for l in &catalog[kind].legend {
+            if !legend.contains(l) {
+                legend.push(l);
+            }
+        }
+    }
     slots
         .iter()
         .map(|(reference, kinds)| {
@@ -181,6 +269,7 @@ pub fn views(
                         status: Status::Pass,
                         metrics: Metrics::new(),
                         series: BTreeMap::new(),
+                        by_case: BTreeMap::new(),
                         failures: Vec::new(),
                         gates: 0,
                         thresholds: Vec::new(),
@@ -194,6 +283,9 @@ pub fn views(
                     for (k, v) in &o.metrics {
                         r.metrics.entry(k.clone()).or_insert(*v);
                     }
+                }
+                for o in per_case.iter().filter(|o| o.model == r.model) {
+                    r.by_case.insert(o.case.clone(), o.metrics.clone());
                 }
             }
             rows.sort_by(|a, b| {

@@ -110,3 +110,142 @@ fn one_view_per_reference_sorted_by_size() {
         "{html}"
     );
 }
+
+/// Every metric a kind's presentation reads (cells, CSV fields, plots) is
+/// one its cases declare: a misspelt name would show as missing forever.
+/// Checked on this repository's suites, which hold a case of every kind
+/// the report shows.
+#[test]
+fn presentations_read_only_declared_metrics() {
+    use crate::core::present::{Field, Spread};
+    use std::collections::BTreeSet;
+    let suites = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("suites");
+    let (_, planned) = crate::plan::plan(&suites, &[], &[]).unwrap();
+    let mut declared: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+    for p in &planned {
+        if let Ok(parsed) = &p.case {
+            declared
+                .entry(parsed.case.kind)
+                .or_default()
+                .extend(parsed.case.metric_names());
+        }
+    }
+    let catalog = crate::kinds::presentations();
+    assert!(catalog.len() >= 6, "{}", catalog.len());
+    for pres in catalog {
+        let names = declared
+            .get(pres.kind)
+            .unwrap_or_else(|| panic!("no case of kind {} under suites/", pres.kind));
+        let mut read: Vec<&str> = Vec::new();
+        for c in &pres.columns {
+            read.extend(c.cell.metrics());
+            read.extend(c.csv.iter().filter_map(|(_, f)| match f {
+                Field::Metric(m) => Some(*m),
+                Field::Derived(_) => None,
+            }));
+        }
+        for plot in &pres.plots {
+            match plot {
+                Plot::Frontier { metric, spread, .. } => {
+                    read.push(metric);
+                    match spread {
+                        Spread::Bounds(lo, hi) => read.extend([*lo, *hi]),
+                        Spread::Se95(se) => read.push(se),
+                    }
+                }
+                Plot::Quantiles { metrics, .. } => read.extend(metrics),
+                Plot::Series { .. } => {}
+            }
+        }
+        assert!(!read.is_empty(), "{}", pres.kind);
+        for m in read {
+            assert!(
+                names.contains(m),
+                "{}: `{m}` is not a declared metric",
+                pres.kind
+            );
+        }
+    }
+}
+
+/// Recitation and teacher-forcing cases join per case: a column per case
+/// beside the row of the same model, in Markdown and CSV; a model without
+/// that case's outcome shows a dash; a model with only such outcomes opens
+/// no row.
+#[test]
+fn pi_cases_are_columns_per_case_beside_their_model() {
+    let ppl = |m: &str| outcome("ppl/x", m, &[("ppl", 10.0)]);
+    let recite = |case: &str, m: &str, first: f64| {
+        let mut o = outcome(
+            case,
+            m,
+            &[("first_error", first), ("units_expected", 1000.0)],
+        );
+        o.kind = "recite".into();
+        o.reference = None;
+        o
+    };
+    let mut tf = outcome(
+        "pi/tf",
+        "q8",
+        &[("first_flip", 5.0), ("units", 1000.0), ("flips", 850.0)],
+    );
+    tf.kind = "teacher_forcing".into();
+    let outcomes = [
+        ppl("q8"),
+        ppl("q2"),
+        recite("pi/b", "q8", 32.0),
+        recite("pi/a", "q8", 5.0),
+        recite("pi/a", "q2", 0.0),
+        recite("pi/a", "gemma", 7.0),
+        tf,
+    ];
+    let facts = |_: &str| ModelFacts::default();
+    let vs = views(&outcomes, &crate::kinds::presentations(), &facts);
+    assert_eq!(vs.len(), 1);
+    assert_eq!(vs[0].cases, ["ppl/x"]);
+    let models: Vec<&str> = vs[0].rows.iter().map(|r| r.model.as_str()).collect();
+    assert_eq!(models, ["q2", "q8"]);
+    let md = markdown(&vs);
+    let head = md.lines().find(|l| l.starts_with("| model ")).unwrap();
+    let cols: Vec<&str> = head.split(" | ").collect();
+    let at = |t: &str| {
+        cols.iter()
+            .position(|c| *c == t)
+            .unwrap_or_else(|| panic!("{t}: {head}"))
+    };
+    let row = |m: &str| -> Vec<String> {
+        let l = md
+            .lines()
+            .find(|l| l.starts_with(&format!("| {m} ")))
+            .unwrap();
+        l.split(" | ").map(String::from).collect()
+    };
+    let (a, b, f) = (
+        at("first error pi/a"),
+        at("first error pi/b"),
+        at("first flip pi/tf"),
+    );
+    assert!(a < b && b < f, "{head}");
+    assert_eq!(
+        [&row("q8")[a], &row("q8")[b], &row("q8")[f]],
+        ["5/1000", "32/1000", "5/1000"]
+    );
+    assert_eq!(
+        [&row("q2")[a], &row("q2")[b], &row("q2")[f]],
+        ["0/1000", "–", "–"]
+    );
+    let csv = csv(&vs);
+    let head: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let q8: Vec<&str> = csv
+        .lines()
+        .find(|l| l.contains(",q8,"))
+        .unwrap()
+        .split(',')
+        .collect();
+    let field = |n: &str| q8[head.iter().position(|h| *h == n).unwrap()];
+    assert_eq!(field("pi/a:first_error"), "5");
+    assert_eq!(field("pi/b:units_expected"), "1000");
+    assert_eq!(field("pi/tf:flips"), "850");
+    assert!(md.contains("first error CASE") && md.contains("first flip CASE"));
+}
