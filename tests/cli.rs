@@ -2280,104 +2280,294 @@ fn multiple_choice_scores_are_kept_and_never_read_back_corrupt() {
     let _ = std::fs::remove_dir_all(&root);
 }
 
-/// A folder of the user's own GGUF files becomes a release repository:
-/// `quantgate init` writes the cases, the corpus, Cargo.toml and a one-line
-/// tests/gate.rs; a second init refuses; `quantgate run` there gives the
-/// verdicts (Q2_K fails ΔNLL, KLD and multiple choice against its F16) and a
-/// report with every kind's columns, with no hand edit.
+/// The commands of README's first section for a publisher ("Releasing your
+/// own quants"), each split into its words (a `'…'` word kept whole),
+/// comments dropped.
+fn readme_publisher_commands() -> Vec<Vec<String>> {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let section = readme
+        .split_once("## Releasing your own quants")
+        .expect("README has a section `Releasing your own quants`")
+        .1;
+    let block = section
+        .split_once("```sh\n")
+        .and_then(|(_, b)| b.split_once("```"))
+        .expect("the section opens with a sh block")
+        .0;
+    block
+        .lines()
+        .map(|l| l.split_once(" #").map_or(l, |(c, _)| c).trim())
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let mut words = Vec::new();
+            for (i, part) in l.split('\'').enumerate() {
+                match i % 2 {
+                    1 => words.push(part.to_string()),
+                    _ => words.extend(part.split_whitespace().map(String::from)),
+                }
+            }
+            words
+        })
+        .collect()
+}
+
+/// `cargo test` lines of libtest: (test name, passed).
+fn test_lines(stdout: &str) -> Vec<(String, bool)> {
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("test "))
+        .filter_map(|l| {
+            let (name, result) = l.rsplit_once(" ... ")?;
+            Some((name.trim().to_string(), result.starts_with("ok")))
+        })
+        .collect()
+}
+
+/// README's first section for a publisher, verbatim, on a folder holding
+/// copies of the fixture ladder's F16, Q8_0, Q4_K_M and Q2_K under other
+/// names:
+/// - `quantgate init` writes a release repository (and refuses a second
+///   time), `quantgate run --report report` gives the verdicts (Q2_K fails
+///   ΔNLL, KLD and MC; Q8_0 and Q4_K_M pass them) and a report with every
+///   kind's columns;
+/// - `cargo test --release` in that folder, against quantgate as a path
+///   dependency, writes its goldens as pending, `cargo insta` lists and
+///   accepts them, and then only the gates fail (Q2_K's); a golden
+///   perturbed by hand fails its test with the diff until `cargo insta`
+///   accepts the measured one again.
+///
+/// The folder's build reuses this build's dependencies (quantgate's own
+/// Cargo.lock, the same target folder, offline): only quantgate and the
+/// folder's crate compile.
 #[test]
-fn init_makes_a_release_repository_that_runs_as_is() {
-    let root = fresh_dir("init");
-    std::fs::create_dir_all(root.join("lm")).unwrap();
+fn the_readme_publisher_commands_gate_a_folder_of_quants() {
+    let commands = readme_publisher_commands();
+    assert_eq!(commands.len(), 3, "{commands:?}");
+    assert_eq!(commands[0][..2], ["quantgate", "init"]);
+    assert_eq!(commands[1][..2], ["quantgate", "run"]);
+    assert_eq!(commands[2], ["cargo", "test", "--release"]);
+    let root = fresh_dir("publish");
+    // The glob README gives (`out/*.gguf`) names the folder.
+    let glob = commands[0]
+        .iter()
+        .find(|w| w.ends_with("*.gguf"))
+        .expect("init names the files by a glob");
+    let lm = root.join(glob.trim_end_matches("*.gguf"));
+    std::fs::create_dir_all(&lm).unwrap();
     let reg = Registry::load(&repo().join("suites/models.toml")).unwrap();
     let engine = LlamaEngine::new();
     let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 1);
     for (alias, name) in [
         ("smollm2-f16", "mine-f16.gguf"),
+        ("smollm2-q8_0", "mine-q8_0.gguf"),
+        ("smollm2-q4_k_m", "mine-q4_k_m.gguf"),
         ("smollm2-q2_k", "mine-q2_k.gguf"),
     ] {
         let f = ensure(&reg, alias, &engine.build().label(), &q).unwrap();
-        std::fs::copy(&f.file.path, root.join("lm").join(name)).unwrap();
+        std::fs::copy(&f.file.path, lm.join(name)).unwrap();
     }
-    let init = |args: &[&str]| {
+    let quantgate = |c: &Vec<String>| {
         output(
             Command::new(env!("CARGO_BIN_EXE_quantgate"))
                 .current_dir(&root)
-                .args(["init", "rel", "--model", "lm/*.gguf"])
-                .args(args),
+                .args(&c[1..]),
         )
     };
-    let (code, stdout, stderr) = init(&[]);
+
+    // init
+    let (code, stdout, stderr) = quantgate(&commands[0]);
     assert_eq!(code, 0, "{stdout}\n{stderr}");
-    let rel = root.join("rel");
     assert!(
         stderr.contains("the reference is the largest file"),
         "{stderr}"
     );
-    let gate = std::fs::read_to_string(rel.join("tests/gate.rs")).unwrap();
+    let gate = std::fs::read_to_string(root.join("tests/gate.rs")).unwrap();
     assert_eq!(
         gate.lines()
             .filter(|l| !l.starts_with("//"))
             .collect::<Vec<_>>(),
         ["quantgate::gate!();"]
     );
-    let case = std::fs::read_to_string(rel.join("suites/release/delta_nll.toml")).unwrap();
-    assert!(
-        case.contains("models = [\"path:../../../lm/mine-q2_k.gguf\"]")
-            || case.contains(&format!(
-                "models = [\"path:{}\"]",
-                root.join("lm/mine-q2_k.gguf")
-                    .canonicalize()
-                    .unwrap()
-                    .display()
-            )),
-        "{case}"
-    );
+    let case = std::fs::read_to_string(root.join("suites/release/delta_nll.toml")).unwrap();
+    assert!(case.contains("mine-q2_k.gguf"), "{case}");
     // Again: nothing is replaced without --force.
-    let (code, _, stderr) = init(&[]);
+    let (code, _, stderr) = quantgate(&commands[0]);
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("pass --force"), "{stderr}");
-    let (code, stdout, stderr) = output(
-        Command::new(env!("CARGO_BIN_EXE_quantgate"))
-            .current_dir(&rel)
-            .args(["run", "--report", "report"]),
-    );
+
+    // run
+    let (code, stdout, stderr) = quantgate(&commands[1]);
     assert_eq!(code, 1, "{stdout}\n{stderr}");
-    for failing in ["release/delta_nll", "release/kld", "release/mc"] {
-        assert!(
-            stdout
-                .lines()
-                .any(|l| l.starts_with(&format!("{failing}::mine-q2_k")) && l.contains("FAIL")),
-            "{failing}: {stdout}"
-        );
+    let verdict = |case: &str, model: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{case}::{model} ")))
+            .unwrap_or_else(|| panic!("{case}::{model}: {stdout}"))
+            .to_string()
+    };
+    for case in ["release/delta_nll", "release/kld", "release/mc"] {
+        assert!(verdict(case, "mine-q2_k").contains("FAIL"), "{stdout}");
+        for good in ["mine-q8_0", "mine-q4_k_m"] {
+            assert!(verdict(case, good).contains("pass"), "{stdout}");
+        }
     }
     assert!(
         stdout.contains("violates delta_nll_mean ≤ 0.05"),
         "{stdout}"
     );
-    let md = std::fs::read_to_string(rel.join("report/report.md")).unwrap();
-    let row = md.lines().find(|l| l.starts_with("| mine-q2_k ")).unwrap();
-    // Every kind's columns hold a number: PPL, ΔNLL, KLD, MC, speed.
-    let cells: Vec<&str> = row.split(" | ").collect();
+    let md = std::fs::read_to_string(root.join("report/report.md")).unwrap();
     let head: Vec<&str> = md
         .lines()
         .find(|l| l.starts_with("| model "))
         .unwrap()
         .split(" | ")
         .collect();
-    for col in [
-        "PPL ± se",
-        "ΔNLL [95% CI]",
-        "KLD mean",
-        "MC accuracy % [Wilson 95%]",
-        "tg t/s",
-    ] {
-        let i = head
-            .iter()
-            .position(|h| *h == col)
-            .unwrap_or_else(|| panic!("{col}: {md}"));
-        assert_ne!(cells[i], "–", "{col} is missing: {row}");
+    for model in ["mine-q8_0", "mine-q4_k_m", "mine-q2_k"] {
+        let row = md
+            .lines()
+            .find(|l| l.starts_with(&format!("| {model} ")))
+            .unwrap_or_else(|| panic!("{model}: {md}"));
+        // Every kind's columns hold a number: PPL, ΔNLL, KLD, MC, speed.
+        let cells: Vec<&str> = row.split(" | ").collect();
+        for col in [
+            "PPL ± se",
+            "ΔNLL [95% CI]",
+            "KLD mean",
+            "MC accuracy % [Wilson 95%]",
+            "MC flips right→wrong / wrong→right",
+            "tg t/s",
+        ] {
+            let i = head
+                .iter()
+                .position(|h| *h == col)
+                .unwrap_or_else(|| panic!("{col}: {md}"));
+            assert_ne!(cells[i], "–", "{col} is missing: {row}");
+        }
     }
+
+    // cargo test, with quantgate as a path dependency: this build's
+    // dependencies, target folder and lock; a developer's machine (no CI:
+    // goldens are written as pending).
+    std::fs::copy(repo().join("Cargo.lock"), root.join("Cargo.lock")).unwrap();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let target = Path::new(env!("CARGO_BIN_EXE_quantgate"))
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .to_path_buf();
+    let in_folder = |program: &str| {
+        let mut c = Command::new(program);
+        c.current_dir(&root)
+            .env("CARGO", &cargo)
+            .env("CARGO_TARGET_DIR", &target)
+            .env("CARGO_NET_OFFLINE", "true")
+            .env_remove("CI")
+            .env_remove("QUANTGATE_UPDATE")
+            .env_remove("INSTA_UPDATE");
+        c
+    };
+    let cargo_test = |filter: &[&str]| {
+        let mut c = in_folder(&cargo);
+        c.args(&commands[2][1..]);
+        if !filter.is_empty() {
+            c.arg("--").args(filter);
+        }
+        output(&mut c)
+    };
+    let insta = std::env::var("QUANTGATE_CARGO_INSTA").unwrap_or_else(|_| {
+        let out = Command::new(repo().join("scripts/fetch-cargo-insta.sh"))
+            .output()
+            .expect("scripts/fetch-cargo-insta.sh");
+        assert!(
+            out.status.success(),
+            "scripts/fetch-cargo-insta.sh (needs python3 with pip): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    });
+    let cargo_insta = |args: &[&str]| output(in_folder(&insta).args(args));
+    let golden = root.join("goldens/release/delta_nll/mine-q8_0.snap");
+    let pending = golden.with_extension("snap.new");
+
+    // First run: every golden is new, written as pending; every test fails.
+    let (code, stdout, stderr) = cargo_test(&[]);
+    assert_eq!(code, 101, "{stdout}\n{stderr}");
+    // 4 cases × 3 quants, and the check for goldens of no test.
+    let tests = test_lines(&stdout);
+    assert_eq!(tests.len(), 13, "{stdout}");
+    assert!(
+        tests
+            .iter()
+            .all(|(name, ok)| *ok == (name == "goldens/orphans")),
+        "{stdout}"
+    );
+    assert!(pending.is_file() && !golden.exists(), "{stdout}\n{stderr}");
+    let (code, listed, stderr) = cargo_insta(&["pending-snapshots"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        listed.contains("goldens/release/delta_nll/mine-q8_0.snap"),
+        "{listed}"
+    );
+    let (code, _, stderr) = cargo_insta(&["accept"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(golden.is_file() && !pending.exists());
+
+    // With its goldens: only the gates fail, and only Q2_K's quality gates.
+    let (code, stdout, stderr) = cargo_test(&[]);
+    assert_eq!(code, 101, "{stdout}\n{stderr}");
+    let failed: Vec<String> = test_lines(&stdout)
+        .into_iter()
+        .filter(|(_, ok)| !ok)
+        .map(|(n, _)| n)
+        .collect();
+    for case in ["release/delta_nll", "release/kld", "release/mc"] {
+        assert!(
+            failed.contains(&format!("{case}::mine-q2_k")),
+            "{failed:?}\n{stdout}"
+        );
+    }
+    // (Speed is measured on a shared machine: its verdict is not asserted.)
+    assert!(
+        failed
+            .iter()
+            .all(|n| n.ends_with("mine-q2_k") || n.starts_with("release/speed")),
+        "{failed:?}\n{stdout}"
+    );
+    assert!(stdout.contains("delta_nll_mean"), "{stdout}");
+
+    // A golden perturbed by hand fails its test, with the diff, and is
+    // pending; cargo insta lists that one and accepts the measured value.
+    let original = std::fs::read_to_string(&golden).unwrap();
+    let ppl = original
+        .lines()
+        .find(|l| l.trim_start().starts_with("ppl: "))
+        .expect("the golden holds ppl")
+        .to_string();
+    let forged = ppl.replacen("ppl: ", "ppl: 1", 1);
+    std::fs::write(&golden, original.replacen(&ppl, &forged, 1)).unwrap();
+    let one = ["release/delta_nll::mine-q8_0", "--exact"];
+    let (code, stdout, stderr) = cargo_test(&one);
+    assert_eq!(code, 101, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(forged.trim()) && stdout.contains(ppl.trim()),
+        "the diff shows both values: {stdout}"
+    );
+    let (_, listed, _) = cargo_insta(&["pending-snapshots"]);
+    let listed: Vec<&str> = listed.lines().filter(|l| l.contains(".snap")).collect();
+    assert_eq!(
+        listed.len(),
+        4,
+        "one snapshot, and its three commands: {listed:?}"
+    );
+    assert!(listed
+        .iter()
+        .all(|l| l.contains("delta_nll/mine-q8_0.snap")));
+    let (code, _, stderr) = cargo_insta(&["accept"]);
+    assert_eq!(code, 0, "{stderr}");
+    let accepted = std::fs::read_to_string(&golden).unwrap();
+    assert!(accepted.contains(&ppl) && !accepted.contains(&forged));
+    let (code, stdout, stderr) = cargo_test(&one);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
     let _ = std::fs::remove_dir_all(&root);
 }
 
