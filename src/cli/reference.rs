@@ -64,6 +64,18 @@ fn build(ctx: &Ctx, select: &Select, out: &PathBuf) -> Result<Conclusion, Error>
         &select.models,
         select.reference.as_deref(),
     )?;
+    // A selected case that cannot be used is an error, named, before any
+    // work: a folder built without its products would fail every shard
+    // that needs them, and say less.
+    let mut broken: Vec<Error> = Vec::new();
+    for e in planned.iter().filter_map(|p| p.case.as_ref().err()) {
+        if !broken.iter().any(|b| b.message == e.message) {
+            broken.push(e.clone());
+        }
+    }
+    if !broken.is_empty() {
+        return Err(quantgate::core::error::join(broken));
+    }
     // A selection that reads no reference builds nothing: say so rather
     // than leave an empty folder that every shard refuses.
     let reads = planned

@@ -2,6 +2,12 @@
 //! ["path:…"]` in a case), pinned in a lock file beside the registry
 //! (`<suites>/models.lock`), as Cargo.lock pins dependencies.
 //!
+//! A file inside the project (under the lock's folder's parent: the
+//! crate `quantgate init` writes) is written with its path relative to the
+//! lock's folder (`../out/mine-f16.gguf`), so the committed lock holds in
+//! any checkout, a CI runner's included; a file elsewhere keeps its
+//! absolute path. In memory every path is absolute.
+//!
 //! Contract: a file is pinned (alias, canonical path, bytes, sha256, and
 //! every part of a split `-00001-of-0000N.gguf` file with its own bytes and
 //! sha256) the first time it is named and the lock holds no entry for it;
@@ -107,7 +113,16 @@ impl Lock {
                 )))
             }
         };
-        let entries: BTreeMap<String, Pinned> = parse_toml(path, &src)?;
+        let mut entries: BTreeMap<String, Pinned> = parse_toml(path, &src)?;
+        // Relative paths are the lock folder's (canonical, as pinned paths are).
+        let dir = lock_dir(path);
+        for p in entries.values_mut() {
+            for f in std::iter::once(&mut p.path).chain(p.parts.iter_mut().map(|q| &mut q.path)) {
+                if let (false, Some(dir)) = (f.is_absolute(), &dir) {
+                    *f = lexical(&dir.join(&*f));
+                }
+            }
+        }
         let mut errors = Vec::new();
         for (alias, p) in &entries {
             let at = format!("{}: [{alias}]", path.display());
@@ -128,7 +143,7 @@ impl Lock {
                 }
                 if !f.0.is_absolute() {
                     errors.push(Error::input(format!(
-                        "{at}.path{}: `{}` is not an absolute path",
+                        "{at}.path{}: `{}` is neither absolute nor relative to the lock's folder",
                         f.2,
                         f.0.display()
                     )));
@@ -159,7 +174,27 @@ impl Lock {
     }
 
     fn write(&self) -> Result<()> {
-        let body = toml::to_string(&self.entries)
+        // Files inside the project, relative to the lock's folder.
+        let mut entries = self.entries.clone();
+        if let Some(dir) = lock_dir(&self.path) {
+            if let Some(project) = dir.parent().filter(|p| p.parent().is_some()) {
+                for p in entries.values_mut() {
+                    let files =
+                        std::iter::once(&mut p.path).chain(p.parts.iter_mut().map(|q| &mut q.path));
+                    for f in files {
+                        if let (Ok(rest), Some(name)) = (f.strip_prefix(project), dir.file_name()) {
+                            let rel = Path::new("..").join(rest);
+                            if lexical(&dir.join(&rel)) == *f && !rest.starts_with(name) {
+                                *f = rel;
+                            } else if let Ok(inside) = f.strip_prefix(&dir) {
+                                *f = inside.to_path_buf();
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let body = toml::to_string(&entries)
             .map_err(|e| Error::input(format!("{}: {e}", self.path.display())))?;
         fsutil::write_atomic(&self.path, format!("{HEADER}\n{body}").as_bytes())
     }
@@ -517,6 +552,31 @@ pub fn pin(
     Ok(aliases.into_iter().map(|(a, _)| a).collect())
 }
 
+/// The lock's folder, canonical (what relative paths in it are read
+/// against); None when it cannot be resolved.
+fn lock_dir(lock: &Path) -> Option<PathBuf> {
+    let dir = match lock.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    dir.canonicalize().ok()
+}
+
+/// `p` with `.` and `..` components resolved by name (no file system).
+fn lexical(p: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            std::path::Component::CurDir => {}
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// An exclusive `flock` for writers of the lock at `lock_path`, in the cache
 /// (never beside the user's suites), released when dropped.
 fn lock_guard(lock_path: &Path) -> Result<std::fs::File> {
@@ -552,6 +612,46 @@ mod tests {
     /// Globs expand to model files, split parts to their first part; the
     /// lock pins each once and keeps the entry on the next call; a name
     /// that matches nothing is an error naming the pattern.
+    /// A lock pins files inside its project relative to its folder, so a
+    /// copy of the project (a CI runner's checkout) reads the same pins at
+    /// its own paths; a file outside the project stays absolute.
+    #[test]
+    fn pins_inside_the_project_move_with_it() {
+        let d = tempfile::tempdir().unwrap();
+        let here = d.path().join("proj");
+        std::fs::create_dir_all(here.join("suites")).unwrap();
+        std::fs::create_dir_all(here.join("out")).unwrap();
+        std::fs::create_dir_all(d.path().join("elsewhere")).unwrap();
+        let gguf = crate::models::gguf::tests::tiny_header();
+        std::fs::write(here.join("out/a.gguf"), &gguf).unwrap();
+        let other: Vec<u8> = gguf.iter().copied().chain(*b"b").collect();
+        std::fs::write(d.path().join("elsewhere/b.gguf"), other).unwrap();
+        let reg = here.join("suites/models.toml");
+        let mut files = expand("out/a.gguf", &here).unwrap();
+        files.extend(expand("../elsewhere/b.gguf", &here).unwrap());
+        assert_eq!(pin(&reg, &[], &files, false).unwrap(), ["a", "b"]);
+        let text = std::fs::read_to_string(here.join("suites").join(LOCK_FILE)).unwrap();
+        assert!(text.contains("path = \"../out/a.gguf\""), "{text}");
+        let outside = files[1].display().to_string();
+        assert!(text.contains(&format!("path = \"{outside}\"")), "{text}");
+        // The project copied elsewhere: the same pins, at the copy's paths.
+        let there = d.path().join("checkout");
+        std::fs::create_dir_all(there.join("suites")).unwrap();
+        std::fs::create_dir_all(there.join("out")).unwrap();
+        for f in ["suites/models.lock", "out/a.gguf"] {
+            std::fs::copy(here.join(f), there.join(f)).unwrap();
+        }
+        let moved = Lock::beside(&there.join("suites/models.toml")).unwrap();
+        let a = expand("out/a.gguf", &there).unwrap();
+        assert_eq!(moved.entries["a"].path, a[0]);
+        assert_eq!(moved.alias_of(&a[0]), Some("a"));
+        assert_eq!(moved.entries["b"].path, files[1]);
+        assert_eq!(
+            pin(&there.join("suites/models.toml"), &[], &a, false).unwrap(),
+            ["a"]
+        );
+    }
+
     #[test]
     fn globs_pin_each_model_once() {
         let d = tempfile::tempdir().unwrap();
