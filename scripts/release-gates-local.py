@@ -2,8 +2,13 @@
 """The CI workflow `quantgate init` writes, run on this machine, step by step.
 
     scripts/release-gates-local.py DIR [--work FOLDER] [--keep]
+    scripts/release-gates-local.py --fixture DIR    # DIR made first, as below
 
-DIR is a release repository `quantgate init` wrote (its GGUF files inside it).
+DIR is a release repository `quantgate init` wrote (its GGUF files inside it,
+its goldens accepted). With --fixture, DIR (which must not exist) is made from
+the fixture ladder: copies of SmolLM2's F16, Q8_0, Q4_K_M and Q2_K as
+out/mine-*.gguf, `quantgate init --model 'out/*.gguf'`, and goldens written by
+`QUANTGATE_UPDATE=always cargo test --release`.
 The script reads DIR/.github/workflows/release-gates.yml and runs its jobs in
 the order their `needs` give (build, the partitions of `gates` one after
 another, merge), each step's `run` script with bash as the runner would, in
@@ -131,8 +136,11 @@ def main():
     ap.add_argument("dir", type=pathlib.Path)
     ap.add_argument("--work", type=pathlib.Path)
     ap.add_argument("--keep", action="store_true", help="keep the work folder after a pass")
+    ap.add_argument("--fixture", action="store_true", help="make DIR from the fixture ladder first")
     a = ap.parse_args()
     src = a.dir.resolve()
+    if a.fixture:
+        make_fixture_repository(src)
     workflow = src / ".github/workflows/release-gates.yml"
     if not workflow.is_file():
         die(f"{workflow}: no workflow (run `quantgate init` first)")
@@ -183,7 +191,7 @@ def main():
             ws.mkdir(parents=True)
             ok = True
             for i, step in enumerate(job["steps"]):
-                title = step.get("name") or step.get("uses") or f"step {i + 1}"
+                title = expand(step.get("name") or step.get("uses") or f"step {i + 1}", combo)
                 if not ok and "always()" not in str(step.get("if", "")):
                     say(f"{label}: {title}: skipped")
                     continue
@@ -240,11 +248,11 @@ def main():
         results[name] = ok_all
 
     # The merge's result against the same cases run unsharded.
-    merged_json = next((work / "jobs").glob("merge*/merged.json"), None)
+    merged_json = next((work / "jobs").glob("merge*/*merged.json"), None)
     if merged_json is None:
         die("the merge wrote no merged.json")
-    report = merged_json.parent / "report/report.md"
-    if not report.is_file():
+    report = next(merged_json.parent.glob("*report/report.md"), None)
+    if report is None:
         die("the merge wrote no report")
     t = time.time()
     unsharded = work / "unsharded.json"
@@ -261,6 +269,37 @@ def main():
         shutil.rmtree(work)
     else:
         say(f"work folder kept: {work}")
+
+
+def make_fixture_repository(dir):
+    """A release repository of the fixture ladder's files, goldens accepted."""
+    if dir.exists():
+        die(f"--fixture {dir}: exists already")
+    target = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+    subprocess.run(["cargo", "build", "--release", "--bin", "quantgate"], cwd=ROOT, check=True)
+    qg = str(target / "release/quantgate")
+    (dir / "out").mkdir(parents=True)
+    for q in ("f16", "q8_0", "q4_k_m", "q2_k"):
+        alias = f"smollm2-{q}"
+        subprocess.run([qg, "models", "fetch", alias], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+        info = json.loads(
+            subprocess.run([qg, "inspect", alias, "--json"], cwd=ROOT, check=True,
+                           capture_output=True, text=True).stdout
+        )
+        shutil.copy2(info[0]["path"], dir / "out" / f"mine-{q}.gguf")
+    subprocess.run([qg, "init", "--model", "out/*.gguf"], cwd=dir, check=True)
+    shutil.copy2(ROOT / "Cargo.lock", dir / "Cargo.lock")
+    env = dict(os.environ, QUANTGATE_UPDATE="always", CARGO_NET_OFFLINE="true",
+               CARGO_TARGET_DIR=str(target))
+    env.pop("CI", None)
+    t = time.time()
+    # Exit 101 is expected: the gates of Q2_K fail; the goldens are written.
+    subprocess.run(["cargo", "test", "--release"], cwd=dir, env=env,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    goldens = sorted((dir / "goldens").rglob("*.snap"))
+    if len(goldens) != 12:
+        die(f"--fixture: {len(goldens)} goldens written, not 12")
+    say(f"fixture repository {dir}: {len(goldens)} goldens in {time.time() - t:.1f} s")
 
 
 def load_env(jobs, name):

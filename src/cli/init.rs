@@ -92,24 +92,26 @@ pub fn run(a: InitArgs) -> Result<Conclusion, Error> {
     }
     let text_sha = sha256_bytes(&text);
     let text_path = format!("suites/data/{text_name}");
-    let writes: Vec<(&str, Vec<u8>)> = vec![
-        ("suites/models.toml", REGISTRY.as_bytes().to_vec()),
-        (
-            "suites/release/delta_nll.toml",
-            cases::delta_nll(&models, &reference_named, &text_name, &text_sha).into(),
-        ),
-        (
-            "suites/release/kld.toml",
-            cases::kld(&models, &reference_named, &text_name, &text_sha).into(),
-        ),
-        (
-            "suites/release/mc.toml",
-            cases::mc(&models, &reference_named, &sha256_bytes(MC_TASKS)).into(),
-        ),
-        (
-            "suites/release/speed.toml",
-            cases::speed(&models, &reference_named).into(),
-        ),
+    let release = quantgate::kinds::release::cases(
+        &models,
+        &reference_named,
+        &text_name,
+        &text_sha,
+        &sha256_bytes(MC_TASKS),
+    );
+    let case_paths: Vec<String> = release
+        .iter()
+        .map(|(name, _)| format!("suites/release/{name}"))
+        .collect();
+    let mut writes: Vec<(&str, Vec<u8>)> =
+        vec![("suites/models.toml", REGISTRY.as_bytes().to_vec())];
+    writes.extend(
+        case_paths
+            .iter()
+            .zip(release)
+            .map(|(path, (_, body))| (path.as_str(), body.into_bytes())),
+    );
+    writes.extend([
         ("suites/data/mc-computed.bin", MC_TASKS.to_vec()),
         (
             "Cargo.toml",
@@ -124,7 +126,7 @@ pub fn run(a: InitArgs) -> Result<Conclusion, Error> {
         ),
         ("README.md", README.as_bytes().to_vec()),
         (&text_path, text),
-    ];
+    ]);
     let held: Vec<&str> = writes
         .iter()
         .map(|(p, _)| *p)
@@ -276,73 +278,3 @@ Afterwards a changed number fails its test with a diff, and the new outcome
 is written beside the golden as `.snap.new` to accept or reject.
 `report/report.md` is a model-card table as it is; publish it with the files.
 ";
-
-/// The release cases, with their gates documented.
-mod cases {
-    fn list(models: &[String]) -> String {
-        models
-            .iter()
-            .map(|m| format!("{m:?}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-
-    fn windows(text: &str, sha: &str) -> String {
-        format!(
-            "[text]\npath = \"../data/{text}\"\nsha256 = \"{sha}\"\n\n\
-             # llama-perplexity's windows: n_ctx tokens, the second half of each scored.\n\
-             # More chunks give a tighter interval (and take longer).\n\
-             [window]\nmode = \"llama-perplexity\"\nn_ctx = 512\nchunks = 16\n"
-        )
-    }
-
-    pub fn delta_nll(models: &[String], reference: &str, text: &str, sha: &str) -> String {
-        format!(
-            "# The release gate: the mean paired ΔNLL (quant − reference, per window of\n\
-             # identical tokens) stays ≤ +0.05 nats/token.\n\
-             kind = \"perplexity\"\ndescription = \"paired ΔNLL against the reference\"\n\
-             models = [{}]\nreference = {reference:?}\n\n{}\n\
-             [[gate]]\nmetric = \"delta_nll_mean\"\nmax = 0.05\n",
-            list(models),
-            windows(text, sha)
-        )
-    }
-
-    pub fn kld(models: &[String], reference: &str, text: &str, sha: &str) -> String {
-        format!(
-            "# KL(reference ‖ quant) per scored position on the same windows (one decode\n\
-             # with delta_nll), top-1 agreement and the flips where the reference is sure.\n\
-             kind = \"kld\"\ndescription = \"KL divergence, same top, flips against the reference\"\n\
-             models = [{}]\nreference = {reference:?}\n\n{}\n\
-             [[gate]]\nmetric = \"kld_mean\"\nmax = 0.1\n\n\
-             [[gate]]\nmetric = \"kld_p99\"\nmax = 0.5\n",
-            list(models),
-            windows(text, sha)
-        )
-    }
-
-    pub fn mc(models: &[String], reference: &str, sha: &str) -> String {
-        format!(
-            "# 64 computed questions (sums, products, digits of π, unit conversions) in\n\
-             # llama-perplexity's --multiple-choice format: the answers the reference gets\n\
-             # right and the quant gets wrong, and McNemar's p of the flips.\n\
-             kind = \"multiple_choice\"\ndescription = \"multiple choice against the reference\"\n\
-             models = [{}]\nreference = {reference:?}\nn_ctx = 512\n\n\
-             [tasks_file]\npath = \"../data/mc-computed.bin\"\nsha256 = \"{sha}\"\n\n\
-             [[gate]]\nmetric = \"flips_right_to_wrong\"\nmax = 10\n",
-            list(models)
-        )
-    }
-
-    pub fn speed(models: &[String], reference: &str) -> String {
-        format!(
-            "# Prompt processing and generation speed against the reference, measured\n\
-             # apart in rotated rounds on this machine: a quant should not generate slower\n\
-             # than its reference (lower `min` on machines where it may).\n\
-             kind = \"speed\"\ndescription = \"speed against the reference\"\n\
-             models = [{}]\nreference = {reference:?}\npp = 256\ntg = 32\nrepetitions = 3\nrounds = 3\n\n\
-             [[gate]]\nmetric = \"tg_ratio_vs_ref\"\nmin = 1.0\n",
-            list(models)
-        )
-    }
-}

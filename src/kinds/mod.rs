@@ -184,6 +184,7 @@ pub mod kld;
 pub mod multiple_choice;
 pub mod perplexity;
 pub mod recite;
+pub mod release;
 pub mod speed;
 pub mod teacher_forcing;
 

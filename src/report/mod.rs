@@ -130,23 +130,23 @@ pub fn table(outcomes: &[Outcome]) -> String {
                 }
                 s.push('\n');
             }
+            let under_row = name_w + 8;
             for g in o.gates.iter().filter(|g| !g.passed) {
-                let _ = writeln!(s, "{indent}  gate: {}", g.describe());
+                under(&mut s, under_row, "gate", &g.describe());
             }
             for note in &o.notes {
-                let _ = writeln!(s, "{indent}  note: {note}");
+                under(&mut s, under_row, "note", note);
             }
             if let Some(d) = &o.prereg {
-                let _ = writeln!(
-                    s,
-                    "{indent}  prereg {}: {} (sealed {}; predicted {} in [{}, {}])",
-                    d.prereg,
+                let text = format!(
+                    "{} (sealed {}; predicted {} in [{}, {}])",
                     d.line(),
                     d.sealed_at,
                     fmt_num(d.prediction[0]),
                     fmt_num(d.prediction[1]),
                     fmt_num(d.prediction[2]),
                 );
+                under(&mut s, under_row, &format!("prereg {}", d.prereg), &text);
             }
         }
     }
@@ -161,6 +161,31 @@ pub fn table(outcomes: &[Outcome]) -> String {
         outcomes.len() - pass - errors
     );
     s
+}
+
+/// `label: text` on lines under a row, indented `indent` (at most a third
+/// of the width), wrapped at spaces to fit [`TABLE_WIDTH`] (a word longer
+/// than the room stays whole).
+fn under(s: &mut String, indent: usize, label: &str, text: &str) {
+    let first = format!("{:w$}  {label}: ", "", w = indent.min(TABLE_WIDTH / 3));
+    let cont = " ".repeat(first.chars().count());
+    let mut line = first;
+    let mut empty = true;
+    for word in text.split(' ') {
+        if !empty && line.chars().count() + 1 + word.chars().count() > TABLE_WIDTH {
+            s.push_str(line.trim_end());
+            s.push('\n');
+            line = cont.clone();
+            empty = true;
+        }
+        if !empty {
+            line.push(' ');
+        }
+        line.push_str(word);
+        empty = false;
+    }
+    s.push_str(&line);
+    s.push('\n');
 }
 
 /// Per-model stage timings (seconds), summed over that model's cases (a
@@ -342,6 +367,28 @@ mod tests {
                 .ends_with("0.500000        2      1"),
             "{t}"
         );
+        // A violated gate's line under the row wraps within the width.
+        let mut g = crate::core::GateResult {
+            metric: "a_rather_long_metric_name_for_a_gate".into(),
+            bound: "max".into(),
+            threshold: 0.05,
+            observed: Some(0.123456789),
+            passed: false,
+            interval: None,
+        };
+        let mut wide = o.clone();
+        wide.model = "a-model-with-a-long-name.Q4_K_M-00001-of-00003".into();
+        wide.notes = vec!["word ".repeat(40)];
+        wide.gates.push(g.clone());
+        g.metric = "another_rather_long_metric_name_for_a_second_gate".into();
+        wide.gates.push(g);
+        let t = table(&[wide]);
+        assert!(t.lines().all(|l| l.chars().count() <= TABLE_WIDTH), "{t}");
+        assert!(
+            t.contains("another_rather_long_metric_name_for_a_second_gate"),
+            "{t}"
+        );
+        assert_eq!(t.matches("word").count(), 40, "{t}");
         // Many metrics: as many columns as fit 120, the rest counted.
         o.headline.clear();
         for k in 0..40 {
