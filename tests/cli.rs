@@ -2406,6 +2406,17 @@ fn the_readme_publisher_commands_gate_a_folder_of_quants() {
     );
     let case = std::fs::read_to_string(root.join("suites/release/delta_nll.toml")).unwrap();
     assert!(case.contains("mine-q2_k.gguf"), "{case}");
+    // The files are pinned, relative to the repository.
+    let lock = std::fs::read_to_string(root.join("suites/models.lock")).unwrap();
+    for q in ["f16", "q8_0", "q4_k_m", "q2_k"] {
+        assert!(
+            lock.contains(&format!(
+                "path = \"../{}mine-{q}.gguf\"",
+                glob.trim_end_matches("*.gguf")
+            )),
+            "{lock}"
+        );
+    }
     // Again: nothing is replaced without --force.
     let (code, _, stderr) = quantgate(&commands[0]);
     assert_eq!(code, 2, "{stderr}");
@@ -2595,9 +2606,9 @@ fn the_ci_workflow_init_writes_passes_actionlint() {
     assert!(Path::new(&lint).is_file(), "{lint} is missing");
     let root = fresh_dir("workflow");
     std::fs::create_dir_all(root.join("lm")).unwrap();
-    // init reads sizes only: the largest file is the reference.
-    std::fs::write(root.join("lm/m-f16.gguf"), vec![0u8; 2048]).unwrap();
-    std::fs::write(root.join("lm/m-q8_0.gguf"), vec![0u8; 1024]).unwrap();
+    // GGUF headers (init pins them): the largest file is the reference.
+    std::fs::write(root.join("lm/m-f16.gguf"), common::gguf(2048)).unwrap();
+    std::fs::write(root.join("lm/m-q8_0.gguf"), common::gguf(1024)).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_quantgate"))
         .current_dir(&root)
         .args(["init", "--model", "lm/*.gguf", "--dependency"])

@@ -29,8 +29,9 @@ pub fn run(a: InitArgs) -> Result<Conclusion, Error> {
     let cwd = std::env::current_dir().map_err(|e| Error::input(format!("working folder: {e}")))?;
     let mut files: Vec<PathBuf> = Vec::new();
     for m in &a.models {
+        // As `expand` gives them (the folder resolved, a link kept by its
+        // own name): the form the cases' `path:` names expand to.
         for f in local::expand(m, &cwd).map_err(|e| e.context("--model"))? {
-            let f = canonical(&f)?;
             if !files.contains(&f) {
                 files.push(f);
             }
@@ -39,7 +40,7 @@ pub fn run(a: InitArgs) -> Result<Conclusion, Error> {
     let size = |f: &Path| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0);
     let reference = match &a.reference {
         Some(r) => match local::expand(r, &cwd).map_err(|e| e.context("--reference"))?[..] {
-            [ref one] => canonical(one)?,
+            [ref one] => one.clone(),
             ref many => {
                 return Err(Error::input(format!(
                     "--reference {r}: names {} files; name one",
@@ -147,6 +148,13 @@ pub fn run(a: InitArgs) -> Result<Conclusion, Error> {
         }
         write_atomic(&path, body)?;
     }
+    // The files pinned now (sha256 and bytes, paths relative to the
+    // repository), so the lock is committed with the cases.
+    let mut pinned = files.clone();
+    if !pinned.contains(&reference) {
+        pinned.push(reference.clone());
+    }
+    local::pin(&dir.join("suites/models.toml"), &[], &pinned, false)?;
     println!(
         "quantgate: wrote a release repository in {} for {} quant(s) of {}:",
         dir.display(),
@@ -156,6 +164,7 @@ pub fn run(a: InitArgs) -> Result<Conclusion, Error> {
     for (p, _) in &writes {
         println!("  {p}");
     }
+    println!("  suites/models.lock");
     println!(
         "next: cd {} && quantgate run --report report   (then `cargo test` gates the same files)",
         dir.display()
@@ -221,7 +230,7 @@ fn cargo_toml(dir: &Path, dependency: Option<&str>) -> String {
 
 const REGISTRY: &str = "\
 # Model registry. The release's files are named by path in the cases
-# (`path:…`) and pinned by sha256 in models.lock on the first run: a changed
+# (`path:…`) and pinned by sha256 in models.lock (by `quantgate init`): a changed
 # file then fails until `quantgate models pin` pins it again. Aliases for
 # other files go here (see quantgate's README, \"Models\").
 ";
