@@ -12,7 +12,7 @@ out/mine-*.gguf, `quantgate init --model 'out/*.gguf'`, and goldens written by
 The script reads DIR/.github/workflows/release-gates.yml and runs its jobs in
 the order their `needs` give (build, the partitions of `gates` one after
 another, merge), each step's `run` script with bash as the runner would, in
-the order the file lists them, with the workflow's and the step's `env`:
+the order the file lists them, with the workflow's, the job's and the step's `env`:
 
 - `actions/checkout`: a fresh copy of DIR's files (GGUF files hard-linked);
 - `actions/upload-artifact` / `download-artifact`: folders under the work
@@ -37,6 +37,7 @@ Cargo.lock, offline: only quantgate and DIR's crate compile.
 """
 
 import argparse
+import fnmatch
 import json
 import os
 import pathlib
@@ -144,7 +145,8 @@ def main():
     workflow = src / ".github/workflows/release-gates.yml"
     if not workflow.is_file():
         die(f"{workflow}: no workflow (run `quantgate init` first)")
-    jobs = load_yaml(workflow)["jobs"]
+    doc = load_yaml(workflow)
+    jobs = doc["jobs"]
     work = (a.work or pathlib.Path(tempfile.mkdtemp(prefix="qg-workflow-"))).resolve()
     work.mkdir(parents=True, exist_ok=True)
     artifacts = work / "artifacts"
@@ -219,7 +221,6 @@ def main():
                     if "name" in with_:
                         shutil.copytree(artifacts / with_["name"], into, dirs_exist_ok=True)
                     else:
-                        import fnmatch
                         for art in sorted(artifacts.iterdir()):
                             if fnmatch.fnmatch(art.name, with_["pattern"]):
                                 shutil.copytree(art, into / art.name, dirs_exist_ok=True)
@@ -229,8 +230,8 @@ def main():
                         for l in expand(step["run"], combo).splitlines()
                     )
                     env = dict(base_env)
-                    for scope in (load_env(jobs, name), step.get("env") or {}):
-                        env.update({k: expand(v, combo) for k, v in scope.items()})
+                    for scope in (doc.get("env"), job.get("env"), step.get("env")):
+                        env.update({k: expand(v, combo) for k, v in (scope or {}).items()})
                     log = work / "logs" / f"{ws.name}.{i + 1}.log"
                     log.parent.mkdir(exist_ok=True)
                     with open(log, "w") as f:
@@ -300,10 +301,6 @@ def make_fixture_repository(dir):
     if len(goldens) != 12:
         die(f"--fixture: {len(goldens)} goldens written, not 12")
     say(f"fixture repository {dir}: {len(goldens)} goldens in {time.time() - t:.1f} s")
-
-
-def load_env(jobs, name):
-    return jobs[name].get("env") or {}
 
 
 SPEED_MEASURED = re.compile(r"tps|ratio")

@@ -162,9 +162,7 @@ impl Config {
         let bad =
             |k: &str, v: &str, want: &str| Error::input(format!("{k}=`{v}` is not one of {want}"));
         let home = get("HOME").map(PathBuf::from);
-        let root = get("CARGO_MANIFEST_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| std::env::current_dir().unwrap_or_default());
+        let root = crate_root(&get);
         let folder = |k: &str, default: &str| -> Result<PathBuf> {
             match get(k) {
                 None => Ok(root.join(default)),
@@ -331,6 +329,19 @@ impl Config {
                 .unwrap_or_else(|e| panic!("quantgate configuration: {}", e.message))
         })
     }
+}
+
+/// The crate under test ([`Config::root`]) as `var` gives it:
+/// `CARGO_MANIFEST_DIR`, else the working directory.
+fn crate_root(var: &dyn Fn(&str) -> Option<String>) -> PathBuf {
+    var("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::current_dir().unwrap_or_default())
+}
+
+/// [`Config::root`] of this process, read alone (no other variable).
+pub fn project_root() -> PathBuf {
+    crate_root(&|k| env_var(k).filter(|v| !v.is_empty()))
 }
 
 /// A variable of this process's environment (lossy UTF-8).

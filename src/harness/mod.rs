@@ -48,10 +48,7 @@ use trial::harness_job;
 /// cargo and nextest set it in the environment of the test binaries they
 /// run, else the working directory (where they start them).
 pub fn project_root() -> PathBuf {
-    match Config::bare() {
-        Ok(c) => c.root,
-        Err(_) => std::env::current_dir().unwrap_or_default(),
-    }
+    crate::core::config::project_root()
 }
 
 /// [`crate::gate!`]: the cases and goldens of the crate under test
@@ -61,8 +58,7 @@ pub fn gate() -> ExitCode {
     // A bad variable fails every test by name (run_with_args reads the
     // config again and says which); the tests are planned from the
     // default folders.
-    let config = Config::from_env([None, None, None]).or_else(|_| Config::bare());
-    let (suites, goldens) = match config {
+    let (suites, goldens) = match Config::from_env([None, None, None]) {
         Ok(c) => (c.suites, c.goldens),
         Err(_) => (
             project_root().join("suites"),

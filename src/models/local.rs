@@ -182,13 +182,10 @@ impl Lock {
                     let files =
                         std::iter::once(&mut p.path).chain(p.parts.iter_mut().map(|q| &mut q.path));
                     for f in files {
-                        if let (Ok(rest), Some(name)) = (f.strip_prefix(project), dir.file_name()) {
-                            let rel = Path::new("..").join(rest);
-                            if lexical(&dir.join(&rel)) == *f && !rest.starts_with(name) {
-                                *f = rel;
-                            } else if let Ok(inside) = f.strip_prefix(&dir) {
-                                *f = inside.to_path_buf();
-                            }
+                        if let Ok(inside) = f.strip_prefix(&dir) {
+                            *f = inside.to_path_buf();
+                        } else if let Ok(rest) = f.strip_prefix(project) {
+                            *f = Path::new("..").join(rest);
                         }
                     }
                 }
