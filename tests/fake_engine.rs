@@ -19,3 +19,5 @@ mod observe;
 mod pi_cases;
 #[path = "fake_engine/prereg.rs"]
 mod prereg;
+#[path = "fake_engine/sequential.rs"]
+mod sequential;

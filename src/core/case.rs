@@ -40,6 +40,51 @@ pub struct Case {
     /// The windows a window-scoring kind declares (their count, if it fixes
     /// one, and where the windowing is written); None for other kinds.
     pub windows: Option<(Option<usize>, Location)>,
+    /// The sequential design (`[decide]` with `sequential = true`), if the
+    /// case decides its gates window by window.
+    pub decide: Option<Decide>,
+}
+
+/// A case's sequential design (`[decide]`): its windows (or tasks) visited
+/// in a seeded random order without replacement, each gate decided once an
+/// anytime-valid confidence sequence for its mean
+/// ([`crate::measure::sequential`]) leaves the threshold outside, the run
+/// stopped once every gate is decided (else at N: the fixed-N verdict).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decide {
+    /// Error level of each verdict (of each one-sided bound).
+    pub alpha: f64,
+    /// Seed of the visiting order.
+    pub seed: u64,
+    /// Per gated metric, the range every window's value is declared to lie
+    /// in; a value outside it stops the sequential rule (the case then runs
+    /// to N and says so), it is never clipped.
+    pub bounds: BTreeMap<String, (f64, f64)>,
+    /// Where `[decide]` is written.
+    pub at: Location,
+}
+
+impl Decide {
+    /// The metrics a sequential case adds for each gated metric `m`: the
+    /// bounds of its confidence sequence at the stop.
+    pub fn bound_metrics(m: &str) -> [String; 2] {
+        [format!("{m}_seq_lo"), format!("{m}_seq_hi")]
+    }
+
+    /// The design as one line (goldens, the report's notes, prereg).
+    pub fn describe(&self) -> String {
+        let bounds: Vec<String> = self
+            .bounds
+            .iter()
+            .map(|(m, (lo, hi))| format!("{m} in [{lo}, {hi}]"))
+            .collect();
+        format!(
+            "sequential, alpha {}, seed {}, {}",
+            self.alpha,
+            self.seed,
+            bounds.join(", ")
+        )
+    }
 }
 
 impl Case {

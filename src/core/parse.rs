@@ -257,6 +257,8 @@ macro_rules! case_table {
             gate: serde::de::IgnoredAny,
             #[serde(default)]
             tolerance: serde::de::IgnoredAny,
+            #[serde(default)]
+            decide: serde::de::IgnoredAny,
         }
     };
 }

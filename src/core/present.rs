@@ -52,6 +52,9 @@ pub struct ReportColumn {
     pub cell: Cell,
     /// Its CSV fields: header and value, full precision.
     pub csv: Vec<(&'static str, Field)>,
+    /// Shown only in a view where some row has every metric its cell
+    /// reads (a sequential case's columns), not as a column of dashes.
+    pub optional: bool,
 }
 
 impl ReportColumn {
@@ -62,7 +65,18 @@ impl ReportColumn {
             .into_iter()
             .map(|m| (m, Field::Metric(m)))
             .collect();
-        ReportColumn { title, cell, csv }
+        ReportColumn {
+            title,
+            cell,
+            csv,
+            optional: false,
+        }
+    }
+
+    /// The column, shown only where some row has its metrics.
+    pub fn optional(mut self) -> Self {
+        self.optional = true;
+        self
     }
 
     /// A column only the CSV has: these metrics.
@@ -71,6 +85,7 @@ impl ReportColumn {
             title: "",
             cell: Cell::Text(|_| None),
             csv: metrics.iter().map(|&m| (m, Field::Metric(m))).collect(),
+            optional: false,
         }
     }
 }

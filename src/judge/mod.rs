@@ -332,9 +332,18 @@ pub fn rejudge(parsed: &crate::kinds::Parsed, out: &mut Outcome) {
     out.kind = parsed.case.kind.to_string();
     out.gates = judge(&parsed.case.gates, &out.metrics);
     out.notes = parsed.kind.notes(out);
+    // A sequential case: what decided each gate, and when.
+    if parsed.case.decide.is_some() {
+        if let Some(d) = out.texts.get("decided") {
+            out.notes.extend(d.lines().map(|l| format!("decided: {l}")));
+        }
+    }
     let headline = parsed.kind.headline();
     if !headline.is_empty() {
         out.headline = headline.iter().map(|m| m.to_string()).collect();
+        if parsed.case.decide.is_some() {
+            out.headline.push("windows_total".into());
+        }
         for g in &parsed.case.gates {
             let m = g.gated_metric();
             if !out.headline.contains(&m) {

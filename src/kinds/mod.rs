@@ -113,6 +113,20 @@ pub trait Kind: Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// The gated metrics this case can decide sequentially (`[decide]`):
+    /// means over its windows (or tasks) of a per-window value; none by
+    /// default.
+    fn sequential_metrics(&self) -> Vec<&'static str> {
+        Vec::new()
+    }
+
+    /// Whether the case decides sequentially (`[decide] sequential = true`):
+    /// its trials on every model then run in one group, one process, so
+    /// that the reference windows decoded for one candidate serve the next.
+    fn decides_sequentially(&self) -> bool {
+        false
+    }
+
     /// Whether a trial measures the machine's speed: its group runs with
     /// no other group beside it (`quantgate run --jobs N`), and its result
     /// cache entry is keyed by the machine as well.

@@ -17,7 +17,7 @@ use crate::execute::reference::{same_tokenizer, Vocab};
 use crate::execute::windows::Scored;
 use crate::execute::RunContext;
 use crate::kinds::scored_text::{
-    BootstrapFile, PinnedFile, ScoredText, ScoresBuild, TextFile, WindowFile,
+    BootstrapFile, PinnedFile, RefWindows, ScoredText, ScoresBuild, TextFile, WindowFile,
 };
 use crate::kinds::{Finish, Kind, RefWork, Start};
 use crate::measure::{
@@ -90,6 +90,29 @@ pub fn window_columns() -> Vec<ReportColumn> {
             },
         ),
         ReportColumn::csv_only(&["ln_ppl_ratio", "ln_ppl_ratio_se"]),
+        // A sequential case's: the windows it used of N, and the bounds on
+        // the all-window mean ΔNLL its confidence sequence had at the stop.
+        ReportColumn::new(
+            "windows used",
+            Cell::OutOf {
+                part: "windows",
+                whole: "windows_total",
+            },
+        )
+        .optional(),
+        ReportColumn::new(
+            "ΔNLL [sequence at stop]",
+            Cell::Interval {
+                metric: "delta_nll_mean",
+                lo: "delta_nll_mean_seq_lo",
+                hi: "delta_nll_mean_seq_hi",
+                digits: 4,
+                scale: 1.0,
+                signed: true,
+                suffix: "",
+            },
+        )
+        .optional(),
     ]
 }
 
@@ -165,6 +188,8 @@ pub struct Perplexity {
     pub reference: Option<(String, Location)>,
     /// A reference record (JSONL) standing in for the reference model.
     pub record: Option<Pin>,
+    /// Whether the case decides its gates sequentially (`[decide]`).
+    pub sequential: bool,
 }
 
 /// Parse the kind's tables.
@@ -194,6 +219,7 @@ pub fn parse(case: &Case, src: &str, diag: &mut Diagnostics) -> Result<Arc<dyn K
         text,
         reference: case.reference.clone(),
         record,
+        sequential: case.decide.is_some(),
     }))
 }
 
@@ -249,10 +275,29 @@ impl Kind for Perplexity {
     }
 
     fn reference_observation(&self) -> Option<String> {
-        self.reference.as_ref().map(|_| self.text.declared())
+        // A sequential case decodes its reference itself, window by window.
+        self.reference
+            .as_ref()
+            .filter(|_| !self.sequential)
+            .map(|_| self.text.declared())
+    }
+
+    fn decides_sequentially(&self) -> bool {
+        self.sequential
+    }
+
+    fn sequential_metrics(&self) -> Vec<&'static str> {
+        if self.reference.is_some() || self.record.is_some() {
+            vec!["delta_nll_mean"]
+        } else {
+            Vec::new()
+        }
     }
 
     fn reference_work(&self, cx: &RunContext, _case: &Case) -> Result<Option<RefWork>> {
+        if self.sequential {
+            return Ok(None);
+        }
         match &self.reference {
             Some((alias, _)) => self.text.reference_scores_work(cx, alias),
             None => Ok(None),
@@ -262,6 +307,15 @@ impl Kind for Perplexity {
     fn start(&self, cx: &RunContext, case: &Case, alias: &str, out: &mut Outcome) -> Result<Start> {
         let tx = &self.text;
         let (src, model, plan) = tx.prepare(cx, alias, out)?;
+        if let Some(decide) = &case.decide {
+            let t = Instant::now();
+            let reference = self.reference_windows(cx, &src, &model, &plan)?;
+            out.timings.decode += t.elapsed();
+            let (scored, rscored) =
+                tx.decide_sequentially(cx, case, decide, &model, &plan, &reference, out)?;
+            conclude(tx, Some(&rscored), out, &scored);
+            return Ok(Start::Done);
+        }
         // Loading and scoring the reference (once per process, when no
         // cache or shared decode holds it) count as decode time.
         let t_ref = Instant::now();
@@ -316,6 +370,60 @@ impl Kind for Perplexity {
     }
 }
 
+impl Perplexity {
+    /// The reference of a sequential run: a stored full reference or a
+    /// record (every window at hand), else the reference model, decoded
+    /// window by window as candidates need them.
+    fn reference_windows(
+        &self,
+        cx: &RunContext,
+        src: &str,
+        model: &Arc<dyn crate::engine::LoadedModel>,
+        plan: &Arc<crate::execute::windows::ScoringPlan>,
+    ) -> Result<RefWindows> {
+        let tx = &self.text;
+        if let Some(rec) = &self.record {
+            let text = rec.read_text()?;
+            let (header, rscored) = read_record(&text, plan)
+                .map_err(|e| Error::input(format!("{}:{e}", rec.path.display())))?;
+            let recorded = Vocab {
+                alias: &header.model,
+                n_vocab: header.n_vocab,
+                fingerprint: &header.tokenizer_fingerprint,
+            };
+            same_tokenizer(
+                &rec.at,
+                "reference_record",
+                recorded,
+                Vocab::of(model.info()),
+            )?;
+            return Ok(RefWindows::Full(Arc::new(rscored)));
+        }
+        let Some((ralias, rat)) = &self.reference else {
+            return Err(Error::harness(
+                "a sequential perplexity case without a reference",
+            ));
+        };
+        let (rv, rmodel) = cx.load_reference((ralias, rat), Vocab::of(model.info()))?;
+        tx.check_context(&*rmodel)?;
+        let rplan = tx.identical_plan(cx, rat, src, &*rmodel, &**model, plan)?;
+        let build = cx.identity_of(ralias);
+        let settings = tx.settings(cx.threads);
+        let key = tx.scores_key(ralias, &rv.file.sha256, &rplan, &settings, &build);
+        if let Some(full) = cx.references.cached_scores(&key) {
+            return Ok(RefWindows::Full(full));
+        }
+        let (id, _) = cx.references.scores_product(&key);
+        let keep = ScoresBuild::new(tx, ralias, &rv.file.sha256, &build, &rmodel, &rplan);
+        Ok(RefWindows::Lazy {
+            id,
+            model: rmodel,
+            plan: Arc::new(rplan),
+            keep: std::sync::Mutex::new(Some(keep)),
+        })
+    }
+}
+
 /// A perplexity trial reading its windows' rows.
 struct PerplexityTrial {
     scores: ScoresBuild,
@@ -327,7 +435,7 @@ struct PerplexityTrial {
 /// The metrics of the candidate's scores (paired with the reference's).
 fn conclude(text: &ScoredText, reference: Option<&Scored>, out: &mut Outcome, scored: &Scored) {
     let t = Instant::now();
-    out.metrics = perplexity_metrics(&scored.windows);
+    out.metrics.extend(perplexity_metrics(&scored.windows));
     if let Some(rscored) = reference {
         text.add_paired(out, scored, rscored);
     }

@@ -10,6 +10,8 @@ pub mod forecast;
 
 pub mod kld;
 
+pub mod sequential;
+
 pub mod stats;
 pub use stats::*;
 

@@ -74,9 +74,18 @@ pub fn groups(planned: &[Planned], selected: &[bool], share: bool) -> Vec<Group>
             .ok()
             .and_then(|c| c.kind.observation())
             .filter(|_| share);
+        // A sequential case's trials on every model are one group: its
+        // reference windows, decoded as candidates need them, are shared
+        // in one process.
+        let joint = p
+            .case
+            .as_ref()
+            .ok()
+            .filter(|c| share && c.kind.decides_sequentially())
+            .map(|c| format!("sequential {}", c.case.name));
         let g = match declared {
             Some(d) => *by_key
-                .entry((p.model.clone(), d.clone()))
+                .entry((joint.unwrap_or_else(|| p.model.clone()), d.clone()))
                 .or_insert_with(|| Group::push(&mut out, &p.model, Some(d))),
             None => Group::push(&mut out, &p.model, None),
         };

@@ -6,7 +6,7 @@
 //! is reported together; a gate or tolerance on a metric the case does not
 //! produce is a parse-time error; nothing here touches a model.
 
-use crate::core::case::{Gate, Metric, Tolerance};
+use crate::core::case::{Decide, Gate, Metric, Tolerance};
 use crate::core::error::{Error, Result};
 use crate::core::fsutil::sha256_bytes;
 use crate::core::outcome::PREREG_METRICS;
@@ -30,6 +30,18 @@ struct Head {
     gate: Vec<GateFile>,
     #[serde(default)]
     tolerance: BTreeMap<String, Spanned<Tolerance>>,
+    decide: Option<Spanned<DecideFile>>,
+}
+
+/// `[decide]`: the sequential design.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DecideFile {
+    sequential: bool,
+    alpha: Option<Spanned<f64>>,
+    seed: Option<u64>,
+    #[serde(default)]
+    bounds: BTreeMap<String, Spanned<Vec<f64>>>,
 }
 
 #[derive(Deserialize)]
@@ -187,6 +199,10 @@ pub fn parse_case_with(
         metrics: Vec::new(),
         pins: Vec::new(),
         windows: None,
+        decide: head
+            .decide
+            .as_ref()
+            .and_then(|d| decide(d, &head.gate, &mut diag)),
     };
     let kind = parse_kind(&case, src, &mut diag)?;
     case.metrics = kind.declared();
@@ -202,10 +218,20 @@ pub fn parse_case_with(
         case.metrics
             .extend(PREREG_METRICS.iter().map(|m| Metric::count(*m)));
     }
-    let metrics: Vec<String> = case.metric_names();
-    let metrics: Vec<&str> = metrics.iter().map(String::as_str).collect();
     let why_not = |m: &str| kind.why_not(m);
     case.gates = gates(&head.gate, &case.metrics, kind_name, &why_not, &mut diag);
+    if let Some(file) = &head.decide {
+        let at = diag.at(file.span().start);
+        sequential_gates(
+            &mut case,
+            &kind.sequential_metrics(),
+            &head.gate,
+            &at,
+            &mut diag,
+        );
+    }
+    let metrics: Vec<String> = case.metric_names();
+    let metrics: Vec<&str> = metrics.iter().map(String::as_str).collect();
     case.tolerances = tolerances(&head.tolerance, &metrics, &mut diag);
     diag.finish(Parsed {
         case: std::sync::Arc::new(case),
@@ -294,6 +320,151 @@ fn gates(
         });
     }
     gates
+}
+
+/// The sequential design of `[decide]` (None when `sequential = false`,
+/// its keys still checked): alpha in (0, 0.5], a seed, finite bounds with
+/// lo < hi for gated metrics only.
+fn decide(
+    file: &Spanned<DecideFile>,
+    gate_files: &[GateFile],
+    diag: &mut Diagnostics,
+) -> Option<Decide> {
+    let at = diag.at(file.span().start);
+    let d = file.get_ref();
+    let alpha = d.alpha.as_ref().map_or(0.05, |a| *a.get_ref());
+    if let Some(a) = &d.alpha {
+        if !(alpha > 0.0 && alpha <= 0.5) {
+            diag.push_at(
+                a.span().start,
+                format!("decide.alpha: {alpha} is not in (0, 0.5]"),
+            );
+        }
+    }
+    if d.sequential && d.seed.is_none() {
+        diag.push(
+            &at,
+            "decide.seed: a sequential design names the seed of its window order \
+             (a number, part of the reviewed design)",
+        );
+    }
+    let mut bounds = BTreeMap::new();
+    for (m, b) in &d.bounds {
+        let place = diag.at(b.span().start);
+        match b.get_ref()[..] {
+            [lo, hi] if lo.is_finite() && hi.is_finite() && lo < hi => {
+                bounds.insert(m.clone(), (lo, hi));
+            }
+            _ => diag.push(
+                &place,
+                format!("decide.bounds.{m}: give [lo, hi], finite, lo < hi"),
+            ),
+        }
+        if !gate_files.iter().any(|g| g.metric.get_ref() == m) {
+            diag.push(
+                &place,
+                format!(
+                    "decide.bounds.{m}: no gate is on `{m}`; bounds are declared for gated metrics"
+                ),
+            );
+        }
+    }
+    d.sequential.then(|| Decide {
+        alpha,
+        seed: d.seed.unwrap_or(0),
+        bounds,
+        at,
+    })
+}
+
+/// A sequential case's gates: each on a metric its kind can decide window
+/// by window (`sequential`), one-sided, with declared bounds; each then
+/// reads its metric's confidence-sequence bound at the stop (`seq_hi` for
+/// a `max`, `seq_lo` for a `min`), which the case adds to its metrics.
+fn sequential_gates(
+    case: &mut Case,
+    sequential: &[&'static str],
+    files: &[GateFile],
+    at: &crate::core::Location,
+    diag: &mut Diagnostics,
+) {
+    let Some(d) = case.decide.clone() else { return };
+    if sequential.is_empty() {
+        diag.push(
+            at,
+            format!(
+                "decide.sequential: a {} case cannot decide its gates sequentially \
+                 (perplexity cases with a reference can, on delta_nll_mean)",
+                case.kind
+            ),
+        );
+        return;
+    }
+    if case.gates.is_empty() {
+        diag.push(at, "decide.sequential: the case has no gate to decide");
+    }
+    let mut added = Vec::new();
+    for (i, (g, f)) in case.gates.iter_mut().zip(files).enumerate() {
+        let place = diag.at(f.metric.span().start);
+        if !sequential.contains(&g.metric.as_str()) {
+            diag.push(
+                &place,
+                format!(
+                    "gate[{i}].metric: `{}` is not a mean over windows, so it cannot be decided \
+                     sequentially; a sequential {} case gates {} (gate the others in a fixed-N case)",
+                    g.metric,
+                    case.kind,
+                    sequential.join(", ")
+                ),
+            );
+            continue;
+        }
+        if let Some(on) = &f.on {
+            diag.push_at(
+                on.span().start,
+                format!(
+                    "gate[{i}].on: a sequential gate is decided on its mean's confidence \
+                     sequence; remove `on = \"{}\"`",
+                    on.get_ref()
+                ),
+            );
+        }
+        let side = match (g.max, g.min) {
+            (Some(_), None) => "hi",
+            (None, Some(_)) => "lo",
+            _ => {
+                diag.push(
+                    &place,
+                    format!("gate[{i}]: a sequential gate has one bound, `max` or `min`"),
+                );
+                continue;
+            }
+        };
+        if !d.bounds.contains_key(&g.metric) {
+            diag.push(
+                &d.at,
+                format!(
+                    "decide.bounds: no bounds for `{}` (gate[{i}]); declare the range every \
+                     window's value lies in, e.g. {} = [-0.5, 0.5]",
+                    g.metric, g.metric
+                ),
+            );
+        }
+        let [lo, hi] = Decide::bound_metrics(&g.metric);
+        g.on = Some(format!("seq_{side}"));
+        g.read = if side == "hi" { hi.clone() } else { lo.clone() };
+        g.interval = Some(crate::core::case::Interval {
+            name: "seq".into(),
+            lo: lo.clone(),
+            hi: hi.clone(),
+            windows: Some("windows".into()),
+        });
+        if !added.contains(&lo) {
+            added.extend([lo, hi]);
+        }
+    }
+    case.metrics.extend(added.into_iter().map(Metric::float));
+    case.metrics.push(Metric::count("windows_total"));
 }
 
 /// Tolerances by metric (`default` for the rest).

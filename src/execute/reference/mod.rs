@@ -70,6 +70,9 @@ pub struct ReferenceStore {
     scores: Memo<StoredScores>,
     rows: Memo<RefRows>,
     kept: Memo<dyn std::any::Any + Send + Sync>,
+    /// Scores of single windows (a sequential run's reference, decoded
+    /// window by window), in this process only.
+    windows: Memo<Scored>,
 }
 
 /// A kept product's file: the id it was computed for, and the value.
@@ -156,6 +159,7 @@ impl ReferenceStore {
             scores: Mutex::new(HashMap::new()),
             rows: Mutex::new(HashMap::new()),
             kept: Mutex::new(HashMap::new()),
+            windows: Mutex::new(HashMap::new()),
         }
     }
 
@@ -323,6 +327,17 @@ impl ReferenceStore {
         let (id, path) = self.scores_file(key);
         let stored = self.stored_scores(key, &id, &path).ok().flatten()?;
         Some(stored.scored.clone())
+    }
+
+    /// A single window's scores this process decoded (id: the scores
+    /// product's id and the window).
+    pub fn window_scores(&self, id: &str) -> Option<Arc<Scored>> {
+        memo_get(&self.windows, id)
+    }
+
+    /// Remember a single window's scores (the first one stays).
+    pub fn put_window_scores(&self, id: &str, scored: Scored) -> Arc<Scored> {
+        memo_put(&self.windows, id, Arc::new(scored))
     }
 
     /// Put scores a decode computed into the store (file and memo). Two

@@ -297,6 +297,7 @@ pub fn present() -> Option<Presentation> {
                     Field::Derived(|m| Some(format!("{}", top_flips(m)?.wilson.1))),
                 ),
             ],
+            optional: false,
         },
     ]);
     let mut plots = vec![Plot::Frontier {

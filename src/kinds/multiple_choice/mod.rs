@@ -248,6 +248,7 @@ pub fn present() -> Option<Presentation> {
                         Field::Metric("flips_wrong_to_right"),
                     ),
                 ],
+                optional: false,
             },
             ReportColumn::new(
                 "MC McNemar p",

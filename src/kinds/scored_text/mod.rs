@@ -30,6 +30,8 @@ mod parse;
 pub use parse::*;
 mod reference;
 pub use reference::*;
+mod sequential;
+pub use sequential::RefWindows;
 
 /// Moving-block bootstrap settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

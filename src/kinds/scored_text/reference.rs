@@ -69,22 +69,42 @@ impl ScoresBuild {
     /// [`ScoresBuild::store`], or with `best_effort` the scores even when
     /// they cannot be kept (said on stderr: later runs decode again).
     pub fn store_with(self, cx: &RunContext, best_effort: bool) -> Result<Arc<Scored>> {
-        let (alias, sha, settings, build, windowing) = self.key.clone();
         let plan = self.scorer.plan().clone();
-        let (header, scored) = self.scored()?;
+        let (header, scored) = (self.header.clone(), self.scorer.finish()?);
+        Self::put(cx, self.key, &plan, &header, scored, best_effort)
+    }
+
+    /// Put this plan's `scored`, computed otherwise (window by window), in
+    /// the store as [`ScoresBuild::store_with`] would (best effort).
+    pub fn store_scored(self, cx: &RunContext, scored: Scored) -> Result<Arc<Scored>> {
+        let plan = self.scorer.plan().clone();
+        let mut header = self.header.clone();
+        header.windows = scored.windows.len();
+        header.targets = scored.token_nll.len();
+        Self::put(cx, self.key, &plan, &header, scored, true)
+    }
+
+    fn put(
+        cx: &RunContext,
+        (alias, sha, settings, build, windowing): (String, String, Settings, String, String),
+        plan: &ScoringPlan,
+        header: &RecordHeader,
+        scored: Scored,
+        best_effort: bool,
+    ) -> Result<Arc<Scored>> {
         let key = ScoresKey {
             alias: &alias,
             model_sha256: &sha,
-            plan: &plan,
+            plan,
             settings: &settings,
             build: &build,
             windowing,
         };
         if !best_effort {
-            return cx.references.put_scores(&key, &header, scored);
+            return cx.references.put_scores(&key, header, scored);
         }
         let kept = scored.clone();
-        cx.references.put_scores(&key, &header, scored).or_else(|e| {
+        cx.references.put_scores(&key, header, scored).or_else(|e| {
             eprintln!(
                 "quantgate: the scores of `{alias}` could not be kept ({}); later runs decode them again",
                 e.message

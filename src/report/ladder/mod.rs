@@ -294,10 +294,22 @@ pub fn views(
                     .cmp(&a.facts.bytes)
                     .then_with(|| a.model.cmp(&b.model))
             });
+            // An optional column only where some row has its metrics.
+            let has = |r: &Row, c: &ViewColumn| {
+                let m = match &c.case {
+                    Some(case) => r.by_case.get(case),
+                    None => Some(&r.metrics),
+                };
+                m.is_some_and(|m| c.column.cell.metrics().iter().all(|k| m.contains_key(*k)))
+            };
             View {
                 reference: reference.clone(),
                 cases: kinds.values().cloned().collect(),
-                columns: columns.clone(),
+                columns: columns
+                    .iter()
+                    .filter(|c| !c.column.optional || rows.iter().any(|r| has(r, c)))
+                    .cloned()
+                    .collect(),
                 plots: plots.clone(),
                 legend: legend.clone(),
                 rows,

@@ -1,0 +1,288 @@
+//! Sequential decisions of a scored text's gates (`[decide] sequential =
+//! true`): the windows visited in the design's seeded order, the candidate
+//! and its reference decoded one window at a time, each gated mean's
+//! confidence sequence ([`crate::measure::sequential`]) updated after every
+//! window, and the run stopped once every gate is decided.
+//!
+//! Contract: the same inputs and seed give the same order, the same stop
+//! and the same numbers. The reference is decoded only for windows some
+//! candidate still needs, each window once per process (a stored full
+//! reference serves any prefix without a decode), and kept in full when a
+//! run needed every window. A value outside its declared bounds is never
+//! clipped: the case then runs to N and says why. At N the verdict is the
+//! fixed-N verdict: both bounds are the exact mean.
+
+use super::*;
+use crate::core::case::Decide;
+use crate::execute::windows::score_plan;
+use crate::measure::sequential::{decided, permutation, MeanSequence};
+
+/// One window of `plan` as a plan of its own.
+fn one_window(plan: &ScoringPlan, w: usize) -> ScoringPlan {
+    ScoringPlan {
+        windows: vec![plan.windows[w].clone()],
+        n_ctx: plan.n_ctx,
+        token_stream_sha256: plan.token_stream_sha256.clone(),
+    }
+}
+
+/// Window `w`'s part of scores over a whole plan.
+fn window_of(scored: &Scored, plan: &ScoringPlan, w: usize) -> Scored {
+    let from: usize = plan.windows[..w].iter().map(|p| p.targets.len()).sum();
+    let to = from + plan.windows[w].targets.len();
+    Scored {
+        windows: vec![scored.windows[w].clone()],
+        token_nll: scored.token_nll[from..to].to_vec(),
+        token_top1: scored.token_top1[from..to].to_vec(),
+        token_argmax: scored.token_argmax[from..to].to_vec(),
+        ..Scored::default()
+    }
+}
+
+/// The mean NLL of a one-window score.
+fn mean_nll(s: &Scored) -> f64 {
+    s.windows[0].nll_sum / s.windows[0].count as f64
+}
+
+/// Scores of several windows, one after the other, as one [`Scored`].
+fn concat(parts: &[Arc<Scored>]) -> Scored {
+    let mut all = Scored::default();
+    for p in parts {
+        all.windows.extend(p.windows.iter().cloned());
+        all.token_nll.extend(&p.token_nll);
+        all.token_top1.extend(&p.token_top1);
+        all.token_argmax.extend(&p.token_argmax);
+    }
+    all
+}
+
+/// The reference side of a sequential run, window by window.
+pub enum RefWindows {
+    /// Every window at hand (a stored reference, a reference record).
+    Full(Arc<Scored>),
+    /// A reference model decoded window by window when first needed.
+    Lazy {
+        /// The reference model's scores key (its store id): the memo key
+        /// of each window, and where the whole is kept once complete.
+        id: String,
+        /// The reference model.
+        model: Arc<dyn LoadedModel>,
+        /// Its plan (identical tokens to the candidate's).
+        plan: Arc<ScoringPlan>,
+        /// What keeps the whole in the store once every window is decoded.
+        keep: std::sync::Mutex<Option<ScoresBuild>>,
+    },
+}
+
+impl RefWindows {
+    /// The reference's scores of window `w` of `plan`.
+    fn window(
+        &self,
+        cx: &RunContext,
+        n_batch: u32,
+        plan: &ScoringPlan,
+        w: usize,
+    ) -> Result<Arc<Scored>> {
+        match self {
+            RefWindows::Full(s) => Ok(Arc::new(window_of(s, plan, w))),
+            RefWindows::Lazy {
+                id,
+                model,
+                plan: rplan,
+                keep,
+            } => {
+                let wid = format!("{id}#window{w}");
+                if let Some(s) = cx.references.window_scores(&wid) {
+                    return Ok(s);
+                }
+                let s = score_plan(model.clone(), &one_window(rplan, w), n_batch, cx.threads)?;
+                let s = cx.references.put_window_scores(&wid, s);
+                // Every window decoded in this process: the whole reference,
+                // kept as a full run would keep it.
+                let n = rplan.windows.len();
+                let all: Option<Vec<Arc<Scored>>> = (0..n)
+                    .map(|v| cx.references.window_scores(&format!("{id}#window{v}")))
+                    .collect();
+                if let Some(all) = all {
+                    let build = keep.lock().unwrap_or_else(|p| p.into_inner()).take();
+                    if let Some(b) = build {
+                        b.store_scored(cx, concat(&all))?;
+                    }
+                }
+                Ok(s)
+            }
+        }
+    }
+}
+
+/// One gated metric's sequence and the gates on it.
+struct Tracked {
+    metric: String,
+    seq: MeanSequence,
+    /// Running intersection of the bounds (once decided, a gate stays so).
+    bounds: (f64, f64),
+    /// (gate index, max, min, decided: Some((pass, at n))).
+    gates: Vec<(usize, Option<f64>, Option<f64>, Option<(bool, usize)>)>,
+}
+
+impl ScoredText {
+    /// Decide `case`'s gates on `model` window by window in the design's
+    /// order against `reference`; the candidate's and the reference's
+    /// scores of the windows used, in visiting order, with the metrics of
+    /// the design (bounds at the stop, windows of N, what decided) in
+    /// `out`.
+    pub fn decide_sequentially(
+        &self,
+        cx: &RunContext,
+        case: &Case,
+        decide: &Decide,
+        model: &Arc<dyn LoadedModel>,
+        plan: &ScoringPlan,
+        reference: &RefWindows,
+        out: &mut Outcome,
+    ) -> Result<(Scored, Scored)> {
+        let n = plan.windows.len();
+        let counts: Vec<usize> = plan.windows.iter().map(|w| w.targets.len()).collect();
+        if counts.iter().any(|c| *c != counts[0]) {
+            return Err(Error::input(format!(
+                "{}: a sequential design needs windows of equal size (the mean over windows \
+                 is then the mean over tokens); these score {}..{} tokens",
+                decide.at,
+                counts.iter().min().unwrap_or(&0),
+                counts.iter().max().unwrap_or(&0)
+            )));
+        }
+        let mut tracked: Vec<Tracked> = Vec::new();
+        for (i, g) in case.gates.iter().enumerate() {
+            let Some(&b) = decide.bounds.get(&g.metric) else {
+                continue;
+            };
+            let k = match tracked.iter().position(|t| t.metric == g.metric) {
+                Some(k) => k,
+                None => {
+                    tracked.push(Tracked {
+                        metric: g.metric.clone(),
+                        seq: MeanSequence::new(n, b, decide.alpha),
+                        bounds: b,
+                        gates: Vec::new(),
+                    });
+                    tracked.len() - 1
+                }
+            };
+            tracked[k].gates.push((i, g.max, g.min, None));
+        }
+        let order = permutation(n, decide.seed);
+        let (mut cand, mut refs) = (Vec::new(), Vec::new());
+        let mut refused: Option<String> = None;
+        let t_decode = Instant::now();
+        for (j, &w) in order.iter().enumerate() {
+            let r = reference.window(cx, self.n_batch, plan, w)?;
+            let c = Arc::new(score_plan(
+                model.clone(),
+                &one_window(plan, w),
+                self.n_batch,
+                cx.threads,
+            )?);
+            let value = mean_nll(&c) - mean_nll(&r);
+            cand.push(c);
+            refs.push(r);
+            if refused.is_some() {
+                continue;
+            }
+            for t in &mut tracked {
+                // Only delta_nll_mean is sequential here (the parse checks).
+                if let Err(e) = t.seq.push(value) {
+                    refused = Some(format!(
+                        "window {w} (visit {}) has {} = {:+.6}, outside the declared bounds \
+                         [{}, {}]: not decided sequentially; ran all {n} windows",
+                        j + 1,
+                        t.metric,
+                        e.value,
+                        e.bounds.0,
+                        e.bounds.1
+                    ));
+                    break;
+                }
+                let (lo, hi) = t.seq.bounds();
+                t.bounds = if j + 1 == n {
+                    (lo, hi)
+                } else {
+                    (t.bounds.0.max(lo), t.bounds.1.min(hi))
+                };
+                for g in &mut t.gates {
+                    if g.3.is_none() {
+                        g.3 = decided(g.1, g.2, t.bounds).map(|p| (p, j + 1));
+                    }
+                }
+            }
+            let all = tracked
+                .iter()
+                .all(|t| t.gates.iter().all(|g| g.3.is_some()));
+            if refused.is_none() && all {
+                break;
+            }
+        }
+        out.timings.decode += t_decode.elapsed();
+        let used = cand.len();
+        // The windows used in window order: at N the metrics are the
+        // fixed-N case's, summed in the same order.
+        let mut by_window: Vec<(usize, Arc<Scored>, Arc<Scored>)> = order[..used]
+            .iter()
+            .zip(cand.iter().zip(&refs))
+            .map(|(w, (c, r))| (*w, c.clone(), r.clone()))
+            .collect();
+        by_window.sort_by_key(|x| x.0);
+        let scored = concat(&by_window.iter().map(|x| x.1.clone()).collect::<Vec<_>>());
+        let rscored = concat(&by_window.iter().map(|x| x.2.clone()).collect::<Vec<_>>());
+        out.metrics.insert("windows_total".into(), n as f64);
+        out.series.insert(
+            "window_order".into(),
+            order[..used].iter().map(|w| *w as f64).collect(),
+        );
+        let d: Vec<f64> = by_window
+            .iter()
+            .map(|(_, c, r)| mean_nll(c) - mean_nll(r))
+            .collect();
+        let mut lines = vec![format!("{}; {used} of {n} windows", decide.describe())];
+        for t in &tracked {
+            // At N (all windows, or a value out of bounds) both bounds are
+            // the exact mean of all N windows.
+            let (lo, hi) = if used == n {
+                let mean = d.iter().sum::<f64>() / n as f64;
+                (mean, mean)
+            } else {
+                t.bounds
+            };
+            let [mlo, mhi] = Decide::bound_metrics(&t.metric);
+            out.metrics.insert(mlo, lo);
+            out.metrics.insert(mhi, hi);
+            for (i, max, min, d) in &t.gates {
+                let rule = match (max, min) {
+                    (Some(c), _) => format!("{} <= {c}", t.metric),
+                    (_, Some(c)) => format!("{} >= {c}", t.metric),
+                    _ => t.metric.clone(),
+                };
+                // No float here: texts compare exactly with goldens; the
+                // bounds are metrics, compared within their tolerance.
+                lines.push(match d {
+                    Some((pass, at)) if refused.is_none() && *at < n => format!(
+                        "gate[{i}] {rule}: {} at window {at} of {n}, its sequence's {} bound \
+                         past the threshold",
+                        if *pass { "pass" } else { "fail" },
+                        if *pass == max.is_some() {
+                            "upper"
+                        } else {
+                            "lower"
+                        },
+                    ),
+                    _ => format!("gate[{i}] {rule}: decided at N = {n} on the exact mean"),
+                });
+            }
+        }
+        if let Some(r) = &refused {
+            lines.push(r.clone());
+        }
+        out.texts.insert("decided".into(), lines.join("\n"));
+        Ok((scored, rscored))
+    }
+}

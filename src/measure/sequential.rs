@@ -1,0 +1,313 @@
+//! Anytime-valid decisions on the mean of a finite population of bounded
+//! values visited in random order without replacement: betting confidence
+//! sequences (Waudby-Smith & Ramdas, "Estimating means of bounded random
+//! variables by betting", JRSS-B 2023, arXiv 2010.09686, §6 on sampling
+//! without replacement).
+//!
+//! Contract: a [`MeanSequence`] over N values declared to lie in `[lo, hi]`
+//! gives, after each value, a lower and an upper bound on the mean of all N
+//! values. Each bound is a one-sided confidence sequence at level `alpha`:
+//! whatever the population and however the run stops, the chance that the
+//! lower (upper) bound is ever above (below) the true mean is at most
+//! `alpha`. At n = N both bounds are the exact mean. The bounds are those
+//! of the `confseq` package (`confseq.betting.betting_lower_cs` with
+//! `N`, `alpha`, `breaks = 1000`, `trunc_scale`), on a grid of 1000 steps of
+//! the declared range, with its adaptive Kelly bets (`lambda_aKelly` with
+//! `N`) taken one-sided (never betting against the bound's direction); the
+//! upper bound is the lower bound of the values reflected in the range.
+//!
+//! A gate `mean ≤ c` passes once the upper bound is ≤ c and fails once the
+//! lower bound is > c (a gate `mean ≥ c` the mirror): only one of the two
+//! wrong verdicts is possible for a given population, so each verdict is
+//! wrong with probability at most `alpha` — and at n = N it is the fixed-N
+//! verdict.
+
+use super::SplitMix64;
+
+/// Grid steps over the declared range (confseq's `breaks`).
+pub const BREAKS: usize = 1000;
+
+/// How far a bet may go toward ruin (confseq's `trunc_scale`): the stake is
+/// at most this fraction of what would lose everything on the worst value.
+pub const TRUNC_SCALE: f64 = 0.5;
+
+/// A one-sided lower confidence sequence for the mean of `n_pop` values in
+/// [0, 1], sampled without replacement.
+#[derive(Debug, Clone)]
+pub struct LowerSequence {
+    n_pop: usize,
+    alpha: f64,
+    trunc: f64,
+    /// Values seen.
+    t: usize,
+    /// Their sum.
+    sum: f64,
+    /// Σ (x_i − μ̂_i)², μ̂_i the regularised running mean after x_i.
+    dev2: f64,
+    /// Capital per grid point `k / BREAKS`.
+    capital: Vec<f64>,
+    /// Grid points shown impossible (their conditional mean left [0, 1]).
+    impossible: Vec<bool>,
+}
+
+impl LowerSequence {
+    /// A sequence for `n_pop` values at level `alpha`.
+    pub fn new(n_pop: usize, alpha: f64) -> Self {
+        Self::with_trunc(n_pop, alpha, TRUNC_SCALE)
+    }
+
+    /// The same with another truncation of the bets.
+    pub fn with_trunc(n_pop: usize, alpha: f64, trunc: f64) -> Self {
+        LowerSequence {
+            n_pop,
+            alpha,
+            trunc,
+            t: 0,
+            sum: 0.0,
+            dev2: 0.0,
+            capital: vec![1.0; BREAKS + 1],
+            impossible: vec![false; BREAKS + 1],
+        }
+    }
+
+    /// Values seen.
+    pub fn n(&self) -> usize {
+        self.t
+    }
+
+    /// Take the next value `x` in [0, 1] (the caller checks the range).
+    pub fn push(&mut self, x: f64) {
+        assert!(self.t < self.n_pop, "more values than the population holds");
+        let n = self.n_pop as f64;
+        // Step t (1-based) of confseq's arrays: everything below is from
+        // values before this one (predictable).
+        let t = (self.t + 1) as f64;
+        let left = n - (t - 1.0);
+        let mu_hat = (0.5 + self.sum) / t;
+        let v = (0.25 + self.dev2) / t;
+        let cond = (n * mu_hat - self.sum) / left;
+        for k in 0..=BREAKS {
+            if self.impossible[k] {
+                continue;
+            }
+            let m = k as f64 * (1.0 / BREAKS as f64);
+            let mu = (n * m - self.sum) / left;
+            if !(0.0..=1.0).contains(&mu) {
+                // Once outside, always outside: the values seen already
+                // rule this mean out.
+                self.impossible[k] = true;
+                continue;
+            }
+            let g = cond - mu;
+            let mut lambda = g / (v + g * g);
+            lambda = lambda.max(-1.0 / (1.0 - mu)).min(1.0 / mu);
+            // One-sided: never bet on the mean being below m.
+            lambda = lambda.max(0.0);
+            lambda = lambda.min(self.trunc / mu).max(-self.trunc / (1.0 - mu));
+            let d = x - mu;
+            let factor = if lambda == f64::INFINITY && d == 0.0 {
+                1.0
+            } else {
+                1.0 + lambda * d
+            };
+            let c = self.capital[k] * factor;
+            self.capital[k] = if c.is_nan() { 0.0 } else { c };
+        }
+        self.sum += x;
+        let mu_hat_now = (0.5 + self.sum) / (t + 1.0);
+        self.dev2 += (x - mu_hat_now).powi(2);
+        self.t += 1;
+    }
+
+    /// The lower bound now: the lowest grid point not rejected, one step
+    /// down, and never below what the values seen alone imply (S / N).
+    pub fn bound(&self) -> f64 {
+        let threshold = 1.0 / self.alpha;
+        let first = (0..=BREAKS).find(|&k| !self.impossible[k] && self.capital[k] <= threshold);
+        let l = match first {
+            Some(k) => (k as f64 * (1.0 / BREAKS as f64) - 1.0 / BREAKS as f64).max(0.0),
+            None => 0.0,
+        };
+        l.max(self.sum / self.n_pop as f64)
+    }
+}
+
+/// Lower and upper confidence sequences for the mean of `n_pop` values
+/// declared to lie in `[lo, hi]`.
+#[derive(Debug, Clone)]
+pub struct MeanSequence {
+    lo: f64,
+    hi: f64,
+    lower: LowerSequence,
+    upper: LowerSequence,
+    sum: f64,
+}
+
+/// A value outside the declared bounds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OutOfBounds {
+    /// The value.
+    pub value: f64,
+    /// The declared bounds.
+    pub bounds: (f64, f64),
+}
+
+impl MeanSequence {
+    /// Sequences for `n_pop` values in `bounds` at level `alpha` each.
+    pub fn new(n_pop: usize, bounds: (f64, f64), alpha: f64) -> Self {
+        MeanSequence {
+            lo: bounds.0,
+            hi: bounds.1,
+            lower: LowerSequence::new(n_pop, alpha),
+            upper: LowerSequence::new(n_pop, alpha),
+            sum: 0.0,
+        }
+    }
+
+    /// Values seen.
+    pub fn n(&self) -> usize {
+        self.lower.n()
+    }
+
+    /// Take the next value; a value outside the bounds (or NaN) is refused
+    /// and leaves the sequence as it was.
+    pub fn push(&mut self, value: f64) -> Result<(), OutOfBounds> {
+        if !(self.lo..=self.hi).contains(&value) {
+            return Err(OutOfBounds {
+                value,
+                bounds: (self.lo, self.hi),
+            });
+        }
+        let x = ((value - self.lo) / (self.hi - self.lo)).clamp(0.0, 1.0);
+        self.lower.push(x);
+        self.upper.push(1.0 - x);
+        self.sum += value;
+        Ok(())
+    }
+
+    /// (lower, upper) bound on the population mean now; at n = N both are
+    /// the mean of the values.
+    pub fn bounds(&self) -> (f64, f64) {
+        if self.n() == self.lower.n_pop {
+            let mean = self.sum / self.n() as f64;
+            return (mean, mean);
+        }
+        let w = self.hi - self.lo;
+        (
+            self.lo + self.lower.bound() * w,
+            self.lo + (1.0 - self.upper.bound()) * w,
+        )
+    }
+}
+
+/// What a gate says of a mean, given bounds on it: Some(pass) once the
+/// threshold lies outside them, None while it is inside.
+pub fn decided(max: Option<f64>, min: Option<f64>, (lo, hi): (f64, f64)) -> Option<bool> {
+    match (max, min) {
+        (Some(c), None) if hi <= c => Some(true),
+        (Some(c), None) if lo > c => Some(false),
+        (None, Some(c)) if lo >= c => Some(true),
+        (None, Some(c)) if hi < c => Some(false),
+        _ => None,
+    }
+}
+
+/// A seeded random order of `0..n` (Fisher–Yates on SplitMix64, unbiased):
+/// the same seed, the same order, on every machine.
+pub fn permutation(n: usize, seed: u64) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    let mut rng = SplitMix64(seed);
+    for i in (1..n).rev() {
+        let j = rng.below(i as u64 + 1) as usize;
+        order.swap(i, j);
+    }
+    order
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn at_n_the_bounds_are_the_exact_mean() {
+        let xs = [0.01, -0.02, 0.05, 0.0, 0.03];
+        let mut s = MeanSequence::new(xs.len(), (-0.5, 0.5), 0.05);
+        for x in xs {
+            let (lo, hi) = s.bounds();
+            assert!(lo <= hi);
+            s.push(x).unwrap();
+        }
+        let mean = xs.iter().sum::<f64>() / 5.0;
+        assert_eq!(s.bounds(), (mean, mean));
+    }
+
+    #[test]
+    fn out_of_bounds_and_nan_are_refused() {
+        let mut s = MeanSequence::new(4, (0.0, 1.0), 0.05);
+        assert!(s.push(1.5).is_err());
+        assert!(s.push(f64::NAN).is_err());
+        assert_eq!(s.n(), 0);
+        s.push(0.5).unwrap();
+        assert_eq!(s.n(), 1);
+    }
+
+    #[test]
+    fn bounds_tighten_around_a_constant_population() {
+        let n = 400;
+        let mut s = MeanSequence::new(n, (0.0, 1.0), 0.05);
+        for _ in 0..200 {
+            s.push(0.3).unwrap();
+        }
+        let (lo, hi) = s.bounds();
+        assert!(lo < 0.3 && 0.3 < hi, "{lo} {hi}");
+        assert!(hi - lo < 0.1, "{lo} {hi}");
+        // A gate at 0.5 is decided long before N; one at 0.3 is not.
+        assert_eq!(decided(Some(0.5), None, (lo, hi)), Some(true));
+        assert_eq!(decided(None, Some(0.5), (lo, hi)), Some(false));
+        assert_eq!(decided(Some(0.3), None, (lo, hi)), None);
+    }
+
+    #[test]
+    fn permutations_are_seeded_and_complete() {
+        let a = permutation(80, 7);
+        assert_eq!(a, permutation(80, 7));
+        assert_ne!(a, permutation(80, 8));
+        let mut sorted = a.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..80).collect::<Vec<_>>());
+    }
+
+    /// Ville's inequality, checked by simulation: over many random orders of
+    /// a fixed skewed population, neither bound ever crosses the true mean
+    /// in more than alpha of the runs (here far fewer).
+    #[test]
+    fn each_bound_misses_the_mean_in_at_most_alpha_of_orders() {
+        let n = 60;
+        let mut rng = SplitMix64(1);
+        let pop: Vec<f64> = (0..n)
+            .map(|_| {
+                let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+                // Heavy right tail within [0, 1].
+                u.powi(6)
+            })
+            .collect();
+        let mean = pop.iter().sum::<f64>() / n as f64;
+        let runs = 400;
+        let (mut low_miss, mut high_miss) = (0, 0);
+        for r in 0..runs {
+            let order = permutation(n, r);
+            let mut s = MeanSequence::new(n, (0.0, 1.0), 0.1);
+            let (mut lm, mut hm) = (false, false);
+            for &i in &order {
+                s.push(pop[i]).unwrap();
+                let (lo, hi) = s.bounds();
+                lm |= lo > mean + 1e-12;
+                hm |= hi < mean - 1e-12;
+            }
+            low_miss += usize::from(lm);
+            high_miss += usize::from(hm);
+        }
+        assert!(low_miss as f64 <= 0.1 * runs as f64, "{low_miss}");
+        assert!(high_miss as f64 <= 0.1 * runs as f64, "{high_miss}");
+    }
+}

@@ -1,0 +1,367 @@
+//! Sequential cases (`[decide] sequential = true`) on the fake engine,
+//! against the fixed-N run of the same windows: the verdict, the stopping
+//! point (replayed from the fixed-N per-window series in the seeded order),
+//! the metrics over the windows used, the reference decoded only for the
+//! windows some candidate needed (or not at all from a warm store), the
+//! fixed-N numbers at N, a value outside its bounds, and every bad
+//! `[decide]` table.
+
+use crate::common;
+
+use quantgate::core::{Outcome, Status};
+use quantgate::engine::fake::{FakeEngine, FakeSpec};
+use quantgate::execute::RunContext;
+use quantgate::measure::sequential::{decided, permutation, MeanSequence};
+use quantgate::plan::plan;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+const N_CTX: usize = 32;
+const CHUNKS: usize = 40;
+
+fn text() -> String {
+    (0..N_CTX * CHUNKS + 10)
+        .map(|i| char::from(b'a' + ((i * 7 + i / 13 + i * i / 31) % 26) as u8))
+        .collect()
+}
+
+struct Fx {
+    root: PathBuf,
+}
+
+/// The reference and two candidates: one close to it, one far.
+fn engine() -> FakeEngine {
+    FakeEngine::new()
+        .with("ref", FakeSpec::default())
+        .with(
+            "near",
+            FakeSpec {
+                confidence: 3.8,
+                ..FakeSpec::default()
+            },
+        )
+        .with(
+            "far",
+            FakeSpec {
+                confidence: 9.0,
+                ..FakeSpec::default()
+            },
+        )
+}
+
+impl Fx {
+    fn new(tag: &str) -> Fx {
+        let root = common::fake_root(
+            &format!("seq-{tag}"),
+            &[("ref", 100), ("near", 101), ("far", 102)],
+        );
+        std::fs::write(root.join("suites/t.txt"), text()).unwrap();
+        Fx { root }
+    }
+
+    /// Write case `name` with `extra` (gates, `[decide]`) after the text
+    /// and windows.
+    fn case(&self, name: &str, extra: &str) {
+        std::fs::write(
+            self.root.join(format!("suites/{name}.toml")),
+            format!(
+                "kind = \"perplexity\"\nmodels = [\"near\", \"far\"]\nreference = \"ref\"\n\
+                 [text]\npath = \"t.txt\"\nsha256 = \"{}\"\n\
+                 [window]\nmode = \"llama-perplexity\"\nn_ctx = {N_CTX}\nchunks = {CHUNKS}\n{extra}",
+                quantgate::core::fsutil::sha256_bytes(text().as_bytes())
+            ),
+        )
+        .unwrap();
+    }
+
+    /// Run case `name` on both candidates in one context; the outcomes
+    /// and the number of decodes (one per window per model).
+    fn run(&self, name: &str) -> (Vec<Outcome>, usize) {
+        let e = engine();
+        let decodes = e.decodes.clone();
+        let (registry, planned) =
+            plan(&self.root.join("suites"), &[name.to_string()], &[]).unwrap();
+        let mut cx = RunContext::new(registry, Arc::new(e), 1);
+        cx.references.dir = self.root.join("cache");
+        let outs = planned
+            .iter()
+            .map(|p| quantgate::judge::trial(&cx, p, &self.root.join("goldens")))
+            .collect();
+        (outs, decodes.load(Ordering::SeqCst))
+    }
+}
+
+const DECIDE: &str = "[decide]\nsequential = true\nalpha = 0.05\nseed = 11\n";
+
+/// The fixed-N run's per-window ΔNLL series per candidate.
+fn fixed(fx: &Fx, gate: &str) -> Vec<Outcome> {
+    fx.case("fixed", gate);
+    let (outs, _) = fx.run("fixed");
+    let models: Vec<&str> = outs.iter().map(|o| o.model.as_str()).collect();
+    assert_eq!(models, ["far", "near"]);
+    for o in &outs {
+        assert!(o.error.is_none(), "{:?}", o.error);
+        assert_eq!(o.series["delta_nll_per_window"].len(), CHUNKS);
+    }
+    outs
+}
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len() as f64
+}
+
+#[test]
+fn a_sequential_case_stops_early_with_the_fixed_n_verdict() {
+    let fx = Fx::new("early");
+    let base = fixed(&fx, "");
+    let (far, near) = (
+        mean(&base[0].series["delta_nll_per_window"]),
+        mean(&base[1].series["delta_nll_per_window"]),
+    );
+    assert!(near < far, "{near} {far}");
+    // A threshold between the two, far from both: the near one passes, the
+    // far one fails, each long before N.
+    let c = (near + far) / 2.0;
+    let bounds = "[decide.bounds]\ndelta_nll_mean = [-5.0, 5.0]\n";
+    let gate = format!("[[gate]]\nmetric = \"delta_nll_mean\"\nmax = {c}\n");
+    fx.case("seq", &format!("{gate}{DECIDE}{bounds}"));
+    // A cold store: the fixed-N run kept the reference's scores.
+    std::fs::remove_dir_all(fx.root.join("cache")).unwrap();
+    let (outs, decodes) = fx.run("seq");
+    let mut used_all = Vec::new();
+    for (o, b) in outs.iter().zip(&base) {
+        assert!(o.error.is_none(), "{}: {:?}", o.model, o.error);
+        let fixed_pass = mean(&b.series["delta_nll_per_window"]) <= c;
+        assert_eq!(o.status == Status::Pass, fixed_pass, "{}", o.model);
+        let used = o.metrics["windows"] as usize;
+        assert!(used < CHUNKS, "{}: {used} windows", o.model);
+        assert_eq!(o.metrics["windows_total"], CHUNKS as f64);
+        // Replayed independently of the run: the fixed-N series in the
+        // seeded order, through the sequence, stops at the same window.
+        let order = permutation(CHUNKS, 11);
+        let series = &b.series["delta_nll_per_window"];
+        let mut s = MeanSequence::new(CHUNKS, (-5.0, 5.0), 0.05);
+        let mut run = (f64::NEG_INFINITY, f64::INFINITY);
+        let mut stop = None;
+        for (j, &w) in order.iter().enumerate() {
+            s.push(series[w]).unwrap();
+            let (lo, hi) = s.bounds();
+            run = (run.0.max(lo), run.1.min(hi));
+            if decided(Some(c), None, run).is_some() {
+                stop = Some((j + 1, run));
+                break;
+            }
+        }
+        let (at, (lo, hi)) = stop.expect("decided before N");
+        assert_eq!(used, at, "{}", o.model);
+        assert_eq!(o.metrics["delta_nll_mean_seq_lo"], lo);
+        assert_eq!(o.metrics["delta_nll_mean_seq_hi"], hi);
+        assert_eq!(
+            o.series["window_order"],
+            order[..at].iter().map(|w| *w as f64).collect::<Vec<_>>()
+        );
+        // The metrics are over the windows used, in window order.
+        let mut ws: Vec<usize> = order[..at].to_vec();
+        ws.sort_unstable();
+        let want: Vec<f64> = ws.iter().map(|&w| series[w]).collect();
+        assert_eq!(o.series["delta_nll_per_window"], want);
+        assert!((o.metrics["delta_nll_mean"] - mean(&want)).abs() < 1e-12);
+        let d = &o.texts["decided"];
+        let verdict = if fixed_pass { "pass" } else { "fail" };
+        assert!(
+            d.contains(&format!(
+                "gate[0] delta_nll_mean <= {c}: {verdict} at window {at} of {CHUNKS}"
+            )),
+            "{d}"
+        );
+        used_all.push(at);
+    }
+    // The reference decoded once per window some candidate used.
+    let most = *used_all.iter().max().unwrap();
+    assert_eq!(decodes, used_all.iter().sum::<usize>() + most);
+    // Same inputs, same seed: the same numbers, bit for bit.
+    let (again, _) = fx.run("seq");
+    for (a, b) in again.iter().zip(&outs) {
+        assert_eq!(a.metrics, b.metrics);
+        assert_eq!(a.texts, b.texts);
+    }
+    // A warm reference store (the fixed-N run kept the reference's scores)
+    // serves the prefix: only the candidates decode.
+    fixed(&fx, "");
+    let (_, decodes) = fx.run("seq");
+    assert_eq!(decodes, used_all.iter().sum::<usize>());
+}
+
+#[test]
+fn at_n_a_sequential_case_is_the_fixed_n_case() {
+    let fx = Fx::new("at-n");
+    let base = fixed(&fx, "");
+    // The threshold at the near model's exact mean: undecidable before N.
+    let c = mean(&base[1].series["delta_nll_per_window"]);
+    let gate = format!("[[gate]]\nmetric = \"delta_nll_mean\"\nmax = {c}\n");
+    fx.case("fixed", &gate);
+    let (fixed_outs, _) = fx.run("fixed");
+    let cache = fx.root.join("cache");
+    let _ = std::fs::remove_dir_all(&cache);
+    fx.case(
+        "seq",
+        &format!("{gate}{DECIDE}[decide.bounds]\ndelta_nll_mean = [-2.0, 2.0]\n"),
+    );
+    let (outs, decodes) = fx.run("seq");
+    let (o, f) = (&outs[1], &fixed_outs[1]);
+    assert_eq!(o.metrics["windows"], CHUNKS as f64, "{:?}", o.texts);
+    assert_eq!(o.status, f.status);
+    assert_eq!(o.status, Status::Pass);
+    for (k, v) in &f.metrics {
+        assert_eq!(o.metrics[k].to_bits(), v.to_bits(), "{k}");
+    }
+    assert_eq!(
+        o.metrics["delta_nll_mean_seq_lo"],
+        f.metrics["delta_nll_mean"]
+    );
+    assert_eq!(
+        o.metrics["delta_nll_mean_seq_hi"],
+        f.metrics["delta_nll_mean"]
+    );
+    assert!(o.texts["decided"].contains("decided at N = 40 on the exact mean"));
+    // Every window of the reference was decoded: kept in the store, so
+    // the next run decodes only the candidates.
+    assert!(decodes >= 2 * CHUNKS);
+    let (_, again) = fx.run("seq");
+    assert_eq!(
+        again,
+        outs.iter()
+            .map(|o| o.metrics["windows"] as usize)
+            .sum::<usize>()
+    );
+}
+
+#[test]
+fn a_value_outside_the_declared_bounds_runs_to_n_and_says_so() {
+    let fx = Fx::new("bounds");
+    let base = fixed(&fx, "");
+    let far = mean(&base[0].series["delta_nll_per_window"]);
+    let gate = format!(
+        "[[gate]]\nmetric = \"delta_nll_mean\"\nmax = {}\n",
+        far * 10.0
+    );
+    fx.case(
+        "seq",
+        &format!("{gate}{DECIDE}[decide.bounds]\ndelta_nll_mean = [-0.0001, 0.0001]\n"),
+    );
+    let (outs, _) = fx.run("seq");
+    let o = &outs[0];
+    assert_eq!(o.metrics["windows"], CHUNKS as f64);
+    let d = &o.texts["decided"];
+    assert!(
+        d.contains("outside the declared bounds [-0.0001, 0.0001]"),
+        "{d}"
+    );
+    assert!(
+        d.contains("not decided sequentially; ran all 40 windows"),
+        "{d}"
+    );
+    // The verdict is the fixed-N one on the exact mean.
+    assert_eq!(
+        o.metrics["delta_nll_mean_seq_hi"],
+        o.metrics["delta_nll_mean"]
+    );
+    assert_eq!(o.status == Status::Pass, far <= far * 10.0);
+}
+
+/// The error case `bad` is planned with.
+fn parse_error(fx: &Fx, what: &str) -> quantgate::core::error::Error {
+    match plan(&fx.root.join("suites"), &["bad".to_string()], &[]) {
+        Err(e) => e,
+        Ok((_, planned)) => planned[0]
+            .case
+            .as_ref()
+            .err()
+            .unwrap_or_else(|| panic!("{what}: parsed"))
+            .clone(),
+    }
+}
+
+#[test]
+fn bad_decide_tables_are_errors_naming_their_key() {
+    let fx = Fx::new("bad");
+    let gate = "[[gate]]\nmetric = \"delta_nll_mean\"\nmax = 0.05\n";
+    let b = "[decide.bounds]\ndelta_nll_mean = [-0.5, 0.5]\n";
+    let cases: &[(&str, String, &str)] = &[
+        (
+            "no seed",
+            format!("{gate}[decide]\nsequential = true\n{b}"),
+            "decide.seed: a sequential design names the seed",
+        ),
+        (
+            "alpha",
+            format!("{gate}[decide]\nsequential = true\nseed = 1\nalpha = 0.7\n{b}"),
+            "decide.alpha: 0.7 is not in (0, 0.5]",
+        ),
+        (
+            "bounds order",
+            format!("{gate}{DECIDE}[decide.bounds]\ndelta_nll_mean = [0.5, -0.5]\n"),
+            "decide.bounds.delta_nll_mean: give [lo, hi], finite, lo < hi",
+        ),
+        (
+            "no bounds",
+            format!("{gate}{DECIDE}"),
+            "decide.bounds: no bounds for `delta_nll_mean` (gate[0])",
+        ),
+        (
+            "bounds of no gate",
+            format!("{gate}{DECIDE}{b}ppl = [0, 100]\n"),
+            "decide.bounds.ppl: no gate is on `ppl`",
+        ),
+        (
+            "not a mean",
+            format!(
+                "[[gate]]\nmetric = \"ppl\"\nmax = 100\n{DECIDE}[decide.bounds]\nppl = [0, 1000]\n"
+            ),
+            "gate[0].metric: `ppl` is not a mean over windows",
+        ),
+        (
+            "on",
+            format!(
+                "[[gate]]\nmetric = \"delta_nll_mean\"\non = \"ci95_hi\"\nmax = 0.05\n{DECIDE}{b}"
+            ),
+            "gate[0].on: a sequential gate is decided on its mean's confidence sequence",
+        ),
+        (
+            "two sides",
+            format!("[[gate]]\nmetric = \"delta_nll_mean\"\nmin = -0.1\nmax = 0.05\n{DECIDE}{b}"),
+            "gate[0]: a sequential gate has one bound",
+        ),
+        (
+            "unknown key",
+            format!("{gate}{DECIDE}stop = 3\n{b}"),
+            "decide.stop: unknown key `stop`",
+        ),
+    ];
+    for (what, extra, want) in cases {
+        fx.case("bad", extra);
+        let err = parse_error(&fx, what);
+        assert!(err.message.contains(want), "{what}: {}", err.message);
+        assert!(err.message.contains("bad.toml:"), "{what}: {}", err.message);
+        assert_eq!(err.kind, quantgate::core::error::ErrorKind::Input, "{what}");
+    }
+    // A kind that cannot decide sequentially says so.
+    std::fs::write(
+        fx.root.join("suites/bad.toml"),
+        format!(
+            "kind = \"kld\"\nmodels = [\"near\"]\nreference = \"ref\"\n[text]\npath = \"t.txt\"\n\
+             sha256 = \"{}\"\n[window]\nmode = \"llama-perplexity\"\nn_ctx = {N_CTX}\nchunks = {CHUNKS}\n\
+             [[gate]]\nmetric = \"kld_mean\"\nmax = 0.1\n{DECIDE}[decide.bounds]\nkld_mean = [0, 1]\n",
+            quantgate::core::fsutil::sha256_bytes(text().as_bytes())
+        ),
+    )
+    .unwrap();
+    let err = parse_error(&fx, "kld");
+    assert!(
+        err.message
+            .contains("a kld case cannot decide its gates sequentially"),
+        "{}",
+        err.message
+    );
+}
