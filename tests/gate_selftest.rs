@@ -4,7 +4,9 @@
 //! and the threshold (the interval lies above it); Q2_K fails the KLD gates
 //! of suites/kld/wikitext2.toml, each named with its observed value. One
 //! test, planned by observation: Q2_K's two cases share one decode, and
-//! the F16 reference is scored once for both.
+//! the F16 reference is scored once for both. Q2_K also fails the ΔNLL gate
+//! decided sequentially over up to 80 windows, long before the 80th, with
+//! its sequence's lower bound above the threshold.
 
 use quantgate::core::{Outcome, Status};
 use quantgate::engine::llama::LlamaEngine;
@@ -21,7 +23,11 @@ fn q3_and_q2_fail_the_delta_nll_and_kld_gates_with_readable_messages() {
     std::fs::create_dir_all(root.join("kld")).unwrap();
     std::fs::copy(repo.join("suites/models.toml"), root.join("models.toml")).unwrap();
     std::os::unix::fs::symlink(repo.join("suites/data"), root.join("data")).unwrap();
-    for (fixture, dest) in [("gate_fails", "ppl"), ("kld_fails", "kld")] {
+    for (fixture, dest) in [
+        ("gate_fails", "ppl"),
+        ("kld_fails", "kld"),
+        ("gate_fails_sequential", "ppl"),
+    ] {
         std::fs::copy(
             repo.join(format!("tests/fixtures/{fixture}.toml")),
             root.join(format!("{dest}/{fixture}.toml")),
@@ -30,7 +36,7 @@ fn q3_and_q2_fail_the_delta_nll_and_kld_gates_with_readable_messages() {
     }
     let (registry, planned) = plan(&root, &[], &[]).unwrap();
     let runner = RunContext::new(registry, Arc::new(LlamaEngine::new()), 2);
-    assert_eq!(planned.len(), 3);
+    assert_eq!(planned.len(), 4);
     let (outcomes, _) = quantgate::schedule::run_plan(
         &runner,
         &planned,
@@ -105,5 +111,30 @@ fn q3_and_q2_fail_the_delta_nll_and_kld_gates_with_readable_messages() {
         ppl.timings
     );
     eprintln!("{msg}");
+    let o = by_name("ppl/gate_fails_sequential::smollm2-q2_k");
+    assert_eq!(o.status, Status::Fail, "{:?}", o.error);
+    let used = o.metrics["windows"];
+    assert!(used <= 16.0, "Q2_K decided after {used} of 80 windows");
+    assert_eq!(o.metrics["windows_total"], 80.0);
+    let lo = o.metrics["delta_nll_mean_seq_lo"];
+    assert!(lo > 0.05, "the sequence's lower bound {lo}");
+    let msg = o.failure_message().unwrap();
+    assert!(
+        msg.contains(&format!(
+            "delta_nll_mean.seq_hi = {} (anytime-valid sequence {lo:.6} … ",
+            o.metrics["delta_nll_mean_seq_hi"]
+        )) && msg.contains(&format!(
+            "after {used} windows) violates delta_nll_mean.seq_hi ≤ 0.05"
+        )),
+        "{msg}"
+    );
+    assert!(
+        o.texts["decided"].contains(&format!(
+            "gate[0] delta_nll_mean <= 0.05: fail at window {used} of 80"
+        )),
+        "{:?}",
+        o.texts
+    );
+    eprintln!("{msg}\n{}", o.texts["decided"]);
     let _ = std::fs::remove_dir_all(&root);
 }

@@ -245,8 +245,22 @@ fn over_ten_thousand_orders_bounds_and_verdicts_err_at_most_alpha() {
         let mean = pop.iter().sum::<f64>() / pop.len() as f64;
         populations.push((name, pop, (0.0, 1.0), mean + 0.05));
     }
-    for (name, pop, bounds, max) in &populations {
-        let (low, high, wrong, used) = validity(pop, *bounds, alpha, *max, runs);
+    // Two threads: the populations are independent.
+    let results: Vec<_> = std::thread::scope(|s| {
+        let half = populations.len().div_ceil(2);
+        let parts: Vec<_> = populations
+            .chunks(half)
+            .map(|part| {
+                s.spawn(move || {
+                    part.iter()
+                        .map(|(_, pop, bounds, max)| validity(pop, *bounds, alpha, *max, runs))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        parts.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    });
+    for ((name, pop, _, max), (low, high, wrong, used)) in populations.iter().zip(results) {
         let mean_used = used.iter().sum::<usize>() as f64 / used.len() as f64;
         eprintln!(
             "{name} (gate ≤ {max}): lower bound crossed the mean in {low}, upper in {high}, \

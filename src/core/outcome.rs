@@ -81,9 +81,18 @@ impl GateResult {
                 self.metric, self.metric, self.threshold
             ),
             Some(v) => {
+                // A sequential gate reads its confidence sequence (the
+                // judge labels it `metric.seq_hi` / `metric.seq_lo`).
+                let sequential = self.metric.contains(".seq_");
                 let ci = self
                     .interval
-                    .map(|(lo, hi, n)| format!(" (95% CI {lo:.6} … {hi:.6} over {n} windows)"))
+                    .map(|(lo, hi, n)| {
+                        if sequential {
+                            format!(" (anytime-valid sequence {lo:.6} … {hi:.6} after {n} windows)")
+                        } else {
+                            format!(" (95% CI {lo:.6} … {hi:.6} over {n} windows)")
+                        }
+                    })
                     .unwrap_or_default();
                 format!(
                     "{} = {v}{ci} violates {} {op} {} ({} {})",

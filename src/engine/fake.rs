@@ -109,6 +109,8 @@ pub struct FakeEngine {
     /// Teacher-forced decodes (calls of `score_passes`) of every model it
     /// loaded, counted for tests of what is decoded once.
     pub decodes: Arc<std::sync::atomic::AtomicUsize>,
+    /// Windows those decodes held, counted the same way.
+    pub windows: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl FakeEngine {
@@ -138,6 +140,7 @@ impl Engine for FakeEngine {
             },
             spec,
             decodes: self.decodes.clone(),
+            windows: self.windows.clone(),
         }))
     }
 
@@ -185,6 +188,7 @@ pub struct FakeModel {
     info: ModelInfo,
     spec: FakeSpec,
     decodes: Arc<std::sync::atomic::AtomicUsize>,
+    windows: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl FakeModel {
@@ -256,6 +260,8 @@ impl LoadedModel for FakeModel {
     ) -> Result<EngineTimings> {
         self.decodes
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.windows
+            .fetch_add(windows.len(), std::sync::atomic::Ordering::Relaxed);
         if settings.n_ctx > self.info.n_ctx_train {
             return Err(Error::input(format!(
                 "model `{}`: n_ctx {} is larger than the model's training context {}",

@@ -17,15 +17,6 @@ use crate::core::case::Decide;
 use crate::execute::windows::score_plan;
 use crate::measure::sequential::{decided, permutation, MeanSequence};
 
-/// One window of `plan` as a plan of its own.
-fn one_window(plan: &ScoringPlan, w: usize) -> ScoringPlan {
-    ScoringPlan {
-        windows: vec![plan.windows[w].clone()],
-        n_ctx: plan.n_ctx,
-        token_stream_sha256: plan.token_stream_sha256.clone(),
-    }
-}
-
 /// Window `w`'s part of scores over a whole plan.
 fn window_of(scored: &Scored, plan: &ScoringPlan, w: usize) -> Scored {
     let from: usize = plan.windows[..w].iter().map(|p| p.targets.len()).sum();
@@ -74,44 +65,85 @@ pub enum RefWindows {
     },
 }
 
+/// Windows decoded in one call: the engine's two CPU lanes decode two at
+/// once (`engine::llama`), so a sequential run visits its windows in pairs;
+/// a stop at the first of a pair leaves the second decoded and unused.
+pub const STEP: usize = 2;
+
+/// `model`'s scores of windows `ws` of `plan`, one per window, in one call.
+fn score_windows(
+    cx: &RunContext,
+    model: &Arc<dyn LoadedModel>,
+    plan: &ScoringPlan,
+    ws: &[usize],
+    n_batch: u32,
+) -> Result<Vec<Arc<Scored>>> {
+    let sub = ScoringPlan {
+        windows: ws.iter().map(|&w| plan.windows[w].clone()).collect(),
+        n_ctx: plan.n_ctx,
+        token_stream_sha256: plan.token_stream_sha256.clone(),
+    };
+    let s = score_plan(model.clone(), &sub, n_batch, cx.threads)?;
+    Ok((0..ws.len())
+        .map(|k| Arc::new(window_of(&s, &sub, k)))
+        .collect())
+}
+
 impl RefWindows {
-    /// The reference's scores of window `w` of `plan`.
-    fn window(
+    /// The reference's scores of windows `ws` of `plan`: those this process
+    /// has not decoded yet decoded in one call.
+    fn windows(
         &self,
         cx: &RunContext,
         n_batch: u32,
         plan: &ScoringPlan,
-        w: usize,
-    ) -> Result<Arc<Scored>> {
-        match self {
-            RefWindows::Full(s) => Ok(Arc::new(window_of(s, plan, w))),
+        ws: &[usize],
+    ) -> Result<Vec<Arc<Scored>>> {
+        let (id, model, rplan, keep) = match self {
+            RefWindows::Full(s) => {
+                return Ok(ws
+                    .iter()
+                    .map(|&w| Arc::new(window_of(s, plan, w)))
+                    .collect())
+            }
             RefWindows::Lazy {
                 id,
                 model,
-                plan: rplan,
+                plan,
                 keep,
-            } => {
-                let wid = format!("{id}#window{w}");
-                if let Some(s) = cx.references.window_scores(&wid) {
-                    return Ok(s);
+            } => (id, model, plan, keep),
+        };
+        let wid = |w: usize| format!("{id}#window{w}");
+        let missing: Vec<usize> = ws
+            .iter()
+            .copied()
+            .filter(|&w| cx.references.window_scores(&wid(w)).is_none())
+            .collect();
+        if !missing.is_empty() {
+            let fresh = score_windows(cx, model, rplan, &missing, n_batch)?;
+            for (w, s) in missing.iter().zip(fresh) {
+                cx.references
+                    .put_window_scores(&wid(*w), Arc::unwrap_or_clone(s));
+            }
+            // Every window decoded in this process: the whole reference,
+            // kept as a full run would keep it.
+            let all: Option<Vec<Arc<Scored>>> = (0..rplan.windows.len())
+                .map(|v| cx.references.window_scores(&wid(v)))
+                .collect();
+            if let Some(all) = all {
+                let build = keep.lock().unwrap_or_else(|p| p.into_inner()).take();
+                if let Some(b) = build {
+                    b.store_scored(cx, concat(&all))?;
                 }
-                let s = score_plan(model.clone(), &one_window(rplan, w), n_batch, cx.threads)?;
-                let s = cx.references.put_window_scores(&wid, s);
-                // Every window decoded in this process: the whole reference,
-                // kept as a full run would keep it.
-                let n = rplan.windows.len();
-                let all: Option<Vec<Arc<Scored>>> = (0..n)
-                    .map(|v| cx.references.window_scores(&format!("{id}#window{v}")))
-                    .collect();
-                if let Some(all) = all {
-                    let build = keep.lock().unwrap_or_else(|p| p.into_inner()).take();
-                    if let Some(b) = build {
-                        b.store_scored(cx, concat(&all))?;
-                    }
-                }
-                Ok(s)
             }
         }
+        ws.iter()
+            .map(|&w| {
+                cx.references
+                    .window_scores(&wid(w))
+                    .ok_or_else(|| Error::harness(format!("reference window {w} not kept")))
+            })
+            .collect()
     }
 }
 
@@ -175,51 +207,49 @@ impl ScoredText {
         let (mut cand, mut refs) = (Vec::new(), Vec::new());
         let mut refused: Option<String> = None;
         let t_decode = Instant::now();
-        for (j, &w) in order.iter().enumerate() {
-            let r = reference.window(cx, self.n_batch, plan, w)?;
-            let c = Arc::new(score_plan(
-                model.clone(),
-                &one_window(plan, w),
-                self.n_batch,
-                cx.threads,
-            )?);
-            let value = mean_nll(&c) - mean_nll(&r);
-            cand.push(c);
-            refs.push(r);
-            if refused.is_some() {
-                continue;
-            }
-            for t in &mut tracked {
-                // Only delta_nll_mean is sequential here (the parse checks).
-                if let Err(e) = t.seq.push(value) {
-                    refused = Some(format!(
-                        "window {w} (visit {}) has {} = {:+.6}, outside the declared bounds \
-                         [{}, {}]: not decided sequentially; ran all {n} windows",
-                        j + 1,
-                        t.metric,
-                        e.value,
-                        e.bounds.0,
-                        e.bounds.1
-                    ));
-                    break;
+        'visit: for (p, pair) in order.chunks(STEP).enumerate() {
+            let rs = reference.windows(cx, self.n_batch, plan, pair)?;
+            let cs = score_windows(cx, model, plan, pair, self.n_batch)?;
+            for (k, ((&w, c), r)) in pair.iter().zip(cs).zip(rs).enumerate() {
+                let j = p * STEP + k;
+                let value = mean_nll(&c) - mean_nll(&r);
+                cand.push(c);
+                refs.push(r);
+                if refused.is_some() {
+                    continue;
                 }
-                let (lo, hi) = t.seq.bounds();
-                t.bounds = if j + 1 == n {
-                    (lo, hi)
-                } else {
-                    (t.bounds.0.max(lo), t.bounds.1.min(hi))
-                };
-                for g in &mut t.gates {
-                    if g.3.is_none() {
-                        g.3 = decided(g.1, g.2, t.bounds).map(|p| (p, j + 1));
+                for t in &mut tracked {
+                    // Only delta_nll_mean is sequential here (the parse checks).
+                    if let Err(e) = t.seq.push(value) {
+                        refused = Some(format!(
+                            "window {w} (visit {}) has {} = {:+.6}, outside the declared bounds \
+                             [{}, {}]: not decided sequentially; ran all {n} windows",
+                            j + 1,
+                            t.metric,
+                            e.value,
+                            e.bounds.0,
+                            e.bounds.1
+                        ));
+                        break;
+                    }
+                    let (lo, hi) = t.seq.bounds();
+                    t.bounds = if j + 1 == n {
+                        (lo, hi)
+                    } else {
+                        (t.bounds.0.max(lo), t.bounds.1.min(hi))
+                    };
+                    for g in &mut t.gates {
+                        if g.3.is_none() {
+                            g.3 = decided(g.1, g.2, t.bounds).map(|p| (p, j + 1));
+                        }
                     }
                 }
-            }
-            let all = tracked
-                .iter()
-                .all(|t| t.gates.iter().all(|g| g.3.is_some()));
-            if refused.is_none() && all {
-                break;
+                let all = tracked
+                    .iter()
+                    .all(|t| t.gates.iter().all(|g| g.3.is_some()));
+                if refused.is_none() && all {
+                    break 'visit;
+                }
             }
         }
         out.timings.decode += t_decode.elapsed();
