@@ -62,6 +62,11 @@ pub struct Decide {
     pub bounds: BTreeMap<String, (f64, f64)>,
     /// Where `[decide]` is written.
     pub at: Location,
+    /// Thresholds a preregistered rule tests on a metric's sequence
+    /// (its `seq_hi < 0`, `seq_lo > 0`): the run also stops only once each
+    /// lies outside the sequence. Filled from the sealed rule when the
+    /// trial starts.
+    pub stops: Vec<(String, f64)>,
 }
 
 impl Decide {

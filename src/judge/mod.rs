@@ -271,6 +271,21 @@ fn start(cx: &RunContext, p: &Planned, goldens: &Path, cache: bool) -> Started {
             return s;
         }
     }
+    // A sealed sequential rule: its thresholds are where the run may stop.
+    let with_stops;
+    let case = match (&s.prereg, &case.decide) {
+        (Some((pr, _)), Some(d)) => {
+            let mut c = (**case).clone();
+            let mut d = d.clone();
+            for cond in [&pr.win, &pr.loss] {
+                d.stops.push((pr.metric.0.clone(), cond.threshold));
+            }
+            c.decide = Some(d);
+            with_stops = c;
+            &with_stops
+        }
+        _ => &**case,
+    };
     match parsed.kind.start(cx, case, &p.model, &mut s.out) {
         Ok(Start::Done) => {}
         Ok(Start::Observe(obs, f)) => s.pending = Some((obs, f)),
@@ -418,8 +433,14 @@ fn decide_prereg(
         .iter()
         .find(|m| m.name == p.metric.0)
         .and_then(|m| m.intervals.iter().find_map(|i| i.windows.as_ref()));
+    // A sequential design counts the windows it may visit (it stops once
+    // the rule is decided).
+    let counted: Option<String> = match &case.decide {
+        Some(_) => Some("windows_total".into()),
+        None => counted.cloned(),
+    };
     let windows = counted
-        .and_then(|w| out.metrics.get(w))
+        .and_then(|w| out.metrics.get(&w))
         .copied()
         .unwrap_or(f64::NAN);
     if windows != p.windows as f64 {

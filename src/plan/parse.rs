@@ -202,7 +202,7 @@ pub fn parse_case_with(
         decide: head
             .decide
             .as_ref()
-            .and_then(|d| decide(d, &head.gate, &mut diag)),
+            .and_then(|d| decide(d, &head.gate, head.prereg.is_some(), &mut diag)),
     };
     let kind = parse_kind(&case, src, &mut diag)?;
     case.metrics = kind.declared();
@@ -328,6 +328,7 @@ fn gates(
 fn decide(
     file: &Spanned<DecideFile>,
     gate_files: &[GateFile],
+    prereg: bool,
     diag: &mut Diagnostics,
 ) -> Option<Decide> {
     let at = diag.at(file.span().start);
@@ -360,7 +361,7 @@ fn decide(
                 format!("decide.bounds.{m}: give [lo, hi], finite, lo < hi"),
             ),
         }
-        if !gate_files.iter().any(|g| g.metric.get_ref() == m) {
+        if !gate_files.iter().any(|g| g.metric.get_ref() == m) && !prereg {
             diag.push(
                 &place,
                 format!(
@@ -374,6 +375,7 @@ fn decide(
         seed: d.seed.unwrap_or(0),
         bounds,
         at,
+        stops: Vec::new(),
     })
 }
 
@@ -400,8 +402,11 @@ fn sequential_gates(
         );
         return;
     }
-    if case.gates.is_empty() {
-        diag.push(at, "decide.sequential: the case has no gate to decide");
+    if case.gates.is_empty() && case.prereg.is_none() {
+        diag.push(
+            at,
+            "decide.sequential: the case has no gate (nor preregistered rule) to decide",
+        );
     }
     let mut added = Vec::new();
     for (i, (g, f)) in case.gates.iter_mut().zip(files).enumerate() {
@@ -461,6 +466,23 @@ fn sequential_gates(
         });
         if !added.contains(&lo) {
             added.extend([lo, hi]);
+        }
+    }
+    // A preregistered rule reads the sequence of every metric with bounds.
+    for m in d.bounds.keys() {
+        let [lo, hi] = Decide::bound_metrics(m);
+        if sequential.contains(&m.as_str()) && !added.contains(&lo) {
+            added.extend([lo, hi]);
+        } else if !sequential.contains(&m.as_str()) {
+            diag.push(
+                &d.at,
+                format!(
+                    "decide.bounds.{m}: `{m}` cannot be decided sequentially; a sequential {} \
+                     case decides {}",
+                    case.kind,
+                    sequential.join(", ")
+                ),
+            );
         }
     }
     case.metrics.extend(added.into_iter().map(Metric::float));

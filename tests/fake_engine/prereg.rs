@@ -597,3 +597,78 @@ fn the_report_lists_wins_and_losses_together() {
         "{text}"
     );
 }
+
+/// A preregistered comparison with a sealed sequential design: the rule
+/// tests the sequence's bounds, the run stops once the rule is decided,
+/// and a case whose design differs from the sealed one is refused.
+#[test]
+fn a_sealed_sequential_design_decides_early_and_must_match_its_case() {
+    let fx = Fx::new("sequential", &[("seq", "worse", "better", 30)]);
+    let text: String = (0..64 * 30 + 10)
+        .map(|i| char::from(b'a' + ((i * 7 + i / 13) % 26) as u8))
+        .collect();
+    std::fs::write(fx.root.join("suites/t2.txt"), &text).unwrap();
+    let case = |seed: u64| {
+        std::fs::write(
+            fx.root.join("suites/seq.toml"),
+            format!(
+                "kind = \"perplexity\"\nmodels = [\"worse\"]\nreference = \"better\"\n\
+                 prereg = \"../prereg/seq.toml\"\n[text]\npath = \"t2.txt\"\nsha256 = \"{}\"\n\
+                 [window]\nmode = \"llama-perplexity\"\nn_ctx = 64\nchunks = 30\n\
+                 [decide]\nsequential = true\nalpha = 0.05\nseed = {seed}\n\
+                 [decide.bounds]\ndelta_nll_mean = [-5.0, 5.0]\n",
+                quantgate::core::fsutil::sha256_bytes(text.as_bytes())
+            ),
+        )
+        .unwrap();
+    };
+    case(3);
+    let body = "compare = { candidate = \"worse\", baseline = \"better\" }\n\
+         size_rule = \"candidate-not-larger\"\ncase = \"seq\"\nmetric = \"delta_nll_mean\"\n\
+         windows = 30\nrule = { win = \"seq_hi < 0\", loss = \"seq_lo > 0\" }\n\
+         prediction = { value = 0.5, low = 0.0, high = 5.0 }\nnote = \"test\"\n\
+         decide = { alpha = 0.05, seed = 3, bounds = [-5.0, 5.0] }\n";
+    let p = fx.write_prereg("seq", body);
+    seal(&p);
+    let o = fx.run("seq");
+    assert_eq!(o.status, Status::Pass, "{o:?}");
+    let d = o.prereg.as_ref().unwrap();
+    assert_eq!(d.outcome, Verdict::Loss);
+    let used = o.metrics["windows"];
+    assert!(used < 30.0, "{used}");
+    assert_eq!(o.metrics["windows_total"], 30.0);
+    assert!(o.metrics["delta_nll_mean_seq_lo"] > 0.0);
+    assert!(
+        o.texts["decided"].contains(&format!(
+            "the preregistered rule's threshold 0 on delta_nll_mean: above at window {used} of 30"
+        )),
+        "{:?}",
+        o.texts
+    );
+    // The case's design must be the sealed one.
+    case(4);
+    let e = err(&fx.run("seq"));
+    assert!(
+        e.contains("decide: the sealed design is alpha 0.05, seed 3, bounds [-5, 5], but case `seq` declares alpha 0.05, seed 4"),
+        "{e}"
+    );
+    // Sequence bounds need a sealed design; a design needs sequence bounds.
+    let p2 = fx.write_prereg(
+        "seq",
+        &body.replace(
+            "decide = { alpha = 0.05, seed = 3, bounds = [-5.0, 5.0] }\n",
+            "",
+        ),
+    );
+    let e = prereg::parse(&p2).unwrap_err().message;
+    assert!(
+        e.contains("seq_lo / seq_hi need a sealed sequential design"),
+        "{e}"
+    );
+    let p3 = fx.write_prereg("seq", &body.replace("seq_hi < 0", "ci95_hi < 0"));
+    let e = prereg::parse(&p3).unwrap_err().message;
+    assert!(
+        e.contains("a sequential design decides on its sequence's bounds"),
+        "{e}"
+    );
+}

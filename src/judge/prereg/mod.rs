@@ -32,6 +32,10 @@ use toml::Spanned;
 /// Interval bounds a rule may test, besides the metric's `value`.
 const BOUNDS: &[&str] = &["value", "ci95_lo", "ci95_hi", "boot95_lo", "boot95_hi"];
 
+/// The bounds a sequential rule tests: its confidence sequence's at the
+/// stop (fixed-N intervals are not valid after a data-dependent stop).
+const SEQ_BOUNDS: &[&str] = &["seq_lo", "seq_hi"];
+
 /// Which sizes a comparison allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum SizeRule {
@@ -60,10 +64,11 @@ impl Condition {
                 "`{text}`: write `<bound> <op> <number>`, e.g. `ci95_hi < 0`"
             ));
         };
-        if !BOUNDS.contains(&bound) {
+        if !BOUNDS.contains(&bound) && !SEQ_BOUNDS.contains(&bound) {
             return Err(format!(
-                "`{text}`: `{bound}` is not one of {}",
-                BOUNDS.join(", ")
+                "`{text}`: `{bound}` is not one of {}, {}",
+                BOUNDS.join(", "),
+                SEQ_BOUNDS.join(", ")
             ));
         }
         if !["<", "<=", ">", ">="].contains(&op) {
@@ -87,6 +92,8 @@ impl Condition {
     pub fn metric_name(&self, metric: &str) -> String {
         if self.bound == "value" {
             metric.to_string()
+        } else if SEQ_BOUNDS.contains(&self.bound.as_str()) {
+            format!("{metric}_{}", self.bound)
         } else {
             format!(
                 "{}_{}",
@@ -144,6 +151,17 @@ pub struct Prereg {
     pub prediction: (f64, f64, f64),
     /// Free text.
     pub note: String,
+    /// A sequential design, sealed with the rule: (alpha, seed, bounds of
+    /// the metric's per-window value), and where it is written.
+    pub decide: Option<(f64, u64, (f64, f64), Location)>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DecideFile {
+    alpha: f64,
+    seed: u64,
+    bounds: [f64; 2],
 }
 
 #[derive(Deserialize)]
@@ -157,6 +175,7 @@ struct PreregFile {
     rule: Spanned<RuleFile>,
     prediction: Spanned<PredictionFile>,
     note: String,
+    decide: Option<Spanned<DecideFile>>,
 }
 
 #[derive(Deserialize)]
@@ -232,6 +251,40 @@ pub fn parse(path: &Path) -> Result<Prereg> {
             at(f.windows.span().start)
         ));
     }
+    let decide = f.decide.as_ref().map(|d| {
+        let v = d.get_ref();
+        let [lo, hi] = v.bounds;
+        if !(v.alpha > 0.0 && v.alpha <= 0.5) {
+            errors.push(format!(
+                "{}: decide.alpha: {} is not in (0, 0.5]",
+                at(d.span().start),
+                v.alpha
+            ));
+        }
+        if !(lo.is_finite() && hi.is_finite() && lo < hi) {
+            errors.push(format!(
+                "{}: decide.bounds: give [lo, hi], finite, lo < hi",
+                at(d.span().start)
+            ));
+        }
+        (v.alpha, v.seed, (lo, hi), at(d.span().start))
+    });
+    // A sequential rule tests its sequence's bounds; a fixed-N rule its
+    // intervals.
+    for (key, c) in [("win", &win), ("loss", &loss)] {
+        let seq = SEQ_BOUNDS.contains(&c.bound.as_str());
+        if seq != decide.is_some() {
+            errors.push(format!(
+                "{}: rule.{key}: `{c}`: {}",
+                at(f.rule.span().start),
+                if seq {
+                    "seq_lo / seq_hi need a sealed sequential design (decide = { alpha, seed, bounds })"
+                } else {
+                    "a sequential design decides on its sequence's bounds: test seq_lo or seq_hi"
+                }
+            ));
+        }
+    }
     if f.compare.candidate.get_ref() == f.compare.baseline.get_ref() {
         errors.push(format!(
             "{}: compare: candidate and baseline are both `{}`",
@@ -272,14 +325,26 @@ pub fn parse(path: &Path) -> Result<Prereg> {
         rule_at: at(f.rule.span().start),
         prediction: (p.value, p.low, p.high),
         note: f.note,
+        decide,
     })
 }
 
 impl Prereg {
     /// The rule in words.
     pub fn rule_text(&self) -> String {
+        let design = self
+            .decide
+            .as_ref()
+            .map(|(alpha, seed, (lo, hi), _)| {
+                format!(
+                    " (sequential over up to {} windows: alpha {alpha}, seed {seed}, \
+                     per-window values in [{lo}, {hi}])",
+                    self.windows
+                )
+            })
+            .unwrap_or_default();
         format!(
-            "{}: win if {}; loss if {}; else tie",
+            "{}: win if {}; loss if {}; else tie{design}",
             self.metric.0, self.win, self.loss
         )
     }
@@ -394,6 +459,35 @@ pub fn check_case(p: &Prereg, case: &Case) -> Result<()> {
                 metrics.join(", ")
             ));
         }
+    }
+    match (&p.decide, &case.decide) {
+        (None, None) => {}
+        (Some((alpha, seed, bounds, at)), Some(d)) => {
+            let theirs = d.bounds.get(&p.metric.0).copied();
+            if d.alpha != *alpha || d.seed != *seed || theirs != Some(*bounds) {
+                errors.push(format!(
+                    "{at}: decide: the sealed design is alpha {alpha}, seed {seed}, bounds \
+                     [{}, {}], but case `{}` declares alpha {}, seed {}, bounds {} ({})",
+                    bounds.0,
+                    bounds.1,
+                    case.name,
+                    d.alpha,
+                    d.seed,
+                    theirs.map_or("none".into(), |(l, h)| format!("[{l}, {h}]")),
+                    d.at
+                ));
+            }
+        }
+        (Some((_, _, _, at)), None) => errors.push(format!(
+            "{at}: decide: a sequential design is sealed, but case `{}` has no \
+             `[decide] sequential = true`",
+            case.name
+        )),
+        (None, Some(d)) => errors.push(format!(
+            "{}: decide: case `{}` decides sequentially, but its sealed rule declares no \
+             sequential design (seal one with `decide = {{ alpha, seed, bounds }}`)",
+            d.at, case.name
+        )),
     }
     match &case.windows {
         None => errors.push(format!(

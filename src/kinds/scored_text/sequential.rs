@@ -203,6 +203,31 @@ impl ScoredText {
             };
             tracked[k].gates.push((i, g.max, g.min, None));
         }
+        // A sealed rule's thresholds: decided like a `max` gate on each.
+        for (m, c) in &decide.stops {
+            let Some(&b) = decide.bounds.get(m) else {
+                continue;
+            };
+            let k = match tracked.iter().position(|t| &t.metric == m) {
+                Some(k) => k,
+                None => {
+                    tracked.push(Tracked {
+                        metric: m.clone(),
+                        seq: MeanSequence::new(n, b, decide.alpha),
+                        bounds: b,
+                        gates: Vec::new(),
+                    });
+                    tracked.len() - 1
+                }
+            };
+            if !tracked[k]
+                .gates
+                .iter()
+                .any(|g| g.0 == usize::MAX && g.1 == Some(*c))
+            {
+                tracked[k].gates.push((usize::MAX, Some(*c), None, None));
+            }
+        }
         let order = permutation(n, decide.seed);
         let (mut cand, mut refs) = (Vec::new(), Vec::new());
         let mut refused: Option<String> = None;
@@ -288,24 +313,34 @@ impl ScoredText {
             out.metrics.insert(mhi, hi);
             for (i, max, min, d) in &t.gates {
                 let rule = match (max, min) {
-                    (Some(c), _) => format!("{} <= {c}", t.metric),
-                    (_, Some(c)) => format!("{} >= {c}", t.metric),
+                    _ if *i == usize::MAX => format!(
+                        "the preregistered rule's threshold {} on {}",
+                        max.unwrap_or_default(),
+                        t.metric
+                    ),
+                    (Some(c), _) => format!("gate[{i}] {} <= {c}", t.metric),
+                    (_, Some(c)) => format!("gate[{i}] {} >= {c}", t.metric),
                     _ => t.metric.clone(),
                 };
                 // No float here: texts compare exactly with goldens; the
                 // bounds are metrics, compared within their tolerance.
                 lines.push(match d {
                     Some((pass, at)) if refused.is_none() && *at < n => format!(
-                        "gate[{i}] {rule}: {} at window {at} of {n}, its sequence's {} bound \
+                        "{rule}: {} at window {at} of {n}, its sequence's {} bound \
                          past the threshold",
-                        if *pass { "pass" } else { "fail" },
+                        match (*i == usize::MAX, *pass) {
+                            (true, true) => "below",
+                            (true, false) => "above",
+                            (false, true) => "pass",
+                            (false, false) => "fail",
+                        },
                         if *pass == max.is_some() {
                             "upper"
                         } else {
                             "lower"
                         },
                     ),
-                    _ => format!("gate[{i}] {rule}: decided at N = {n} on the exact mean"),
+                    _ => format!("{rule}: decided at N = {n} on the exact mean"),
                 });
             }
         }
