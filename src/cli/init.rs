@@ -270,7 +270,7 @@ against the reference on the evidence a model card shows:
 
 | case | measures | gate (edit the `[[gate]]` tables to change) |
 |---|---|---|
-| `delta_nll` | paired ΔNLL per window on the corpus, 95% interval | mean ≤ +0.05 nats/token |
+| `delta_nll` | paired ΔNLL per window on the corpus, decided sequentially over up to 80 windows (each quant stops once its verdict is certain at alpha 0.05) | mean ≤ +0.05 nats/token |
 | `kld` | KL(reference ‖ quant) per position, same top token, flips | mean ≤ 0.1, p99 ≤ 0.5 |
 | `mc` | 64 computed multiple-choice questions, flips against the reference | ≤ 10 right→wrong |
 | `speed` | prompt processing and generation t/s, against the reference | tg not slower |

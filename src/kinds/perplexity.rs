@@ -90,8 +90,14 @@ pub fn window_columns() -> Vec<ReportColumn> {
             },
         ),
         ReportColumn::csv_only(&["ln_ppl_ratio", "ln_ppl_ratio_se"]),
-        // A sequential case's: the windows it used of N, and the bounds on
-        // the all-window mean ΔNLL its confidence sequence had at the stop.
+    ]
+}
+
+/// A sequential case's columns: the windows it used of N, and the bounds
+/// on the all-window mean ΔNLL its confidence sequence had at the stop;
+/// shown only where a row has them.
+pub fn sequential_columns() -> Vec<ReportColumn> {
+    vec![
         ReportColumn::new(
             "windows used",
             Cell::OutOf {
@@ -145,7 +151,10 @@ pub fn present() -> Option<Presentation> {
     Some(Presentation {
         kind: "perplexity",
         join: Join::Reference,
-        columns: window_columns(),
+        columns: window_columns()
+            .into_iter()
+            .chain(sequential_columns())
+            .collect(),
         plots: window_plots(),
         legend: vec![WINDOW_LEGEND],
     })

@@ -33,37 +33,48 @@ fn list(models: &[String]) -> String {
         .join(", ")
 }
 
-fn windows(text: &str, sha: &str) -> String {
+fn windows(text: &str, sha: &str, chunks: usize) -> String {
     format!(
         "[text]\npath = \"../data/{text}\"\nsha256 = \"{sha}\"\n\n\
          # llama-perplexity's windows: n_ctx tokens, the second half of each scored.\n\
          # More chunks give a tighter interval (and take longer).\n\
-         [window]\nmode = \"llama-perplexity\"\nn_ctx = 512\nchunks = 16\n"
+         [window]\nmode = \"llama-perplexity\"\nn_ctx = 512\nchunks = {chunks}\n"
     )
 }
 
 fn delta_nll(models: &[String], reference: &str, text: &str, sha: &str) -> String {
     format!(
         "# The release gate: the mean paired ΔNLL (quant − reference, per window of\n\
-         # identical tokens) stays ≤ +0.05 nats/token.\n\
-         kind = \"perplexity\"\ndescription = \"paired ΔNLL against the reference\"\n\
+         # identical tokens) over 80 windows stays ≤ +0.05 nats/token, decided\n\
+         # sequentially: the windows are visited in a seeded random order and each\n\
+         # quant stops once the anytime-valid confidence sequence for its 80-window\n\
+         # mean lies below (pass) or above (fail) +0.05; the reference is decoded only\n\
+         # for windows a quant still needs. Each verdict is wrong with probability\n\
+         # ≤ alpha; a quant near the threshold runs all 80 windows, and its verdict is\n\
+         # then the fixed-N one. Remove [decide] to score every window.\n\
+         kind = \"perplexity\"\ndescription = \"paired ΔNLL against the reference, decided sequentially\"\n\
          models = [{}]\nreference = {reference:?}\n\n{}\n\
-         [[gate]]\nmetric = \"delta_nll_mean\"\nmax = 0.05\n",
+         [[gate]]\nmetric = \"delta_nll_mean\"\nmax = 0.05\n\n\
+         # alpha: each verdict's error level; seed: the window order; bounds: the range\n\
+         # every window's ΔNLL is declared to lie in (a window outside it stops the\n\
+         # sequential rule: the case then runs all windows and says why).\n\
+         [decide]\nsequential = true\nalpha = 0.05\nseed = 1\n\n\
+         [decide.bounds]\ndelta_nll_mean = [-0.5, 0.5]\n",
         list(models),
-        windows(text, sha)
+        windows(text, sha, 80)
     )
 }
 
 fn kld(models: &[String], reference: &str, text: &str, sha: &str) -> String {
     format!(
-        "# KL(reference ‖ quant) per scored position on the same windows (one decode\n\
-         # with delta_nll), top-1 agreement and the flips where the reference is sure.\n\
+        "# KL(reference ‖ quant) per scored position over the first 16 windows, top-1\n\
+         # agreement and the flips where the reference is sure.\n\
          kind = \"kld\"\ndescription = \"KL divergence, same top, flips against the reference\"\n\
          models = [{}]\nreference = {reference:?}\n\n{}\n\
          [[gate]]\nmetric = \"kld_mean\"\nmax = 0.1\n\n\
          [[gate]]\nmetric = \"kld_p99\"\nmax = 0.5\n",
         list(models),
-        windows(text, sha)
+        windows(text, sha, 16)
     )
 }
 

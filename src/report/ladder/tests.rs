@@ -249,3 +249,46 @@ fn pi_cases_are_columns_per_case_beside_their_model() {
     assert_eq!(field("pi/tf:flips"), "850");
     assert!(md.contains("first error CASE") && md.contains("first flip CASE"));
 }
+
+/// A sequential case's columns (windows used of N, the sequence's bounds
+/// at the stop) show only in a view where a row has them: a fixed-N run's
+/// report keeps its columns, a sequential run's gains them.
+#[test]
+fn sequential_columns_show_only_where_a_row_has_them() {
+    let facts = |_: &str| ModelFacts {
+        bytes: Some(100),
+        bpw: Some(8.5),
+    };
+    let fixed = outcome(
+        "ppl/x",
+        "q8",
+        &[("ppl", 10.0), ("delta_nll_mean", 0.003), ("windows", 16.0)],
+    );
+    let md = markdown(&views(&[fixed], &crate::kinds::presentations(), &facts));
+    assert!(!md.contains("windows used"), "{md}");
+    assert!(!md.contains("sequence at stop"), "{md}");
+    let seq = outcome(
+        "ppl/s",
+        "q8",
+        &[
+            ("ppl", 10.0),
+            ("delta_nll_mean", 0.003),
+            ("delta_nll_mean_seq_lo", -0.043),
+            ("delta_nll_mean_seq_hi", 0.049),
+            ("windows", 31.0),
+            ("windows_total", 80.0),
+        ],
+    );
+    let vs = views(&[seq], &crate::kinds::presentations(), &facts);
+    let md = markdown(&vs);
+    let row = md.lines().find(|l| l.starts_with("| q8 ")).unwrap();
+    assert!(md.contains("| windows used |"), "{md}");
+    assert!(row.contains("| 31/80 |"), "{row}");
+    assert!(row.contains("+0.0030 [-0.0430, +0.0490]"), "{row}");
+    let csv = csv(&vs);
+    let head = csv.lines().next().unwrap();
+    assert!(
+        head.contains("windows_total") && head.contains("delta_nll_mean_seq_hi"),
+        "{head}"
+    );
+}
