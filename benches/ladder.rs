@@ -26,7 +26,6 @@ use quantgate::engine::Engine;
 use quantgate::models::{ensure, Registry};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
-use std::time::Instant;
 
 const CANDIDATES: &[&str] = &[
     "smollm2-q8_0",
@@ -36,19 +35,9 @@ const CANDIDATES: &[&str] = &[
 ];
 const WIKI_SHA: &str = "d790b833ef8cf03a90db7bf1271b7520b83c45ce07ba3c1a9699df81e239eca0";
 
+/// Run `cmd`; its seconds (it must exit 0).
 fn run(cmd: &mut Command, what: &str) -> f64 {
-    let t = Instant::now();
-    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
-    let secs = t.elapsed().as_secs_f64();
-    if !out.status.success() {
-        panic!(
-            "{what} failed ({}):\n{}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    secs
+    common::timed(cmd, what, &[0])
 }
 
 fn main() -> ExitCode {

@@ -26,7 +26,6 @@ use quantgate::engine::Engine;
 use quantgate::models::{ensure, Registry};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
-use std::time::Instant;
 
 const CANDIDATES: &[&str] = &[
     "smollm2-q8_0",
@@ -38,18 +37,7 @@ const WIKI_SHA: &str = "d790b833ef8cf03a90db7bf1271b7520b83c45ce07ba3c1a9699df81
 
 /// Run `cmd`; its seconds. Exit 0 or 1 (a failed gate) is a run.
 fn run(cmd: &mut Command, what: &str) -> f64 {
-    let t = Instant::now();
-    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
-    let secs = t.elapsed().as_secs_f64();
-    if !matches!(out.status.code(), Some(0 | 1)) {
-        panic!(
-            "{what} failed ({}):\n{}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    secs
+    common::timed(cmd, what, &[0, 1])
 }
 
 /// The outcomes of a `--json` file.
@@ -81,7 +69,11 @@ fn main() -> ExitCode {
     let slices: Vec<usize> = std::env::var("QG_BENCH_CHUNKS")
         .unwrap_or_else(|_| "80".into())
         .split(',')
-        .map(|s| s.trim().parse().expect("QG_BENCH_CHUNKS: numbers, comma-separated"))
+        .map(|s| {
+            s.trim()
+                .parse()
+                .expect("QG_BENCH_CHUNKS: numbers, comma-separated")
+        })
         .collect();
     let qg = std::env::var("QG_BENCH_QUANTGATE")
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_quantgate").to_string());
@@ -143,7 +135,9 @@ fn main() -> ExitCode {
     let tool_run = |model: &Path, extra: &[&str], what: &str| {
         let mut c = Command::new(&tool);
         c.arg("-m").arg(model).arg("-f").arg(&text);
-        c.args(["-c", "512", "--chunks", &chunks, "-b", "512", "-fa", "off", "-t", "2"]);
+        c.args([
+            "-c", "512", "--chunks", &chunks, "-b", "512", "-fa", "off", "-t", "2",
+        ]);
         c.args(extra);
         run(&mut c, what)
     };

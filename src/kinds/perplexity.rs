@@ -331,21 +331,7 @@ impl Kind for Perplexity {
         let reference = if let Some(r) = &self.reference {
             Some(tx.reference_scores(cx, r, &src, &*model, &plan)?)
         } else if let Some(rec) = &self.record {
-            let text = rec.read_text()?;
-            let (header, rscored) = read_record(&text, &plan)
-                .map_err(|e| Error::input(format!("{}:{e}", rec.path.display())))?;
-            let recorded = Vocab {
-                alias: &header.model,
-                n_vocab: header.n_vocab,
-                fingerprint: &header.tokenizer_fingerprint,
-            };
-            same_tokenizer(
-                &rec.at,
-                "reference_record",
-                recorded,
-                Vocab::of(model.info()),
-            )?;
-            Some(Arc::new(rscored))
+            Some(record_scores(rec, &*model, &plan)?)
         } else {
             None
         };
@@ -379,6 +365,30 @@ impl Kind for Perplexity {
     }
 }
 
+/// A reference record's scores of `plan`, its tokenizer checked against
+/// the candidate's.
+fn record_scores(
+    rec: &Pin,
+    model: &dyn crate::engine::LoadedModel,
+    plan: &crate::execute::windows::ScoringPlan,
+) -> Result<Arc<Scored>> {
+    let text = rec.read_text()?;
+    let (header, rscored) = read_record(&text, plan)
+        .map_err(|e| Error::input(format!("{}:{e}", rec.path.display())))?;
+    let recorded = Vocab {
+        alias: &header.model,
+        n_vocab: header.n_vocab,
+        fingerprint: &header.tokenizer_fingerprint,
+    };
+    same_tokenizer(
+        &rec.at,
+        "reference_record",
+        recorded,
+        Vocab::of(model.info()),
+    )?;
+    Ok(Arc::new(rscored))
+}
+
 impl Perplexity {
     /// The reference of a sequential run: a stored full reference or a
     /// record (every window at hand), else the reference model, decoded
@@ -392,21 +402,7 @@ impl Perplexity {
     ) -> Result<RefWindows> {
         let tx = &self.text;
         if let Some(rec) = &self.record {
-            let text = rec.read_text()?;
-            let (header, rscored) = read_record(&text, plan)
-                .map_err(|e| Error::input(format!("{}:{e}", rec.path.display())))?;
-            let recorded = Vocab {
-                alias: &header.model,
-                n_vocab: header.n_vocab,
-                fingerprint: &header.tokenizer_fingerprint,
-            };
-            same_tokenizer(
-                &rec.at,
-                "reference_record",
-                recorded,
-                Vocab::of(model.info()),
-            )?;
-            return Ok(RefWindows::Full(Arc::new(rscored)));
+            return Ok(RefWindows::Full(record_scores(rec, &**model, plan)?));
         }
         let Some((ralias, rat)) = &self.reference else {
             return Err(Error::harness(

@@ -191,6 +191,24 @@ pub fn llama_tool(tool: &str) -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
+/// Run `cmd` for a bench; its wall seconds. An exit code outside `ok` (or
+/// a signal) panics with the command's output.
+#[allow(dead_code)]
+pub fn timed(cmd: &mut std::process::Command, what: &str, ok: &[i32]) -> f64 {
+    let t = std::time::Instant::now();
+    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+    let secs = t.elapsed().as_secs_f64();
+    if !out.status.code().is_some_and(|c| ok.contains(&c)) {
+        panic!(
+            "{what} failed ({}):\n{}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    secs
+}
+
 /// `QG_BENCH_ROUNDS`, else `default`: how many rounds a bench alternates.
 #[allow(dead_code)]
 pub fn bench_rounds(default: usize) -> usize {

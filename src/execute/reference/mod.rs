@@ -70,9 +70,6 @@ pub struct ReferenceStore {
     scores: Memo<StoredScores>,
     rows: Memo<RefRows>,
     kept: Memo<dyn std::any::Any + Send + Sync>,
-    /// Scores of single windows (a sequential run's reference, decoded
-    /// window by window), in this process only.
-    windows: Memo<Scored>,
 }
 
 /// A kept product's file: the id it was computed for, and the value.
@@ -159,7 +156,6 @@ impl ReferenceStore {
             scores: Mutex::new(HashMap::new()),
             rows: Mutex::new(HashMap::new()),
             kept: Mutex::new(HashMap::new()),
-            windows: Mutex::new(HashMap::new()),
         }
     }
 
@@ -329,17 +325,6 @@ impl ReferenceStore {
         Some(stored.scored.clone())
     }
 
-    /// A single window's scores this process decoded (id: the scores
-    /// product's id and the window).
-    pub fn window_scores(&self, id: &str) -> Option<Arc<Scored>> {
-        memo_get(&self.windows, id)
-    }
-
-    /// Remember a single window's scores (the first one stays).
-    pub fn put_window_scores(&self, id: &str, scored: Scored) -> Arc<Scored> {
-        memo_put(&self.windows, id, Arc::new(scored))
-    }
-
     /// Put scores a decode computed into the store (file and memo). Two
     /// writers of one product write the same bytes, renamed atomically.
     pub fn put_scores(
@@ -465,6 +450,24 @@ impl ReferenceStore {
             write_sealed(&path, bytes)?;
         }
         Ok(remember(v))
+    }
+
+    /// A kept product (as [`ReferenceStore::kept`] keeps it) when this
+    /// process's memo or an intact file holds it; never computes.
+    pub fn kept_only<T>(&self, id: &str, ext: &str) -> Option<Arc<T>>
+    where
+        T: serde::de::DeserializeOwned + Send + Sync + 'static,
+    {
+        if let Some(v) = memo_get(&self.kept, id).and_then(|v| v.downcast::<T>().ok()) {
+            return Some(v);
+        }
+        let path = self.dir.join(format!(
+            "{}.{ext}",
+            crate::core::fsutil::sha256_bytes(id.as_bytes())
+        ));
+        let v: T = read_kept(id, &path)?;
+        let any: Arc<dyn std::any::Any + Send + Sync> = Arc::new(v);
+        memo_put(&self.kept, id, any).downcast::<T>().ok()
     }
 
     /// Whether a product (`id`, kept in `path`) is in this process's memo

@@ -6,9 +6,11 @@
 //!
 //! Contract: the same inputs and seed give the same order, the same stop
 //! and the same numbers. The reference is decoded only for windows some
-//! candidate still needs, each window once per process (a stored full
-//! reference serves any prefix without a decode), and kept in full when a
-//! run needed every window. A value outside its declared bounds is never
+//! candidate still needs, each window once: kept in the reference store
+//! window by window, so a later run (a quant added next month) reads the
+//! windows decoded so far and decodes only the rest; a stored full
+//! reference serves any prefix, and the whole is kept once every window
+//! is. A value outside its declared bounds is never
 //! clipped: the case then runs to N and says why. At N the verdict is the
 //! fixed-N verdict: both bounds are the exact mean.
 
@@ -89,9 +91,50 @@ fn score_windows(
         .collect())
 }
 
+/// One reference window's scores as the store keeps them (sealed JSON,
+/// `<cache>/reference/<sha256(id)>.qgwin`): the per-position values, from
+/// which the window's sums are added up again in order (bitwise the
+/// decode's).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct KeptWindow {
+    token_nll: Vec<f64>,
+    token_top1: Vec<bool>,
+    token_argmax: Vec<crate::engine::TokenId>,
+}
+
+impl KeptWindow {
+    fn of(s: &Scored) -> Self {
+        KeptWindow {
+            token_nll: s.token_nll.clone(),
+            token_top1: s.token_top1.clone(),
+            token_argmax: s.token_argmax.clone(),
+        }
+    }
+
+    /// The window's scores, if they fit its plan (`targets` positions).
+    fn scored(&self, targets: usize) -> Option<Scored> {
+        let n = self.token_nll.len();
+        if n != targets || self.token_top1.len() != n || self.token_argmax.len() != n {
+            return None;
+        }
+        let mut w = crate::measure::WindowNll::default();
+        for (nll, top1) in self.token_nll.iter().zip(&self.token_top1) {
+            w.add(*nll, *top1);
+        }
+        Some(Scored {
+            windows: vec![w],
+            token_nll: self.token_nll.clone(),
+            token_top1: self.token_top1.clone(),
+            token_argmax: self.token_argmax.clone(),
+            ..Scored::default()
+        })
+    }
+}
+
 impl RefWindows {
-    /// The reference's scores of windows `ws` of `plan`: those this process
-    /// has not decoded yet decoded in one call.
+    /// The reference's scores of windows `ws` of `plan`: from this process
+    /// or the store (each window a sealed product of the reference's
+    /// scores key), those neither holds decoded in one call and kept.
     fn windows(
         &self,
         cx: &RunContext,
@@ -114,21 +157,31 @@ impl RefWindows {
             } => (id, model, plan, keep),
         };
         let wid = |w: usize| format!("{id}#window{w}");
+        let stored = |w: usize| {
+            cx.references
+                .kept_only::<KeptWindow>(&wid(w), "qgwin")
+                .and_then(|k| k.scored(rplan.windows[w].targets.len()))
+        };
+        let mut got: Vec<Option<Scored>> = ws.iter().map(|&w| stored(w)).collect();
         let missing: Vec<usize> = ws
             .iter()
-            .copied()
-            .filter(|&w| cx.references.window_scores(&wid(w)).is_none())
+            .zip(&got)
+            .filter(|(_, g)| g.is_none())
+            .map(|(w, _)| *w)
             .collect();
         if !missing.is_empty() {
             let fresh = score_windows(cx, model, rplan, &missing, n_batch)?;
             for (w, s) in missing.iter().zip(fresh) {
+                let finite = |k: &KeptWindow| k.token_nll.iter().all(|x| x.is_finite());
                 cx.references
-                    .put_window_scores(&wid(*w), Arc::unwrap_or_clone(s));
+                    .kept(&wid(*w), "qgwin", &finite, &|| Ok(KeptWindow::of(&s)))?;
+                let at = ws.iter().position(|v| v == w).expect("asked for");
+                got[at] = Some(Arc::unwrap_or_clone(s));
             }
-            // Every window decoded in this process: the whole reference,
-            // kept as a full run would keep it.
+            // Every window decoded (here or by earlier runs): the whole
+            // reference, kept as a full run would keep it.
             let all: Option<Vec<Arc<Scored>>> = (0..rplan.windows.len())
-                .map(|v| cx.references.window_scores(&wid(v)))
+                .map(|v| stored(v).map(Arc::new))
                 .collect();
             if let Some(all) = all {
                 let build = keep.lock().unwrap_or_else(|p| p.into_inner()).take();
@@ -137,13 +190,10 @@ impl RefWindows {
                 }
             }
         }
-        ws.iter()
-            .map(|&w| {
-                cx.references
-                    .window_scores(&wid(w))
-                    .ok_or_else(|| Error::harness(format!("reference window {w} not kept")))
-            })
-            .collect()
+        Ok(got
+            .into_iter()
+            .map(|g| Arc::new(g.expect("decoded or kept")))
+            .collect())
     }
 }
 
