@@ -235,7 +235,9 @@ fn validity(
 fn over_ten_thousand_orders_bounds_and_verdicts_err_at_most_alpha() {
     let alpha = 0.05;
     let runs = 10_000;
-    let mut populations: Vec<(String, Vec<f64>, (f64, f64), f64)> = Vec::new();
+    // (name, values, declared bounds, the gate's max)
+    type Population = (String, Vec<f64>, (f64, f64), f64);
+    let mut populations: Vec<Population> = Vec::new();
     for m in recorded().models {
         populations.push((format!("{} ΔNLL", m.model), m.delta_nll, DNLL_BOUNDS, 0.05));
         populations.push((format!("{} KLD", m.model), m.kld, KLD_BOUNDS, 0.1));

@@ -17,7 +17,8 @@ use crate::execute::reference::{same_tokenizer, Vocab};
 use crate::execute::windows::Scored;
 use crate::execute::RunContext;
 use crate::kinds::scored_text::{
-    BootstrapFile, PinnedFile, RefWindows, ScoredText, ScoresBuild, TextFile, WindowFile,
+    BootstrapFile, LazyReference, PinnedFile, RefWindows, ScoredText, ScoresBuild, TextFile,
+    WindowFile,
 };
 use crate::kinds::{Finish, Kind, RefWork, Start};
 use crate::measure::{
@@ -321,7 +322,7 @@ impl Kind for Perplexity {
             let reference = self.reference_windows(cx, &src, &model, &plan)?;
             out.timings.decode += t.elapsed();
             let (scored, rscored) =
-                tx.decide_sequentially(cx, case, decide, &model, &plan, &reference, out)?;
+                tx.decide_sequentially(cx, case, decide, (&model, &plan), &reference, out)?;
             conclude(tx, Some(&rscored), out, &scored);
             return Ok(Start::Done);
         }
@@ -420,12 +421,12 @@ impl Perplexity {
         }
         let (id, _) = cx.references.scores_product(&key);
         let keep = ScoresBuild::new(tx, ralias, &rv.file.sha256, &build, &rmodel, &rplan);
-        Ok(RefWindows::Lazy {
+        Ok(RefWindows::Lazy(Box::new(LazyReference {
             id,
             model: rmodel,
             plan: Arc::new(rplan),
             keep: std::sync::Mutex::new(Some(keep)),
-        })
+        })))
     }
 }
 

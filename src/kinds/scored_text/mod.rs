@@ -31,7 +31,7 @@ pub use parse::*;
 mod reference;
 pub use reference::*;
 mod sequential;
-pub use sequential::{RefWindows, STEP};
+pub use sequential::{LazyReference, RefWindows, STEP};
 
 /// Moving-block bootstrap settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

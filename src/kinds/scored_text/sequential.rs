@@ -24,7 +24,7 @@ fn window_of(scored: &Scored, plan: &ScoringPlan, w: usize) -> Scored {
     let from: usize = plan.windows[..w].iter().map(|p| p.targets.len()).sum();
     let to = from + plan.windows[w].targets.len();
     Scored {
-        windows: vec![scored.windows[w].clone()],
+        windows: vec![scored.windows[w]],
         token_nll: scored.token_nll[from..to].to_vec(),
         token_top1: scored.token_top1[from..to].to_vec(),
         token_argmax: scored.token_argmax[from..to].to_vec(),
@@ -54,17 +54,20 @@ pub enum RefWindows {
     /// Every window at hand (a stored reference, a reference record).
     Full(Arc<Scored>),
     /// A reference model decoded window by window when first needed.
-    Lazy {
-        /// The reference model's scores key (its store id): the memo key
-        /// of each window, and where the whole is kept once complete.
-        id: String,
-        /// The reference model.
-        model: Arc<dyn LoadedModel>,
-        /// Its plan (identical tokens to the candidate's).
-        plan: Arc<ScoringPlan>,
-        /// What keeps the whole in the store once every window is decoded.
-        keep: std::sync::Mutex<Option<ScoresBuild>>,
-    },
+    Lazy(Box<LazyReference>),
+}
+
+/// A reference model decoded window by window.
+pub struct LazyReference {
+    /// The reference model's scores key (its store id): the key of each
+    /// kept window, and where the whole is kept once complete.
+    pub id: String,
+    /// The reference model.
+    pub model: Arc<dyn LoadedModel>,
+    /// Its plan (identical tokens to the candidate's).
+    pub plan: Arc<ScoringPlan>,
+    /// What keeps the whole in the store once every window is decoded.
+    pub keep: std::sync::Mutex<Option<ScoresBuild>>,
 }
 
 /// Windows decoded in one call: the engine's two CPU lanes decode two at
@@ -149,12 +152,7 @@ impl RefWindows {
                     .map(|&w| Arc::new(window_of(s, plan, w)))
                     .collect())
             }
-            RefWindows::Lazy {
-                id,
-                model,
-                plan,
-                keep,
-            } => (id, model, plan, keep),
+            RefWindows::Lazy(r) => (&r.id, &r.model, &r.plan, &r.keep),
         };
         let wid = |w: usize| format!("{id}#window{w}");
         let stored = |w: usize| {
@@ -203,8 +201,21 @@ struct Tracked {
     seq: MeanSequence,
     /// Running intersection of the bounds (once decided, a gate stays so).
     bounds: (f64, f64),
-    /// (gate index, max, min, decided: Some((pass, at n))).
-    gates: Vec<(usize, Option<f64>, Option<f64>, Option<(bool, usize)>)>,
+    /// The thresholds to decide on it.
+    gates: Vec<Threshold>,
+}
+
+/// A threshold a sequential run decides: a gate's, or a sealed rule's.
+struct Threshold {
+    /// The gate's index (None: a preregistered rule's threshold).
+    gate: Option<usize>,
+    /// The gate's `max` (a rule's threshold is one).
+    max: Option<f64>,
+    /// The gate's `min`.
+    min: Option<f64>,
+    /// Once decided: whether it passed (a rule's: whether the mean is
+    /// below), at which window.
+    decided: Option<(bool, usize)>,
 }
 
 impl ScoredText {
@@ -218,8 +229,7 @@ impl ScoredText {
         cx: &RunContext,
         case: &Case,
         decide: &Decide,
-        model: &Arc<dyn LoadedModel>,
-        plan: &ScoringPlan,
+        (model, plan): (&Arc<dyn LoadedModel>, &ScoringPlan),
         reference: &RefWindows,
         out: &mut Outcome,
     ) -> Result<(Scored, Scored)> {
@@ -251,7 +261,12 @@ impl ScoredText {
                     tracked.len() - 1
                 }
             };
-            tracked[k].gates.push((i, g.max, g.min, None));
+            tracked[k].gates.push(Threshold {
+                gate: Some(i),
+                max: g.max,
+                min: g.min,
+                decided: None,
+            });
         }
         // A sealed rule's thresholds: decided like a `max` gate on each.
         for (m, c) in &decide.stops {
@@ -273,9 +288,14 @@ impl ScoredText {
             if !tracked[k]
                 .gates
                 .iter()
-                .any(|g| g.0 == usize::MAX && g.1 == Some(*c))
+                .any(|g| g.gate.is_none() && g.max == Some(*c))
             {
-                tracked[k].gates.push((usize::MAX, Some(*c), None, None));
+                tracked[k].gates.push(Threshold {
+                    gate: None,
+                    max: Some(*c),
+                    min: None,
+                    decided: None,
+                });
             }
         }
         let order = permutation(n, decide.seed);
@@ -314,14 +334,14 @@ impl ScoredText {
                         (t.bounds.0.max(lo), t.bounds.1.min(hi))
                     };
                     for g in &mut t.gates {
-                        if g.3.is_none() {
-                            g.3 = decided(g.1, g.2, t.bounds).map(|p| (p, j + 1));
+                        if g.decided.is_none() {
+                            g.decided = decided(g.max, g.min, t.bounds).map(|p| (p, j + 1));
                         }
                     }
                 }
                 let all = tracked
                     .iter()
-                    .all(|t| t.gates.iter().all(|g| g.3.is_some()));
+                    .all(|t| t.gates.iter().all(|g| g.decided.is_some()));
                 if refused.is_none() && all {
                     break 'visit;
                 }
@@ -361,30 +381,30 @@ impl ScoredText {
             let [mlo, mhi] = Decide::bound_metrics(&t.metric);
             out.metrics.insert(mlo, lo);
             out.metrics.insert(mhi, hi);
-            for (i, max, min, d) in &t.gates {
-                let rule = match (max, min) {
-                    _ if *i == usize::MAX => format!(
+            for g in &t.gates {
+                let rule = match (g.gate, g.max, g.min) {
+                    (None, c, _) => format!(
                         "the preregistered rule's threshold {} on {}",
-                        max.unwrap_or_default(),
+                        c.unwrap_or_default(),
                         t.metric
                     ),
-                    (Some(c), _) => format!("gate[{i}] {} <= {c}", t.metric),
-                    (_, Some(c)) => format!("gate[{i}] {} >= {c}", t.metric),
+                    (Some(i), Some(c), _) => format!("gate[{i}] {} <= {c}", t.metric),
+                    (Some(i), _, Some(c)) => format!("gate[{i}] {} >= {c}", t.metric),
                     _ => t.metric.clone(),
                 };
                 // No float here: texts compare exactly with goldens; the
                 // bounds are metrics, compared within their tolerance.
-                lines.push(match d {
-                    Some((pass, at)) if refused.is_none() && *at < n => format!(
+                lines.push(match g.decided {
+                    Some((pass, at)) if refused.is_none() && at < n => format!(
                         "{rule}: {} at window {at} of {n}, its sequence's {} bound \
                          past the threshold",
-                        match (*i == usize::MAX, *pass) {
+                        match (g.gate.is_none(), pass) {
                             (true, true) => "below",
                             (true, false) => "above",
                             (false, true) => "pass",
                             (false, false) => "fail",
                         },
-                        if *pass == max.is_some() {
+                        if pass == g.max.is_some() {
                             "upper"
                         } else {
                             "lower"
