@@ -21,10 +21,7 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use quantgate::engine::llama::LlamaEngine;
-use quantgate::engine::Engine;
-use quantgate::models::{ensure, Registry};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, ExitCode};
 
 const CANDIDATES: &[&str] = &[
@@ -49,26 +46,16 @@ fn main() -> ExitCode {
     let qg = std::env::var("QG_BENCH_QUANTGATE")
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_quantgate").to_string());
     let tool = common::llama_perplexity_tool();
-    let reg = Registry::load(&repo.join("suites/models.toml")).unwrap();
-    let engine = LlamaEngine::new();
-    let label = engine.build().label();
-    let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 2);
-    let path = |alias: &str| ensure(&reg, alias, &label, &q).unwrap().file.path;
-    let f16 = path("smollm2-f16");
-    let cands: Vec<PathBuf> = CANDIDATES.iter().map(|a| path(a)).collect();
-
-    // A suites tree with the one case, and a cache whose model files are the
-    // real cache's (linked) but whose reference and result caches are its own.
-    let dir = std::env::temp_dir().join(format!("qg-bench-ladder-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let (suites, cache) = (dir.join("suites"), dir.join("cache"));
-    std::fs::create_dir_all(suites.join("kld")).unwrap();
-    std::fs::create_dir_all(&cache).unwrap();
-    std::fs::copy(repo.join("suites/models.toml"), suites.join("models.toml")).unwrap();
-    let real = quantgate::models::cache_dir();
-    for sub in ["models", "derived"] {
-        std::os::unix::fs::symlink(real.join(sub), cache.join(sub)).unwrap();
-    }
+    // A suites tree for the bench's cases, and a cache whose model files
+    // are the real cache's (linked) but whose reference and result caches
+    // are its own.
+    let common::BenchLadder {
+        f16,
+        cands,
+        dir,
+        suites,
+        cache,
+    } = common::bench_ladder("ladder", CANDIDATES, "kld");
     let text = repo.join("suites/data/wikitext-2-test.txt");
     std::fs::write(
         suites.join("kld/ladder.toml"),

@@ -191,6 +191,61 @@ pub fn llama_tool(tool: &str) -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
+/// A bench's ladder: the fixture's F16 and `candidates` files (fetched
+/// and derived as needed), and a fresh folder `qg-bench-NAME-PID` holding
+/// `suites/` (the registry, and `suites/<case_dir>/` for the bench's
+/// cases) and a cache whose model files are the real cache's (linked) but
+/// whose reference and result caches are its own.
+#[allow(dead_code)]
+pub struct BenchLadder {
+    /// The F16 reference file.
+    pub f16: std::path::PathBuf,
+    /// The candidates' files, in order.
+    pub cands: Vec<std::path::PathBuf>,
+    /// The folder (removed by the bench when it ends).
+    pub dir: std::path::PathBuf,
+    /// `dir/suites`.
+    pub suites: std::path::PathBuf,
+    /// `dir/cache` (`QUANTGATE_CACHE` of the bench's runs).
+    pub cache: std::path::PathBuf,
+}
+
+/// Set up a [`BenchLadder`].
+#[allow(dead_code)]
+pub fn bench_ladder(name: &str, candidates: &[&str], case_dir: &str) -> BenchLadder {
+    use quantgate::engine::Engine;
+    let repo = quantgate::harness::project_root();
+    let reg = quantgate::models::Registry::load(&repo.join("suites/models.toml")).unwrap();
+    let engine = quantgate::engine::llama::LlamaEngine::new();
+    let label = engine.build().label();
+    let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 2);
+    let path = |alias: &str| {
+        quantgate::models::ensure(&reg, alias, &label, &q)
+            .unwrap()
+            .file
+            .path
+    };
+    let f16 = path("smollm2-f16");
+    let cands = candidates.iter().map(|a| path(a)).collect();
+    let dir = std::env::temp_dir().join(format!("qg-bench-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (suites, cache) = (dir.join("suites"), dir.join("cache"));
+    std::fs::create_dir_all(suites.join(case_dir)).unwrap();
+    std::fs::create_dir_all(&cache).unwrap();
+    std::fs::copy(repo.join("suites/models.toml"), suites.join("models.toml")).unwrap();
+    let real = quantgate::models::cache_dir();
+    for sub in ["models", "derived"] {
+        std::os::unix::fs::symlink(real.join(sub), cache.join(sub)).unwrap();
+    }
+    BenchLadder {
+        f16,
+        cands,
+        dir,
+        suites,
+        cache,
+    }
+}
+
 /// Run `cmd` for a bench; its wall seconds. An exit code outside `ok` (or
 /// a signal) panics with the command's output.
 #[allow(dead_code)]
