@@ -24,13 +24,7 @@ mod common;
 use std::path::Path;
 use std::process::{Command, ExitCode};
 
-const CANDIDATES: &[&str] = &[
-    "smollm2-q8_0",
-    "smollm2-q6_k",
-    "smollm2-q4_k_m",
-    "smollm2-q2_k",
-];
-const WIKI_SHA: &str = "d790b833ef8cf03a90db7bf1271b7520b83c45ce07ba3c1a9699df81e239eca0";
+use common::{LADDER as CANDIDATES, WIKI_SHA};
 
 /// Run `cmd`; its seconds. Exit 0 or 1 (a failed gate) is a run.
 fn run(cmd: &mut Command, what: &str) -> f64 {

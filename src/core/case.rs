@@ -70,6 +70,21 @@ pub struct Decide {
 }
 
 impl Decide {
+    /// What is wrong with `alpha` as a design's error level, if anything
+    /// (it must lie in (0, 0.5]); `key` names it in the message.
+    pub fn alpha_problem(key: &str, alpha: f64) -> Option<String> {
+        (!(alpha > 0.0 && alpha <= 0.5)).then(|| format!("{key}: {alpha} is not in (0, 0.5]"))
+    }
+
+    /// What is wrong with `bounds` as a per-window value's declared range,
+    /// if anything (finite, lo < hi); `key` names it in the message.
+    pub fn bounds_problem(key: &str, bounds: &[f64]) -> Option<String> {
+        match bounds {
+            [lo, hi] if lo.is_finite() && hi.is_finite() && lo < hi => None,
+            _ => Some(format!("{key}: give [lo, hi], finite, lo < hi")),
+        }
+    }
+
     /// The metrics a sequential case adds for each gated metric `m`: the
     /// bounds of its confidence sequence at the stop.
     pub fn bound_metrics(m: &str) -> [String; 2] {

@@ -335,11 +335,8 @@ fn decide(
     let d = file.get_ref();
     let alpha = d.alpha.as_ref().map_or(0.05, |a| *a.get_ref());
     if let Some(a) = &d.alpha {
-        if !(alpha > 0.0 && alpha <= 0.5) {
-            diag.push_at(
-                a.span().start,
-                format!("decide.alpha: {alpha} is not in (0, 0.5]"),
-            );
+        if let Some(why) = Decide::alpha_problem("decide.alpha", alpha) {
+            diag.push_at(a.span().start, why);
         }
     }
     if d.sequential && d.seed.is_none() {
@@ -352,14 +349,11 @@ fn decide(
     let mut bounds = BTreeMap::new();
     for (m, b) in &d.bounds {
         let place = diag.at(b.span().start);
-        match b.get_ref()[..] {
-            [lo, hi] if lo.is_finite() && hi.is_finite() && lo < hi => {
-                bounds.insert(m.clone(), (lo, hi));
+        match Decide::bounds_problem(&format!("decide.bounds.{m}"), b.get_ref()) {
+            None => {
+                bounds.insert(m.clone(), (b.get_ref()[0], b.get_ref()[1]));
             }
-            _ => diag.push(
-                &place,
-                format!("decide.bounds.{m}: give [lo, hi], finite, lo < hi"),
-            ),
+            Some(why) => diag.push(&place, why),
         }
         if !gate_files.iter().any(|g| g.metric.get_ref() == m) && !prereg {
             diag.push(

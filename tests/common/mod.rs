@@ -191,6 +191,19 @@ pub fn llama_tool(tool: &str) -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
+/// The fixture ladder's candidates the benches time against F16.
+#[allow(dead_code)]
+pub const LADDER: &[&str] = &[
+    "smollm2-q8_0",
+    "smollm2-q6_k",
+    "smollm2-q4_k_m",
+    "smollm2-q2_k",
+];
+
+/// sha256 of `suites/data/wikitext-2-test.txt`, as the benches' cases pin it.
+#[allow(dead_code)]
+pub const WIKI_SHA: &str = "d790b833ef8cf03a90db7bf1271b7520b83c45ce07ba3c1a9699df81e239eca0";
+
 /// A bench's ladder: the fixture's F16 and `candidates` files (fetched
 /// and derived as needed), and a fresh folder `qg-bench-NAME-PID` holding
 /// `suites/` (the registry, and `suites/<case_dir>/` for the bench's

@@ -19,7 +19,7 @@ pub use ledger::{
     format_utc, ledger_of, now_unix, read_ledger, root_of, seal, sealed_line, LedgerLine, LEDGER,
 };
 
-use crate::core::case::{Case, Location};
+use crate::core::case::{Case, Decide, Location};
 use crate::core::error::{Error, Result};
 use crate::core::fsutil::{line_col, sha256_bytes};
 use crate::core::outcome::{Decision, Verdict, PREREG_METRICS};
@@ -254,18 +254,12 @@ pub fn parse(path: &Path) -> Result<Prereg> {
     let decide = f.decide.as_ref().map(|d| {
         let v = d.get_ref();
         let [lo, hi] = v.bounds;
-        if !(v.alpha > 0.0 && v.alpha <= 0.5) {
-            errors.push(format!(
-                "{}: decide.alpha: {} is not in (0, 0.5]",
-                at(d.span().start),
-                v.alpha
-            ));
-        }
-        if !(lo.is_finite() && hi.is_finite() && lo < hi) {
-            errors.push(format!(
-                "{}: decide.bounds: give [lo, hi], finite, lo < hi",
-                at(d.span().start)
-            ));
+        let problems = [
+            Decide::alpha_problem("decide.alpha", v.alpha),
+            Decide::bounds_problem("decide.bounds", &v.bounds),
+        ];
+        for why in problems.into_iter().flatten() {
+            errors.push(format!("{}: {why}", at(d.span().start)));
         }
         (v.alpha, v.seed, (lo, hi), at(d.span().start))
     });

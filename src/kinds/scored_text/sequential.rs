@@ -177,13 +177,15 @@ impl RefWindows {
                 got[at] = Some(Arc::unwrap_or_clone(s));
             }
             // Every window decoded (here or by earlier runs): the whole
-            // reference, kept as a full run would keep it.
-            let all: Option<Vec<Arc<Scored>>> = (0..rplan.windows.len())
-                .map(|v| stored(v).map(Arc::new))
-                .collect();
-            if let Some(all) = all {
-                let build = keep.lock().unwrap_or_else(|p| p.into_inner()).take();
-                if let Some(b) = build {
+            // reference, kept as a full run would keep it (looked for
+            // only until it is kept).
+            let mut keep = keep.lock().unwrap_or_else(|p| p.into_inner());
+            if keep.is_some() {
+                let all: Option<Vec<Arc<Scored>>> = (0..rplan.windows.len())
+                    .map(|v| stored(v).map(Arc::new))
+                    .collect();
+                if let Some(all) = all {
+                    let b = keep.take().expect("checked above");
                     b.store_scored(cx, concat(&all))?;
                 }
             }
@@ -245,21 +247,26 @@ impl ScoredText {
             )));
         }
         let mut tracked: Vec<Tracked> = Vec::new();
-        for (i, g) in case.gates.iter().enumerate() {
-            let Some(&b) = decide.bounds.get(&g.metric) else {
-                continue;
-            };
-            let k = match tracked.iter().position(|t| t.metric == g.metric) {
+        // The sequence of metric `m` (started on first use); None when the
+        // design declares no bounds for it.
+        let of = |tracked: &mut Vec<Tracked>, m: &str| -> Option<usize> {
+            let &b = decide.bounds.get(m)?;
+            Some(match tracked.iter().position(|t| t.metric == m) {
                 Some(k) => k,
                 None => {
                     tracked.push(Tracked {
-                        metric: g.metric.clone(),
+                        metric: m.to_string(),
                         seq: MeanSequence::new(n, b, decide.alpha),
                         bounds: b,
                         gates: Vec::new(),
                     });
                     tracked.len() - 1
                 }
+            })
+        };
+        for (i, g) in case.gates.iter().enumerate() {
+            let Some(k) = of(&mut tracked, &g.metric) else {
+                continue;
             };
             tracked[k].gates.push(Threshold {
                 gate: Some(i),
@@ -270,20 +277,8 @@ impl ScoredText {
         }
         // A sealed rule's thresholds: decided like a `max` gate on each.
         for (m, c) in &decide.stops {
-            let Some(&b) = decide.bounds.get(m) else {
+            let Some(k) = of(&mut tracked, m) else {
                 continue;
-            };
-            let k = match tracked.iter().position(|t| &t.metric == m) {
-                Some(k) => k,
-                None => {
-                    tracked.push(Tracked {
-                        metric: m.clone(),
-                        seq: MeanSequence::new(n, b, decide.alpha),
-                        bounds: b,
-                        gates: Vec::new(),
-                    });
-                    tracked.len() - 1
-                }
             };
             if !tracked[k]
                 .gates
