@@ -263,6 +263,16 @@ impl ScoringPlan {
         self.windows.iter().map(|w| w.window.clone()).collect()
     }
 
+    /// Windows `ws` of the plan, in that order, as a plan of their own (a
+    /// sequential run's visit); the token stream's hash stays the whole's.
+    pub fn part(&self, ws: &[usize]) -> ScoringPlan {
+        ScoringPlan {
+            windows: ws.iter().map(|&w| self.windows[w].clone()).collect(),
+            n_ctx: self.n_ctx,
+            token_stream_sha256: self.token_stream_sha256.clone(),
+        }
+    }
+
     /// Scored targets over all windows.
     pub fn targets(&self) -> usize {
         self.windows.iter().map(|w| w.targets.len()).sum()

@@ -390,7 +390,8 @@ fn sequential_gates(
             at,
             format!(
                 "decide.sequential: a {} case cannot decide its gates sequentially \
-                 (perplexity cases with a reference can, on delta_nll_mean)",
+                 (perplexity cases with a reference, kld and multiple_choice cases can, on \
+                 their means over windows or tasks)",
                 case.kind
             ),
         );

@@ -373,18 +373,199 @@ fn bad_decide_tables_are_errors_naming_their_key() {
     std::fs::write(
         fx.root.join("suites/bad.toml"),
         format!(
-            "kind = \"kld\"\nmodels = [\"near\"]\nreference = \"ref\"\n[text]\npath = \"t.txt\"\n\
-             sha256 = \"{}\"\n[window]\nmode = \"llama-perplexity\"\nn_ctx = {N_CTX}\nchunks = {CHUNKS}\n\
-             [[gate]]\nmetric = \"kld_mean\"\nmax = 0.1\n{DECIDE}[decide.bounds]\nkld_mean = [0, 1]\n",
-            quantgate::core::fsutil::sha256_bytes(text().as_bytes())
+            "kind = \"speed\"\nmodels = [\"near\"]\nreference = \"ref\"\npp = 8\ntg = 4\n\
+             [[gate]]\nmetric = \"tg_ratio_vs_ref\"\nmin = 0.5\n{DECIDE}[decide.bounds]\n\
+             tg_ratio_vs_ref = [0, 10]\n"
         ),
     )
     .unwrap();
-    let err = parse_error(&fx, "kld");
+    let err = parse_error(&fx, "speed");
     assert!(
         err.message
-            .contains("a kld case cannot decide its gates sequentially"),
+            .contains("a speed case cannot decide its gates sequentially"),
         "{}",
         err.message
     );
+}
+
+impl Fx {
+    /// Write kld case `name` with `extra` after the text and windows.
+    fn kld_case(&self, name: &str, extra: &str) {
+        std::fs::write(
+            self.root.join(format!("suites/{name}.toml")),
+            format!(
+                "kind = \"kld\"\nmodels = [\"near\", \"far\"]\nreference = \"ref\"\n\
+                 [text]\npath = \"t.txt\"\nsha256 = \"{}\"\n\
+                 [window]\nmode = \"llama-perplexity\"\nn_ctx = {N_CTX}\nchunks = {CHUNKS}\n{extra}",
+                quantgate::core::fsutil::sha256_bytes(text().as_bytes())
+            ),
+        )
+        .unwrap();
+    }
+}
+
+/// Per-window means of a kld outcome's rows: mean KL and same-top fraction,
+/// by the case's window number.
+fn kld_by_window(o: &Outcome) -> std::collections::BTreeMap<i32, (f64, f64)> {
+    use quantgate::core::Column;
+    let t = o.rows.as_ref().expect("kld rows");
+    let col = |n: &str| &t.columns.iter().find(|c| c.0 == n).expect(n).1;
+    let (Column::I32(w), Column::F64(kl), Column::Bool(flip)) =
+        (col("window"), col("kl_vs_ref"), col("flip"))
+    else {
+        panic!("kld row columns")
+    };
+    let mut sums: std::collections::BTreeMap<i32, (f64, f64, f64)> = Default::default();
+    for ((w, kl), flip) in w.iter().zip(kl).zip(flip) {
+        let e = sums.entry(*w).or_default();
+        e.0 += kl;
+        e.1 += f64::from(u8::from(!flip));
+        e.2 += 1.0;
+    }
+    sums.into_iter()
+        .map(|(w, (kl, same, n))| (w, (kl / n, same / n)))
+        .collect()
+}
+
+#[test]
+fn a_sequential_kld_case_stops_early_and_at_n_is_the_fixed_n_case() {
+    let fx = Fx::new("kld");
+    fx.kld_case("fixed", "");
+    let (base, _) = fx.run("fixed");
+    for o in &base {
+        assert!(o.error.is_none(), "{:?}", o.error);
+    }
+    let per: Vec<_> = base.iter().map(kld_by_window).collect();
+    let mean_of = |p: &std::collections::BTreeMap<i32, (f64, f64)>, f: fn(&(f64, f64)) -> f64| {
+        p.values().map(f).sum::<f64>() / p.len() as f64
+    };
+    let (far, near) = (mean_of(&per[0], |x| x.0), mean_of(&per[1], |x| x.0));
+    assert!(near < far, "{near} {far}");
+    // kld_mean between the two; same_top below both (both pass it).
+    let c = (near + far) / 2.0;
+    let s = per
+        .iter()
+        .map(|p| mean_of(p, |x| x.1))
+        .fold(1.0, f64::min)
+        / 2.0;
+    let design = format!(
+        "[[gate]]\nmetric = \"kld_mean\"\nmax = {c}\n[[gate]]\nmetric = \"same_top\"\nmin = {s}\n\
+         {DECIDE}[decide.bounds]\nkld_mean = [0.0, {}]\nsame_top = [0.0, 1.0]\n",
+        far * 4.0
+    );
+    fx.kld_case("seq", &design);
+    std::fs::remove_dir_all(fx.root.join("cache")).unwrap();
+    let (outs, decodes) = fx.run("seq");
+    let order = permutation(CHUNKS, 11);
+    let mut used_all = Vec::new();
+    for ((o, b), p) in outs.iter().zip(&base).zip(&per) {
+        assert!(o.error.is_none(), "{}: {:?}", o.model, o.error);
+        let used = o.metrics["windows"] as usize;
+        assert!(used < CHUNKS, "{}: {used} windows", o.model);
+        // Replayed from the fixed-N rows in the seeded order: both gates
+        // decided at the window the run stopped at.
+        let mut seqs = [
+            (MeanSequence::new(CHUNKS, (0.0, far * 4.0), 0.05), Some(c), None),
+            (MeanSequence::new(CHUNKS, (0.0, 1.0), 0.05), None, Some(s)),
+        ];
+        let mut run = [(f64::NEG_INFINITY, f64::INFINITY); 2];
+        let mut stop = [None; 2];
+        for (j, &w) in order.iter().enumerate() {
+            let v = p[&(w as i32)];
+            for (k, (seq, max, min)) in seqs.iter_mut().enumerate() {
+                seq.push(if k == 0 { v.0 } else { v.1 }).unwrap();
+                let (lo, hi) = seq.bounds();
+                run[k] = (run[k].0.max(lo), run[k].1.min(hi));
+                if stop[k].is_none() {
+                    stop[k] = decided(*max, *min, run[k]).map(|pass| (pass, j + 1));
+                }
+            }
+            if stop.iter().all(Option::is_some) {
+                break;
+            }
+        }
+        let at = stop.iter().map(|s| s.unwrap().1).max().unwrap();
+        assert_eq!(used, at, "{}", o.model);
+        assert_eq!(stop[1].unwrap().0, true, "{}: same_top passes", o.model);
+        let pass = stop[0].unwrap().0;
+        assert_eq!(pass, mean_of(p, |x| x.0) <= c, "{}", o.model);
+        assert_eq!(o.status == Status::Pass, pass, "{}", o.model);
+        // Within floating-point summation order of the replay.
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * (1.0 + b.abs());
+        assert!(close(o.metrics["kld_mean_seq_lo"], run[0].0), "{}", o.model);
+        assert!(close(o.metrics["kld_mean_seq_hi"], run[0].1), "{}", o.model);
+        assert!(close(o.metrics["same_top_seq_lo"], run[1].0), "{}", o.model);
+        // The kld block is over the windows used: their rows are the
+        // fixed-N rows of those windows.
+        let got = kld_by_window(o);
+        let mut ws: Vec<i32> = order[..at].iter().map(|w| *w as i32).collect();
+        ws.sort_unstable();
+        assert_eq!(got.keys().copied().collect::<Vec<_>>(), ws);
+        for (w, v) in &got {
+            assert_eq!(v.0.to_bits(), p[w].0.to_bits(), "window {w}");
+            assert_eq!(v.1, p[w].1, "window {w}");
+        }
+        let want = ws.iter().map(|w| p[w].0).sum::<f64>() / at as f64;
+        assert!(close(o.metrics["kld_mean"], want), "{}", o.model);
+        assert!(o.metrics.contains_key("delta_nll_mean"));
+        let d = &o.texts["decided"];
+        let verdict = if pass { "pass" } else { "fail" };
+        assert!(
+            d.contains(&format!("gate[0] kld_mean <= {c}: {verdict} at window")),
+            "{d}"
+        );
+        assert!(d.contains(&format!("gate[1] same_top >= {s}: pass at window")), "{d}");
+        used_all.push(at);
+        let _ = b;
+    }
+    // The reference decoded only for the windows some candidate needed
+    // (in visits of STEP), each once; kept by visit, so a second run
+    // decodes only the candidates, with the same numbers.
+    let decoded = |u: &usize| (u.div_ceil(STEP) * STEP).min(CHUNKS);
+    let most = used_all.iter().map(decoded).max().unwrap();
+    assert_eq!(decodes, used_all.iter().map(decoded).sum::<usize>() + most);
+    let (again, decodes) = fx.run("seq");
+    for (a, b) in again.iter().zip(&outs) {
+        assert_eq!(a.metrics, b.metrics);
+        assert_eq!(a.texts, b.texts);
+    }
+    assert_eq!(decodes, used_all.iter().map(decoded).sum::<usize>());
+    // A damaged visit file is found out by its seal and decoded again.
+    let part = std::fs::read_dir(fx.root.join("cache"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "qgref"))
+        .expect("a kept visit of the reference");
+    let mut bytes = std::fs::read(&part).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 1;
+    std::fs::write(&part, &bytes).unwrap();
+    let (third, decodes) = fx.run("seq");
+    for (a, b) in third.iter().zip(&outs) {
+        assert_eq!(a.metrics, b.metrics);
+    }
+    assert_eq!(decodes, used_all.iter().map(decoded).sum::<usize>() + STEP);
+
+    // At N (a threshold at the near model's exact mean): every metric is
+    // the fixed-N case's, bit for bit.
+    let exact = mean_of(&per[1], |x| x.0);
+    let gate = format!("[[gate]]\nmetric = \"kld_mean\"\nmax = {}\n", exact * 2.0);
+    fx.kld_case("fixed", &gate);
+    let (fixed_outs, _) = fx.run("fixed");
+    let f = &fixed_outs[1];
+    let at_n = format!(
+        "[[gate]]\nmetric = \"kld_mean\"\nmax = {}\n{DECIDE}[decide.bounds]\nkld_mean = [0.0, {}]\n",
+        exact * 2.0,
+        exact * 1e6
+    );
+    fx.kld_case("seq", &at_n);
+    let (outs, _) = fx.run("seq");
+    let o = &outs[1];
+    assert_eq!(o.metrics["windows"], CHUNKS as f64, "{:?}", o.texts);
+    assert_eq!(o.status, f.status);
+    for (k, v) in &f.metrics {
+        assert_eq!(o.metrics[k].to_bits(), v.to_bits(), "{k}");
+    }
+    assert_eq!(o.rows.as_ref().unwrap().columns, f.rows.as_ref().unwrap().columns);
 }

@@ -524,6 +524,44 @@ impl ReferenceStore {
         Ok(refs)
     }
 
+    /// Rows of a part of a reference (a sequential run's windows), from the
+    /// `.qgref` file of `header` or built by `build` and written there, as
+    /// [`ReferenceStore::rows`] keeps whole references but not remembered
+    /// in this process: a run holds one part at a time, so memory stays
+    /// flat in the windows it visits. A damaged file is said and rebuilt.
+    pub fn part_rows(
+        &self,
+        header: &CacheHeader,
+        ref_alias: &str,
+        build: &dyn Fn() -> Result<(usize, String, Vec<RefPosition>)>,
+    ) -> Result<Arc<RefRows>> {
+        let (key, path) = self.rows_product(header);
+        let read = |path: &Path| match Self::read_rows(header, path) {
+            Ok(r) => r,
+            Err(why) => {
+                eprintln!(
+                    "quantgate: reference cache {} is unusable ({why}); rebuilding it from `{ref_alias}`",
+                    path.display()
+                );
+                None
+            }
+        };
+        let shipped = || self.shipped_path(&path).and_then(|p| read(&p));
+        if let Some(r) = memo_get(&self.rows, &key)
+            .or_else(shipped)
+            .or_else(|| read(&path))
+        {
+            return Ok(r);
+        }
+        self.may_compute(&format!("part of the rows of reference `{ref_alias}`"), &path)?;
+        let _lock = self.lock(&key)?;
+        if let Ok(Some(r)) = Self::read_rows(header, &path) {
+            return Ok(r);
+        }
+        let (n_vocab, fingerprint, rows) = build()?;
+        self.write_rows(header, &path, n_vocab, fingerprint, rows)
+    }
+
     /// Where the rows of `header` are kept, and the id that names them.
     pub fn rows_product(&self, header: &CacheHeader) -> (String, PathBuf) {
         let key = header.key();

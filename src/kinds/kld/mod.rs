@@ -19,13 +19,16 @@ use crate::execute::qgref::CacheHeader;
 use crate::execute::reference::{rows_header, RefRows, Vocab};
 use crate::execute::windows::{scored_from_rows, PlanScorer, ScoringPlan, Windowing};
 use crate::execute::RunContext;
-use crate::kinds::perplexity::{window_columns, window_metrics, window_plots, WINDOW_LEGEND};
+use crate::kinds::perplexity::{
+    sequential_columns, window_columns, window_metrics, window_plots, WINDOW_LEGEND,
+};
 use crate::kinds::reference_rows::RowsBuild;
 use crate::kinds::scored_text::{BootstrapFile, PinnedFile, ScoredText, TextFile, WindowFile};
 use crate::kinds::{Finish, Kind, RefWork, Start};
 use crate::measure::kld::{self as math, PosKld};
 
 mod metrics;
+mod sequential;
 use crate::kinds::perplexity::perplexity_metrics;
 pub use metrics::{kld_metrics, metric_names};
 use serde::Deserialize;
@@ -69,6 +72,8 @@ pub struct Kld {
     pub max_kept: usize,
     /// A llama-perplexity `--kl-divergence-base` file as the reference.
     pub import: Option<Pin>,
+    /// Whether the case decides its gates sequentially (`[decide]`).
+    pub sequential: bool,
 }
 
 /// Parse the kind's tables.
@@ -89,6 +94,7 @@ pub fn parse(case: &Case, src: &str, diag: &mut Diagnostics) -> Result<Arc<dyn K
         tail: math::DEFAULT_TAIL,
         max_kept: math::DEFAULT_MAX_KEPT,
         import: None,
+        sequential: case.decide.is_some(),
     };
     if let Some(t) = &f.kld {
         let t = t.get_ref();
@@ -300,6 +306,44 @@ pub fn present() -> Option<Presentation> {
             optional: false,
         },
     ]);
+    // A sequential case's: windows used, and each gated mean's sequence at
+    // the stop (shown only where a row has them).
+    columns.extend(sequential_columns());
+    let seq = |title, metric, lo, hi, digits, scale, suffix| {
+        ReportColumn::new(
+            title,
+            Cell::Interval {
+                metric,
+                lo,
+                hi,
+                digits,
+                scale,
+                signed: false,
+                suffix,
+            },
+        )
+        .optional()
+    };
+    columns.extend([
+        seq(
+            "KLD mean [sequence at stop]",
+            "kld_mean",
+            "kld_mean_seq_lo",
+            "kld_mean_seq_hi",
+            5,
+            1.0,
+            "",
+        ),
+        seq(
+            "same top % [sequence at stop]",
+            "same_top",
+            "same_top_seq_lo",
+            "same_top_seq_hi",
+            2,
+            100.0,
+            "%",
+        ),
+    ]);
     let mut plots = vec![Plot::Frontier {
         metric: "kld_mean",
         spread: Spread::Se95("kld_mean_se"),
@@ -396,14 +440,29 @@ impl Kind for Kld {
     }
 
     fn reference_observation(&self) -> Option<String> {
-        match (&self.reference, &self.import) {
-            (Some(_), None) => Some(self.text.declared()),
+        // A sequential case decodes its reference itself, visit by visit.
+        match (&self.reference, &self.import, self.sequential) {
+            (Some(_), None, false) => Some(self.text.declared()),
             _ => None,
         }
     }
 
+    fn decides_sequentially(&self) -> bool {
+        self.sequential
+    }
+
+    fn sequential_metrics(&self) -> Vec<&'static str> {
+        if self.import.is_some() {
+            vec!["kld_mean", "same_top"]
+        } else {
+            vec!["kld_mean", "same_top", "delta_nll_mean"]
+        }
+    }
+
     fn reference_work(&self, cx: &RunContext, _case: &Case) -> Result<Option<RefWork>> {
-        let (Some((ref_alias, ref_at)), None) = (&self.reference, &self.import) else {
+        let (Some((ref_alias, ref_at)), None, false) =
+            (&self.reference, &self.import, self.sequential)
+        else {
             return Ok(None);
         };
         let tx = &self.text;
@@ -411,7 +470,8 @@ impl Kind for Kld {
         let (_, rmodel) = cx.load(ref_alias)?;
         tx.check_context(&*rmodel)?;
         let rplan = tx.plan_for(cx, &src, &*rmodel)?;
-        let header = self.rows_header(cx, (ref_alias, ref_at), &rplan, rmodel.info().n_vocab)?;
+        let header =
+            self.rows_header(cx, (ref_alias, ref_at), &rplan, rmodel.info().n_vocab, None)?;
         let obs = tx.observation(cx, rmodel.clone(), &rplan);
         Ok(self.rows_build(header, &rplan, &*rmodel).work(cx, obs))
     }
@@ -419,6 +479,10 @@ impl Kind for Kld {
     fn start(&self, cx: &RunContext, case: &Case, alias: &str, out: &mut Outcome) -> Result<Start> {
         let tx = &self.text;
         let (src, model, plan) = tx.prepare(cx, alias, out)?;
+        if let Some(decide) = &case.decide {
+            self.decide_sequentially(cx, case, decide, &src, (&model, &plan), out)?;
+            return Ok(Start::Done);
+        }
         let t_ref = Instant::now();
         let refs = self.reference_rows(cx, case, &src, &*model, &plan)?;
         out.timings.decode += t_ref.elapsed();
@@ -524,7 +588,8 @@ impl Finish for KldTrial {
             text.add_paired(out, &scored, &rscored);
         }
         out.metrics.extend(kld_metrics(&pos, &bins));
-        out.rows = Some(Arc::new(rows_table(&plan, &pos, &scored.token_nll)));
+        let ids: Vec<usize> = (0..plan.windows.len()).collect();
+        out.rows = Some(Arc::new(rows_table(&plan, &ids, &pos, &scored.token_nll)));
         out.timings.measure += t.elapsed();
         Ok(())
     }
@@ -538,13 +603,20 @@ impl Kld {
         (ref_alias, ref_at): (&str, &Location),
         plan: &ScoringPlan,
         n_vocab: usize,
+        part: Option<&[usize]>,
     ) -> Result<CacheHeader> {
         let tx = &self.text;
         let ref_sha = cx.pinned_sha256(ref_alias).map_err(|e| e.context(ref_at))?;
+        // A part (a sequential run's visit) is its own product, named by
+        // its windows.
+        let windowing = match part {
+            None => format!("{:?}", tx.windowing),
+            Some(ws) => format!("{:?} windows {ws:?}", tx.windowing),
+        };
         Ok(rows_header(
             ref_sha,
             &plan.token_stream_sha256,
-            format!("{:?}", tx.windowing),
+            windowing,
             &tx.settings(cx.threads),
             cx.identity_of(ref_alias),
             self.tail,
@@ -616,7 +688,7 @@ impl Kld {
             )));
         };
         let at = (ref_alias.as_str(), ref_at);
-        let header = self.rows_header(cx, at, plan, ci.n_vocab)?;
+        let header = self.rows_header(cx, at, plan, ci.n_vocab, None)?;
         cx.references
             .rows(&header, &case.path, at, Vocab::of(ci), &|| {
                 let (_, rmodel) = cx.load_reference(at, Vocab::of(ci))?;
@@ -629,10 +701,11 @@ impl Kld {
     }
 }
 
-/// One row per scored position (DESIGN.md, Outputs).
-fn rows_table(plan: &ScoringPlan, p: &[PosKld], token_nll: &[f64]) -> Table {
+/// One row per scored position (DESIGN.md, Outputs); `ids[w]` is the
+/// case's number of `plan`'s window `w`.
+fn rows_table(plan: &ScoringPlan, ids: &[usize], p: &[PosKld], token_nll: &[f64]) -> Table {
     let (mut window, mut position, mut target) = (Vec::new(), Vec::new(), Vec::new());
-    for (w, pw) in plan.windows.iter().enumerate() {
+    for (pw, &w) in plan.windows.iter().zip(ids) {
         for (k, &t) in pw.targets.iter().enumerate() {
             window.push(w as i32);
             position.push((pw.first_scored + k) as i32);

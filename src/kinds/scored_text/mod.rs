@@ -31,7 +31,10 @@ pub use parse::*;
 mod reference;
 pub use reference::*;
 mod sequential;
-pub use sequential::{LazyReference, RefWindows, STEP};
+pub use sequential::{
+    equal_windows, in_window_order, run_sequence, window_of, LazyReference, RefWindows,
+    WindowValues, STEP,
+};
 
 /// Moving-block bootstrap settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

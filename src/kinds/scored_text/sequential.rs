@@ -20,7 +20,7 @@ use crate::execute::windows::score_plan;
 use crate::measure::sequential::{decided, permutation, MeanSequence};
 
 /// Window `w`'s part of scores over a whole plan.
-fn window_of(scored: &Scored, plan: &ScoringPlan, w: usize) -> Scored {
+pub fn window_of(scored: &Scored, plan: &ScoringPlan, w: usize) -> Scored {
     let from: usize = plan.windows[..w].iter().map(|p| p.targets.len()).sum();
     let to = from + plan.windows[w].targets.len();
     Scored {
@@ -83,11 +83,7 @@ fn score_windows(
     ws: &[usize],
     n_batch: u32,
 ) -> Result<Vec<Arc<Scored>>> {
-    let sub = ScoringPlan {
-        windows: ws.iter().map(|&w| plan.windows[w].clone()).collect(),
-        n_ctx: plan.n_ctx,
-        token_stream_sha256: plan.token_stream_sha256.clone(),
-    };
+    let sub = plan.part(ws);
     let s = score_plan(model.clone(), &sub, n_batch, cx.threads)?;
     Ok((0..ws.len())
         .map(|k| Arc::new(window_of(&s, &sub, k)))
@@ -220,10 +216,222 @@ struct Threshold {
     decided: Option<(bool, usize)>,
 }
 
+/// The per-window values of one visited window: each tracked metric's.
+pub type WindowValues = std::collections::BTreeMap<&'static str, f64>;
+
+/// A sequential design needs windows of equal size: the mean over windows
+/// is then the mean over positions, the fixed-N metric.
+pub fn equal_windows(decide: &Decide, plan: &ScoringPlan) -> Result<()> {
+    let counts: Vec<usize> = plan.windows.iter().map(|w| w.targets.len()).collect();
+    if counts.iter().any(|c| *c != counts[0]) {
+        return Err(Error::input(format!(
+            "{}: a sequential design needs windows of equal size (the mean over windows \
+             is then the mean over tokens); these score {}..{} tokens",
+            decide.at,
+            counts.iter().min().unwrap_or(&0),
+            counts.iter().max().unwrap_or(&0)
+        )));
+    }
+    Ok(())
+}
+
+/// Visit `n` windows (or tasks) in the design's seeded order, [`STEP`] at a
+/// time through `visit` (which decodes them and returns each one's values),
+/// until every gate and sealed threshold of `case` is decided; the windows
+/// used, in visiting order. `out` gets `windows_total`, each gated metric's
+/// sequence bounds at the stop (`<metric>_seq_lo/hi`; the exact mean at N),
+/// the `window_order` series and the `decided` text. `unit` names what is
+/// visited ("window", "task").
+pub fn run_sequence(
+    case: &Case,
+    decide: &Decide,
+    n: usize,
+    unit: &str,
+    visit: &mut dyn FnMut(&[usize]) -> Result<Vec<WindowValues>>,
+    out: &mut Outcome,
+) -> Result<Vec<usize>> {
+    let mut tracked: Vec<Tracked> = Vec::new();
+    // The sequence of metric `m` (started on first use); None when the
+    // design declares no bounds for it.
+    let of = |tracked: &mut Vec<Tracked>, m: &str| -> Option<usize> {
+        let &b = decide.bounds.get(m)?;
+        Some(match tracked.iter().position(|t| t.metric == m) {
+            Some(k) => k,
+            None => {
+                tracked.push(Tracked {
+                    metric: m.to_string(),
+                    seq: MeanSequence::new(n, b, decide.alpha),
+                    bounds: b,
+                    gates: Vec::new(),
+                });
+                tracked.len() - 1
+            }
+        })
+    };
+    for (i, g) in case.gates.iter().enumerate() {
+        let Some(k) = of(&mut tracked, &g.metric) else {
+            continue;
+        };
+        tracked[k].gates.push(Threshold {
+            gate: Some(i),
+            max: g.max,
+            min: g.min,
+            decided: None,
+        });
+    }
+    // A sealed rule's thresholds: decided like a `max` gate on each.
+    for (m, c) in &decide.stops {
+        let Some(k) = of(&mut tracked, m) else {
+            continue;
+        };
+        if !tracked[k]
+            .gates
+            .iter()
+            .any(|g| g.gate.is_none() && g.max == Some(*c))
+        {
+            tracked[k].gates.push(Threshold {
+                gate: None,
+                max: Some(*c),
+                min: None,
+                decided: None,
+            });
+        }
+    }
+    let order = permutation(n, decide.seed);
+    let mut seen: Vec<WindowValues> = Vec::new();
+    let mut refused: Option<String> = None;
+    'visit: for pair in order.chunks(STEP) {
+        let values = visit(pair)?;
+        if values.len() != pair.len() {
+            return Err(Error::harness(format!(
+                "a sequential visit of {} {unit}s gave {} values",
+                pair.len(),
+                values.len()
+            )));
+        }
+        for (&w, v) in pair.iter().zip(values) {
+            let j = seen.len();
+            seen.push(v);
+            if refused.is_some() {
+                continue;
+            }
+            for t in &mut tracked {
+                let Some(&value) = seen[j].get(t.metric.as_str()) else {
+                    return Err(Error::harness(format!(
+                        "{unit} {w} has no per-{unit} value of {}",
+                        t.metric
+                    )));
+                };
+                if let Err(e) = t.seq.push(value) {
+                    refused = Some(format!(
+                        "{unit} {w} (visit {}) has {} = {:+.6}, outside the declared bounds \
+                         [{}, {}]: not decided sequentially; ran all {n} {unit}s",
+                        j + 1,
+                        t.metric,
+                        e.value,
+                        e.bounds.0,
+                        e.bounds.1
+                    ));
+                    break;
+                }
+                let (lo, hi) = t.seq.bounds();
+                t.bounds = if j + 1 == n {
+                    (lo, hi)
+                } else {
+                    (t.bounds.0.max(lo), t.bounds.1.min(hi))
+                };
+                for g in &mut t.gates {
+                    if g.decided.is_none() {
+                        g.decided = decided(g.max, g.min, t.bounds).map(|p| (p, j + 1));
+                    }
+                }
+            }
+            let all = tracked
+                .iter()
+                .all(|t| t.gates.iter().all(|g| g.decided.is_some()));
+            if refused.is_none() && all {
+                break 'visit;
+            }
+        }
+    }
+    let used = seen.len();
+    out.metrics.insert(format!("{unit}s_total"), n as f64);
+    out.series.insert(
+        format!("{unit}_order"),
+        order[..used].iter().map(|w| *w as f64).collect(),
+    );
+    let mut lines = vec![format!("{}; {used} of {n} {unit}s", decide.describe())];
+    for t in &tracked {
+        // At N (all windows, or a value out of bounds) both bounds are
+        // the exact mean of all N values, summed in window order.
+        let (lo, hi) = if used == n {
+            let mut by_window: Vec<(usize, f64)> = order
+                .iter()
+                .zip(&seen)
+                .map(|(w, v)| (*w, v[t.metric.as_str()]))
+                .collect();
+            by_window.sort_by_key(|x| x.0);
+            let mean = by_window.iter().map(|x| x.1).sum::<f64>() / n as f64;
+            (mean, mean)
+        } else {
+            t.bounds
+        };
+        let [mlo, mhi] = Decide::bound_metrics(&t.metric);
+        out.metrics.insert(mlo, lo);
+        out.metrics.insert(mhi, hi);
+        for g in &t.gates {
+            let rule = match (g.gate, g.max, g.min) {
+                (None, c, _) => format!(
+                    "the preregistered rule's threshold {} on {}",
+                    c.unwrap_or_default(),
+                    t.metric
+                ),
+                (Some(i), Some(c), _) => format!("gate[{i}] {} <= {c}", t.metric),
+                (Some(i), _, Some(c)) => format!("gate[{i}] {} >= {c}", t.metric),
+                _ => t.metric.clone(),
+            };
+            // No float here: texts compare exactly with goldens; the
+            // bounds are metrics, compared within their tolerance.
+            lines.push(match g.decided {
+                Some((pass, at)) if refused.is_none() && at < n => format!(
+                    "{rule}: {} at {unit} {at} of {n}, its sequence's {} bound \
+                     past the threshold",
+                    match (g.gate.is_none(), pass) {
+                        (true, true) => "below",
+                        (true, false) => "above",
+                        (false, true) => "pass",
+                        (false, false) => "fail",
+                    },
+                    if pass == g.max.is_some() {
+                        "upper"
+                    } else {
+                        "lower"
+                    },
+                ),
+                _ => format!("{rule}: decided at N = {n} on the exact mean"),
+            });
+        }
+    }
+    if let Some(r) = &refused {
+        lines.push(r.clone());
+    }
+    out.texts.insert("decided".into(), lines.join("\n"));
+    Ok(order[..used].to_vec())
+}
+
+/// `parts` (one per visited window, `order` their windows) in window
+/// order, as one [`Scored`]: at N the fixed-N case's, summed in its order.
+pub fn in_window_order(order: &[usize], parts: &[Arc<Scored>]) -> Scored {
+    let mut by_window: Vec<(usize, Arc<Scored>)> =
+        order.iter().copied().zip(parts.iter().cloned()).collect();
+    by_window.sort_by_key(|x| x.0);
+    concat(&by_window.into_iter().map(|x| x.1).collect::<Vec<_>>())
+}
+
 impl ScoredText {
     /// Decide `case`'s gates on `model` window by window in the design's
     /// order against `reference`; the candidate's and the reference's
-    /// scores of the windows used, in visiting order, with the metrics of
+    /// scores of the windows used, in window order, with the metrics of
     /// the design (bounds at the stop, windows of N, what decided) in
     /// `out`.
     pub fn decide_sequentially(
@@ -235,184 +443,37 @@ impl ScoredText {
         reference: &RefWindows,
         out: &mut Outcome,
     ) -> Result<(Scored, Scored)> {
-        let n = plan.windows.len();
-        let counts: Vec<usize> = plan.windows.iter().map(|w| w.targets.len()).collect();
-        if counts.iter().any(|c| *c != counts[0]) {
-            return Err(Error::input(format!(
-                "{}: a sequential design needs windows of equal size (the mean over windows \
-                 is then the mean over tokens); these score {}..{} tokens",
-                decide.at,
-                counts.iter().min().unwrap_or(&0),
-                counts.iter().max().unwrap_or(&0)
-            )));
-        }
-        let mut tracked: Vec<Tracked> = Vec::new();
-        // The sequence of metric `m` (started on first use); None when the
-        // design declares no bounds for it.
-        let of = |tracked: &mut Vec<Tracked>, m: &str| -> Option<usize> {
-            let &b = decide.bounds.get(m)?;
-            Some(match tracked.iter().position(|t| t.metric == m) {
-                Some(k) => k,
-                None => {
-                    tracked.push(Tracked {
-                        metric: m.to_string(),
-                        seq: MeanSequence::new(n, b, decide.alpha),
-                        bounds: b,
-                        gates: Vec::new(),
-                    });
-                    tracked.len() - 1
-                }
-            })
-        };
-        for (i, g) in case.gates.iter().enumerate() {
-            let Some(k) = of(&mut tracked, &g.metric) else {
-                continue;
-            };
-            tracked[k].gates.push(Threshold {
-                gate: Some(i),
-                max: g.max,
-                min: g.min,
-                decided: None,
-            });
-        }
-        // A sealed rule's thresholds: decided like a `max` gate on each.
-        for (m, c) in &decide.stops {
-            let Some(k) = of(&mut tracked, m) else {
-                continue;
-            };
-            if !tracked[k]
-                .gates
-                .iter()
-                .any(|g| g.gate.is_none() && g.max == Some(*c))
-            {
-                tracked[k].gates.push(Threshold {
-                    gate: None,
-                    max: Some(*c),
-                    min: None,
-                    decided: None,
-                });
-            }
-        }
-        let order = permutation(n, decide.seed);
+        equal_windows(decide, plan)?;
         let (mut cand, mut refs) = (Vec::new(), Vec::new());
-        let mut refused: Option<String> = None;
         let t_decode = Instant::now();
-        'visit: for (p, pair) in order.chunks(STEP).enumerate() {
-            let rs = reference.windows(cx, self.n_batch, plan, pair)?;
-            let cs = score_windows(cx, model, plan, pair, self.n_batch)?;
-            for (k, ((&w, c), r)) in pair.iter().zip(cs).zip(rs).enumerate() {
-                let j = p * STEP + k;
-                let value = mean_nll(&c) - mean_nll(&r);
-                cand.push(c);
-                refs.push(r);
-                if refused.is_some() {
-                    continue;
-                }
-                for t in &mut tracked {
+        let order = run_sequence(
+            case,
+            decide,
+            plan.windows.len(),
+            "window",
+            &mut |pair| {
+                let rs = reference.windows(cx, self.n_batch, plan, pair)?;
+                let cs = score_windows(cx, model, plan, pair, self.n_batch)?;
+                let mut values = Vec::new();
+                for (c, r) in cs.into_iter().zip(rs) {
                     // Only delta_nll_mean is sequential here (the parse checks).
-                    if let Err(e) = t.seq.push(value) {
-                        refused = Some(format!(
-                            "window {w} (visit {}) has {} = {:+.6}, outside the declared bounds \
-                             [{}, {}]: not decided sequentially; ran all {n} windows",
-                            j + 1,
-                            t.metric,
-                            e.value,
-                            e.bounds.0,
-                            e.bounds.1
-                        ));
-                        break;
-                    }
-                    let (lo, hi) = t.seq.bounds();
-                    t.bounds = if j + 1 == n {
-                        (lo, hi)
-                    } else {
-                        (t.bounds.0.max(lo), t.bounds.1.min(hi))
-                    };
-                    for g in &mut t.gates {
-                        if g.decided.is_none() {
-                            g.decided = decided(g.max, g.min, t.bounds).map(|p| (p, j + 1));
-                        }
-                    }
+                    values.push(WindowValues::from([(
+                        "delta_nll_mean",
+                        mean_nll(&c) - mean_nll(&r),
+                    )]));
+                    cand.push(c);
+                    refs.push(r);
                 }
-                let all = tracked
-                    .iter()
-                    .all(|t| t.gates.iter().all(|g| g.decided.is_some()));
-                if refused.is_none() && all {
-                    break 'visit;
-                }
-            }
-        }
+                Ok(values)
+            },
+            out,
+        )?;
         out.timings.decode += t_decode.elapsed();
-        let used = cand.len();
-        // The windows used in window order: at N the metrics are the
-        // fixed-N case's, summed in the same order.
-        let mut by_window: Vec<(usize, Arc<Scored>, Arc<Scored>)> = order[..used]
-            .iter()
-            .zip(cand.iter().zip(&refs))
-            .map(|(w, (c, r))| (*w, c.clone(), r.clone()))
-            .collect();
-        by_window.sort_by_key(|x| x.0);
-        let scored = concat(&by_window.iter().map(|x| x.1.clone()).collect::<Vec<_>>());
-        let rscored = concat(&by_window.iter().map(|x| x.2.clone()).collect::<Vec<_>>());
-        out.metrics.insert("windows_total".into(), n as f64);
-        out.series.insert(
-            "window_order".into(),
-            order[..used].iter().map(|w| *w as f64).collect(),
-        );
-        let d: Vec<f64> = by_window
-            .iter()
-            .map(|(_, c, r)| mean_nll(c) - mean_nll(r))
-            .collect();
-        let mut lines = vec![format!("{}; {used} of {n} windows", decide.describe())];
-        for t in &tracked {
-            // At N (all windows, or a value out of bounds) both bounds are
-            // the exact mean of all N windows.
-            let (lo, hi) = if used == n {
-                let mean = d.iter().sum::<f64>() / n as f64;
-                (mean, mean)
-            } else {
-                t.bounds
-            };
-            let [mlo, mhi] = Decide::bound_metrics(&t.metric);
-            out.metrics.insert(mlo, lo);
-            out.metrics.insert(mhi, hi);
-            for g in &t.gates {
-                let rule = match (g.gate, g.max, g.min) {
-                    (None, c, _) => format!(
-                        "the preregistered rule's threshold {} on {}",
-                        c.unwrap_or_default(),
-                        t.metric
-                    ),
-                    (Some(i), Some(c), _) => format!("gate[{i}] {} <= {c}", t.metric),
-                    (Some(i), _, Some(c)) => format!("gate[{i}] {} >= {c}", t.metric),
-                    _ => t.metric.clone(),
-                };
-                // No float here: texts compare exactly with goldens; the
-                // bounds are metrics, compared within their tolerance.
-                lines.push(match g.decided {
-                    Some((pass, at)) if refused.is_none() && at < n => format!(
-                        "{rule}: {} at window {at} of {n}, its sequence's {} bound \
-                         past the threshold",
-                        match (g.gate.is_none(), pass) {
-                            (true, true) => "below",
-                            (true, false) => "above",
-                            (false, true) => "pass",
-                            (false, false) => "fail",
-                        },
-                        if pass == g.max.is_some() {
-                            "upper"
-                        } else {
-                            "lower"
-                        },
-                    ),
-                    _ => format!("{rule}: decided at N = {n} on the exact mean"),
-                });
-            }
-        }
-        if let Some(r) = &refused {
-            lines.push(r.clone());
-        }
-        out.texts.insert("decided".into(), lines.join("\n"));
-        Ok((scored, rscored))
+        cand.truncate(order.len());
+        refs.truncate(order.len());
+        Ok((
+            in_window_order(&order, &cand),
+            in_window_order(&order, &refs),
+        ))
     }
 }
