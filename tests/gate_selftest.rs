@@ -6,7 +6,8 @@
 //! test, planned by observation: Q2_K's two cases share one decode, and
 //! the F16 reference is scored once for both. Q2_K also fails the ΔNLL gate
 //! decided sequentially over up to 80 windows, long before the 80th, with
-//! its sequence's lower bound above the threshold.
+//! its sequence's lower bound above the threshold, and the KL gate decided
+//! sequentially over up to 48 windows within a few of them.
 
 use quantgate::core::{Outcome, Status};
 use quantgate::engine::llama::LlamaEngine;
@@ -27,6 +28,7 @@ fn q3_and_q2_fail_the_delta_nll_and_kld_gates_with_readable_messages() {
         ("gate_fails", "ppl"),
         ("kld_fails", "kld"),
         ("gate_fails_sequential", "ppl"),
+        ("kld_fails_sequential", "kld"),
     ] {
         std::fs::copy(
             repo.join(format!("tests/fixtures/{fixture}.toml")),
@@ -36,7 +38,7 @@ fn q3_and_q2_fail_the_delta_nll_and_kld_gates_with_readable_messages() {
     }
     let (registry, planned) = plan(&root, &[], &[]).unwrap();
     let runner = RunContext::new(registry, Arc::new(LlamaEngine::new()), 2);
-    assert_eq!(planned.len(), 4);
+    assert_eq!(planned.len(), 5);
     let (outcomes, _) = quantgate::schedule::run_plan(
         &runner,
         &planned,
@@ -131,6 +133,28 @@ fn q3_and_q2_fail_the_delta_nll_and_kld_gates_with_readable_messages() {
     assert!(
         o.texts["decided"].contains(&format!(
             "gate[0] delta_nll_mean <= 0.05: fail at window {used} of 80"
+        )),
+        "{:?}",
+        o.texts
+    );
+    eprintln!("{msg}\n{}", o.texts["decided"]);
+    let o = by_name("kld/kld_fails_sequential::smollm2-q2_k");
+    assert_eq!(o.status, Status::Fail, "{:?}", o.error);
+    let used = o.metrics["windows"];
+    assert!(used <= 8.0, "Q2_K's KL decided after {used} of 48 windows");
+    assert_eq!(o.metrics["windows_total"], 48.0);
+    let lo = o.metrics["kld_mean_seq_lo"];
+    assert!(lo > 0.1, "the sequence's lower bound {lo}");
+    let msg = o.failure_message().unwrap();
+    assert!(
+        msg.contains(&format!(
+            "after {used} windows) violates kld_mean.seq_hi ≤ 0.1"
+        )),
+        "{msg}"
+    );
+    assert!(
+        o.texts["decided"].contains(&format!(
+            "gate[0] kld_mean <= 0.1: fail at window {used} of 48"
         )),
         "{:?}",
         o.texts
