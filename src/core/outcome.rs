@@ -69,6 +69,11 @@ pub struct GateResult {
     /// The metric's 95% interval and the number of windows behind it, when
     /// the case measures one (`X_ci95_lo`/`_hi`, or `X` less `_mean`).
     pub interval: Option<(f64, f64, usize)>,
+    /// What the interval's count counts ("windows", "tasks") when the gate
+    /// reads an anytime-valid confidence sequence (a `[decide]` case's
+    /// gate), not a fixed-N interval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<String>,
 }
 
 impl GateResult {
@@ -81,17 +86,13 @@ impl GateResult {
                 self.metric, self.metric, self.threshold
             ),
             Some(v) => {
-                // A sequential gate reads its confidence sequence (the
-                // judge labels it `metric.seq_hi` / `metric.seq_lo`).
-                let sequential = self.metric.contains(".seq_");
                 let ci = self
                     .interval
-                    .map(|(lo, hi, n)| {
-                        if sequential {
-                            format!(" (anytime-valid sequence {lo:.6} … {hi:.6} after {n} windows)")
-                        } else {
-                            format!(" (95% CI {lo:.6} … {hi:.6} over {n} windows)")
-                        }
+                    .map(|(lo, hi, n)| match &self.sequence {
+                        Some(unit) => format!(
+                            " (anytime-valid sequence {lo:.6} … {hi:.6} after {n} {unit})"
+                        ),
+                        None => format!(" (95% CI {lo:.6} … {hi:.6} over {n} windows)"),
                     })
                     .unwrap_or_default();
                 format!(

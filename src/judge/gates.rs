@@ -42,6 +42,11 @@ pub fn judge(gates: &[Gate], metrics: &BTreeMap<String, f64>) -> Vec<GateResult>
                 observed,
                 passed,
                 interval,
+                sequence: g
+                    .interval
+                    .as_ref()
+                    .filter(|iv| iv.name == "seq")
+                    .and_then(|iv| iv.windows.clone()),
             });
         }
     }

@@ -357,7 +357,8 @@ pub fn rejudge(parsed: &crate::kinds::Parsed, out: &mut Outcome) {
     if !headline.is_empty() {
         out.headline = headline.iter().map(|m| m.to_string()).collect();
         if parsed.case.decide.is_some() {
-            out.headline.push("windows_total".into());
+            out.headline
+                .push(format!("{}s_total", parsed.kind.sequential_unit()));
         }
         for g in &parsed.case.gates {
             let m = g.gated_metric();
@@ -436,7 +437,10 @@ fn decide_prereg(
     // A sequential design counts the windows it may visit (it stops once
     // the rule is decided).
     let counted: Option<String> = match &case.decide {
-        Some(_) => Some("windows_total".into()),
+        Some(_) => ["windows_total", "tasks_total"]
+            .into_iter()
+            .find(|n| case.metrics.iter().any(|m| m.name == *n))
+            .map(String::from),
         None => counted.cloned(),
     };
     let windows = counted

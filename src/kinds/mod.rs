@@ -120,6 +120,12 @@ pub trait Kind: Send + Sync + std::fmt::Debug {
         Vec::new()
     }
 
+    /// What a sequential case visits, one at a time: `window` (its count
+    /// `windows`, of `windows_total`) or `task` (`tasks` of `tasks_total`).
+    fn sequential_unit(&self) -> &'static str {
+        "window"
+    }
+
     /// Whether the case decides sequentially (`[decide] sequential = true`):
     /// its trials on every model then run in one group, one process, so
     /// that the reference windows decoded for one candidate serve the next.

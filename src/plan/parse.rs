@@ -224,7 +224,7 @@ pub fn parse_case_with(
         let at = diag.at(file.span().start);
         sequential_gates(
             &mut case,
-            &kind.sequential_metrics(),
+            (&kind.sequential_metrics(), kind.sequential_unit()),
             &head.gate,
             &at,
             &mut diag,
@@ -379,7 +379,7 @@ fn decide(
 /// a `max`, `seq_lo` for a `min`), which the case adds to its metrics.
 fn sequential_gates(
     case: &mut Case,
-    sequential: &[&'static str],
+    (sequential, unit): (&[&'static str], &str),
     files: &[GateFile],
     at: &crate::core::Location,
     diag: &mut Diagnostics,
@@ -410,7 +410,7 @@ fn sequential_gates(
             diag.push(
                 &place,
                 format!(
-                    "gate[{i}].metric: `{}` is not a mean over windows, so it cannot be decided \
+                    "gate[{i}].metric: `{}` is not a mean over {unit}s, so it cannot be decided \
                      sequentially; a sequential {} case gates {} (gate the others in a fixed-N case)",
                     g.metric,
                     case.kind,
@@ -457,7 +457,7 @@ fn sequential_gates(
             name: "seq".into(),
             lo: lo.clone(),
             hi: hi.clone(),
-            windows: Some("windows".into()),
+            windows: Some(format!("{unit}s")),
         });
         if !added.contains(&lo) {
             added.extend([lo, hi]);
@@ -481,7 +481,7 @@ fn sequential_gates(
         }
     }
     case.metrics.extend(added.into_iter().map(Metric::float));
-    case.metrics.push(Metric::count("windows_total"));
+    case.metrics.push(Metric::count(format!("{unit}s_total")));
 }
 
 /// Tolerances by metric (`default` for the rest).

@@ -375,6 +375,7 @@ mod tests {
             observed: Some(0.123456789),
             passed: false,
             interval: None,
+            sequence: None,
         };
         let mut wide = o.clone();
         wide.model = "a-model-with-a-long-name.Q4_K_M-00001-of-00003".into();

@@ -248,3 +248,144 @@ fn speed_metrics_match_the_declared_speeds_and_join_the_report() {
     let at = head.iter().position(|h| *h == "tg_ratio_vs_ref").unwrap();
     assert_eq!(line[at], format!("{}", o.metrics["tg_ratio_vs_ref"]));
 }
+
+/// A sequential multiple-choice case (`[decide]`) visits its tasks in the
+/// seeded order and stops once accuracy and agreement are decided: the
+/// stop replayed from an independent scoring of every task, the metrics
+/// over the tasks used, the reference's batches decoded once (kept for
+/// the next run) and, with a threshold at the exact accuracy, every
+/// metric of the fixed-N case at N.
+#[test]
+fn a_sequential_multiple_choice_case_stops_early_and_at_n_is_the_fixed_n_case() {
+    use quantgate::measure::sequential::{decided, permutation, MeanSequence};
+    use std::sync::atomic::Ordering;
+    const N: usize = 80;
+    let e = engine();
+    let (cand, refr) = (&e.specs["cand"], &e.specs["ref"]);
+    // 80 tasks; the answer is the candidate's pick but for every tenth.
+    let mut lines = String::new();
+    let (mut right, mut same) = (Vec::new(), Vec::new());
+    for i in 0..N {
+        let b = |k: usize| char::from(b'a' + ((i * 7 + k * 3 + i / 5) % 26) as u8);
+        let q: String = (0..3).map(b).collect();
+        let c: Vec<String> = (0..3)
+            .map(|j| (0..3).map(|k| b(3 + j * 4 + k * (j + 1))).collect())
+            .collect();
+        let cs: Vec<&str> = c.iter().map(String::as_str).collect();
+        let (pc, pr) = (pick(&score(cand, &q, &cs)), pick(&score(refr, &q, &cs)));
+        let answer = if i % 10 == 0 { (pc + 1) % 3 } else { pc };
+        right.push(f64::from(u8::from(pc == answer)));
+        same.push(f64::from(u8::from(pc == pr)));
+        lines.push_str(&format!(
+            "{}\n",
+            serde_json::json!({"question": q, "choices": cs, "answer": answer})
+        ));
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let agree = mean(&same);
+    assert!(agree > 0.3, "the fixture's own design: agreement {agree}");
+    let sha = quantgate::core::fsutil::sha256_bytes(lines.as_bytes());
+    let case = |gates: &str, decide: bool| {
+        format!(
+            "kind = \"multiple_choice\"\nmodels = [\"cand\"]\nreference = \"ref\"\nformat = \"jsonl\"\n\
+             n_ctx = 64\n[tasks_file]\npath = \"tasks.jsonl\"\nsha256 = \"{sha}\"\n{gates}{}",
+            if decide {
+                "[decide]\nsequential = true\nseed = 5\n[decide.bounds]\naccuracy = [0, 1]\n\
+                 agreement = [0, 1]\n"
+            } else {
+                ""
+            }
+        )
+    };
+    let (c_acc, c_agree) = (0.6, agree / 2.0);
+    let gates = format!(
+        "[[gate]]\nmetric = \"accuracy\"\nmin = {c_acc}\n[[gate]]\nmetric = \"agreement\"\nmin = {c_agree}\n"
+    );
+    let root = root("mc-seq", &case(&gates, true), &[("tasks.jsonl", &lines)]);
+    let run_in = |root: &Path| {
+        let e = engine();
+        let calls = e.decodes.clone();
+        let (registry, planned) = plan(&root.join("suites"), &[], &[]).unwrap();
+        let mut cx = RunContext::new(registry, Arc::new(e), 1);
+        cx.references.dir = root.join("cache");
+        let o = quantgate::judge::trial(&cx, &planned[0], &root.join("goldens"));
+        (o, calls.load(Ordering::SeqCst))
+    };
+    let (o, calls) = run_in(&root);
+    assert!(o.error.is_none(), "{:?}", o.error);
+    assert_eq!(o.status, Status::Pass, "{:?}", o.texts);
+    // Replayed from the independent scoring in the seeded order.
+    let order = permutation(N, 5);
+    let mut seqs = [
+        (MeanSequence::new(N, (0.0, 1.0), 0.05), &right, c_acc),
+        (MeanSequence::new(N, (0.0, 1.0), 0.05), &same, c_agree),
+    ];
+    let mut run = [(f64::NEG_INFINITY, f64::INFINITY); 2];
+    let mut stop = [None; 2];
+    for (j, &t) in order.iter().enumerate() {
+        for (k, (s, v, c)) in seqs.iter_mut().enumerate() {
+            s.push(v[t]).unwrap();
+            let (lo, hi) = s.bounds();
+            run[k] = (run[k].0.max(lo), run[k].1.min(hi));
+            if stop[k].is_none() {
+                stop[k] = decided(None, Some(*c), run[k]).map(|p| (p, j + 1));
+            }
+        }
+        if stop.iter().all(Option::is_some) {
+            break;
+        }
+    }
+    let at = stop.iter().map(|s| s.unwrap().1).max().unwrap();
+    assert!(at < N / 2, "decided after {at} of {N} tasks");
+    assert_eq!(o.metrics["tasks"], at as f64, "{:?}", o.texts);
+    assert_eq!(o.metrics["tasks_total"], N as f64);
+    assert_eq!(o.metrics["accuracy_seq_lo"], run[0].0);
+    assert_eq!(o.metrics["agreement_seq_lo"], run[1].0);
+    assert_eq!(
+        o.series["task_order"],
+        order[..at].iter().map(|t| *t as f64).collect::<Vec<_>>()
+    );
+    let used = &order[..at];
+    let correct: f64 = used.iter().map(|&t| right[t]).sum();
+    assert_eq!(o.metrics["correct"], correct);
+    assert_eq!(
+        o.metrics["agreement"],
+        used.iter().map(|&t| same[t]).sum::<f64>() / at as f64
+    );
+    let d = &o.texts["decided"];
+    assert!(
+        d.contains(&format!("{at} of {N} tasks"))
+            && d.contains(&format!("gate[0] accuracy >= {c_acc}: pass at task")),
+        "{d}"
+    );
+    // One task per batch (3 choices of 4 sequences): a decode per visit of
+    // two tasks, on the candidate and on the reference.
+    let visits = at.div_ceil(2);
+    assert_eq!(calls, 2 * visits);
+    // Again: the reference's batches are kept, only the candidate decodes;
+    // the same numbers.
+    let (again, calls) = run_in(&root);
+    assert_eq!(again.metrics, o.metrics);
+    assert_eq!(calls, visits);
+
+    // At N (accuracy's threshold at its exact value, 0.9): the fixed-N case.
+    let exact = mean(&right);
+    assert_eq!(exact, 0.9);
+    let gate = format!("[[gate]]\nmetric = \"accuracy\"\nmin = {exact}\n");
+    std::fs::write(root.join("suites/case.toml"), case(&gate, false)).unwrap();
+    let (fixed, _) = run_in(&root);
+    let at_n = case(&gate, true).replace("\nagreement = [0, 1]\n", "\n");
+    std::fs::write(root.join("suites/case.toml"), at_n).unwrap();
+    let (o, _) = run_in(&root);
+    assert!(o.error.is_none(), "{:?}", o.error);
+    assert_eq!(o.metrics["tasks"], N as f64, "{:?}", o.texts);
+    assert_eq!(o.status, fixed.status);
+    for (k, v) in &fixed.metrics {
+        assert_eq!(o.metrics[k].to_bits(), v.to_bits(), "{k}");
+    }
+    assert_eq!(
+        o.rows.as_ref().unwrap().columns,
+        fixed.rows.as_ref().unwrap().columns
+    );
+    assert!(o.texts["decided"].contains("decided at N = 80 on the exact mean"));
+}

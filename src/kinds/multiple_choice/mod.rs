@@ -40,6 +40,8 @@ mod synthetic;
 pub use synthetic::*;
 mod scoring;
 pub use scoring::*;
+mod sequential;
+use sequential::Sides;
 
 /// One task: the question, its choices, which are correct (1).
 #[derive(Debug, Clone, PartialEq)]
@@ -89,6 +91,8 @@ pub struct MultipleChoice {
     pub margin_bins: Vec<f64>,
     /// A reference model.
     pub reference: Option<(String, crate::core::Location)>,
+    /// Whether the case decides its gates sequentially (`[decide]`).
+    pub sequential: bool,
 }
 
 case_table! {
@@ -145,6 +149,7 @@ pub fn parse(case: &Case, src: &str, diag: &mut Diagnostics) -> Result<Arc<dyn K
         n_ctx,
         margin_bins,
         reference: case.reference.clone(),
+        sequential: case.decide.is_some(),
     }))
 }
 
@@ -258,6 +263,28 @@ pub fn present() -> Option<Presentation> {
                     scale: 1.0,
                 },
             ),
+            // A sequential case's (shown only where a row has them).
+            ReportColumn::new(
+                "MC tasks used",
+                Cell::OutOf {
+                    part: "tasks",
+                    whole: "tasks_total",
+                },
+            )
+            .optional(),
+            ReportColumn::new(
+                "MC accuracy % [sequence at stop]",
+                Cell::Interval {
+                    metric: "accuracy",
+                    lo: "accuracy_seq_lo",
+                    hi: "accuracy_seq_hi",
+                    digits: 1,
+                    scale: 100.0,
+                    signed: false,
+                    suffix: "%",
+                },
+            )
+            .optional(),
         ],
         plots: Vec::new(),
         legend: vec![
@@ -304,6 +331,22 @@ impl Kind for MultipleChoice {
         vec![self.file.clone()]
     }
 
+    fn decides_sequentially(&self) -> bool {
+        self.sequential
+    }
+
+    fn sequential_metrics(&self) -> Vec<&'static str> {
+        if self.reference.is_some() {
+            vec!["accuracy", "agreement"]
+        } else {
+            vec!["accuracy"]
+        }
+    }
+
+    fn sequential_unit(&self) -> &'static str {
+        "task"
+    }
+
     /// About a row per 4 bytes of the task file (every ending is scored
     /// after its context), for the candidate and the reference; read from
     /// the file's size, 0 when it cannot be read (the run says why).
@@ -336,15 +379,27 @@ impl Kind for MultipleChoice {
                 tasks.len()
             )));
         }
-        let score = |m: &dyn LoadedModel, settings: &Settings| match &wino {
-            Some(w) => score_winogrande(m, settings, w, &shown),
-            None => score(m, settings, &tasks, self.format, &shown),
+        // A model's scores of the tool's batches `only` (all when None).
+        let part = |m: &dyn LoadedModel, settings: &Settings, only: Option<&[usize]>| match &wino {
+            Some(w) => score_winogrande_part(m, settings, w, &shown, only),
+            None => score_part(m, settings, &tasks, self.format, &shown, only),
         };
+        let score = |m: &dyn LoadedModel, settings: &Settings| Ok(part(m, settings, None)?.0);
         let (verified, model) = cx.load(alias)?;
         out.timings.prepare = t.elapsed();
         out.model_sha256 = Some(verified.file.sha256.clone());
         let settings = self.settings(cx.threads);
         out.settings = Some(settings.clone());
+        if let Some(decide) = &case.decide {
+            let sides = Sides {
+                model: &model,
+                model_sha256: &verified.file.sha256,
+                settings: &settings,
+                part: &part,
+            };
+            self.decide_sequentially(cx, case, decide, &tasks, sides, out)?;
+            return Ok(Start::Done);
+        }
         let t = Instant::now();
         // Both models' scores through the reference store: a reference
         // scored for one candidate (or a model scored by another case or
@@ -383,6 +438,22 @@ impl Kind for MultipleChoice {
         };
         let refs = refs.as_ref().map(|k| &k.scores);
         out.timings.decode = t.elapsed();
+        self.conclude(&tasks, scores, refs, out);
+        Ok(Start::Done)
+    }
+}
+
+impl MultipleChoice {
+    /// The metrics and rows of `tasks` scored `scores` (and, against a
+    /// reference, `refs`): accuracy, agreement, flips both ways with
+    /// McNemar's test, changed answers by the reference's margin.
+    fn conclude(
+        &self,
+        tasks: &[(usize, Task)],
+        scores: &Scores,
+        refs: Option<&Scores>,
+        out: &mut Outcome,
+    ) {
         // Each task's pick, and whether it is a correct choice.
         let verdicts = |scores: &Scores| -> (Vec<usize>, Vec<bool>) {
             let chosen: Vec<usize> = scores.iter().map(|s| pick(self.format, s)).collect();
@@ -493,7 +564,6 @@ impl Kind for MultipleChoice {
             name: "mc_task",
             columns,
         }));
-        Ok(Start::Done)
     }
 }
 

@@ -20,6 +20,19 @@ pub fn score_winogrande(
     tasks: &[(usize, Winogrande)],
     shown: &str,
 ) -> Result<Scores> {
+    Ok(score_winogrande_part(model, settings, tasks, shown, None)?.0)
+}
+
+/// [`score_winogrande`] of the tool's batches `only` (all when None): the
+/// scores of their tasks (empty for the others) and every batch's task
+/// range.
+pub fn score_winogrande_part(
+    model: &dyn LoadedModel,
+    settings: &Settings,
+    tasks: &[(usize, Winogrande)],
+    shown: &str,
+    only: Option<&[usize]>,
+) -> Result<(Scores, Vec<(usize, usize)>)> {
     struct Prep {
         seqs: [Vec<TokenId>; 2],
         prefix: usize,
@@ -70,9 +83,11 @@ pub fn score_winogrande(
     }
     let sizes: Vec<(usize, usize)> = prepared.iter().map(|p| (p.required, 2)).collect();
     let batches = tool_batches(&sizes, settings.n_ctx as usize, tasks, shown)?;
-    let token_batches: Vec<Vec<SeqToken>> = batches
+    let which = chosen(only, batches.len())?;
+    let token_batches: Vec<Vec<SeqToken>> = which
         .iter()
-        .map(|&(a, b)| {
+        .map(|&w| {
+            let (a, b) = batches[w];
             let mut tokens = Vec::new();
             for (k, p) in prepared[a..b].iter().enumerate() {
                 let s0 = 2 * k as i32;
@@ -99,8 +114,11 @@ pub fn score_winogrande(
         })
         .collect();
     let mut scores: Scores = vec![Vec::new(); tasks.len()];
+    if token_batches.is_empty() {
+        return Ok((scores, batches));
+    }
     model.decode_batches(settings, &token_batches, &mut |b, rows| {
-        let (a, e) = batches[b];
+        let (a, e) = batches[which[b]];
         let mut at = 0; // the task's first row (its prefix's last token)
         for (k, p) in prepared[a..e].iter().enumerate() {
             let skip = p.seqs[0].len() - p.prefix > K_MIN_TRAILING_CTX
@@ -127,7 +145,18 @@ pub fn score_winogrande(
         }
         Ok(())
     })?;
-    Ok(scores)
+    Ok((scores, batches))
+}
+
+/// The batches to decode: `only` (each below `n`), else all `n`.
+fn chosen(only: Option<&[usize]>, n: usize) -> Result<Vec<usize>> {
+    match only {
+        None => Ok((0..n).collect()),
+        Some(o) if o.iter().all(|&b| b < n) => Ok(o.to_vec()),
+        Some(o) => Err(Error::harness(format!(
+            "multiple-choice batches {o:?} asked of {n}"
+        ))),
+    }
 }
 
 /// A task's tokens: one sequence per choice, the shared prefix length.
@@ -238,18 +267,24 @@ pub fn kept_scores(
     id: &ScoresId,
     score: &dyn Fn() -> Result<KeptScores>,
 ) -> Result<Arc<KeptScores>> {
-    let key = format!(
-        "multiple_choice scores|model {}|{}|tasks {} {:?} {}|{}|code {}",
-        id.model_sha256,
-        id.build,
-        id.file_sha256,
-        id.format,
-        id.tasks,
-        id.settings.describe(),
-        scoring_source()
-    );
     let finite = |k: &KeptScores| k.scores.iter().flatten().all(|x| x.is_finite());
-    store.kept(&key, "qgmc", &finite, score)
+    store.kept(&id.key(), "qgmc", &finite, score)
+}
+
+impl ScoresId<'_> {
+    /// The id of these scores in the reference store.
+    pub fn key(&self) -> String {
+        format!(
+            "multiple_choice scores|model {}|{}|tasks {} {:?} {}|{}|code {}",
+            self.model_sha256,
+            self.build,
+            self.file_sha256,
+            self.format,
+            self.tasks,
+            self.settings.describe(),
+            scoring_source()
+        )
+    }
 }
 
 /// The tool's softmax: float exps, a double sum, float quotients.
@@ -282,6 +317,21 @@ pub fn score(
     format: Format,
     shown: &str,
 ) -> Result<Scores> {
+    Ok(score_part(model, settings, tasks, format, shown, None)?.0)
+}
+
+/// [`score`] of the tool's batches `only` (all when None): the scores of
+/// their tasks (empty for the others) and every batch's task range. A
+/// batch decodes alone (the cache cleared before it), so its scores are
+/// those of the whole run.
+pub fn score_part(
+    model: &dyn LoadedModel,
+    settings: &Settings,
+    tasks: &[(usize, Task)],
+    format: Format,
+    shown: &str,
+    only: Option<&[usize]>,
+) -> Result<(Scores, Vec<(usize, usize)>)> {
     let prepared: Vec<Prepared> = tasks
         .iter()
         .map(|(i, t)| prepare(model, t).map_err(|e| e.context(format!("{shown}: task {i}"))))
@@ -291,8 +341,9 @@ pub fn score(
         .map(|p| (p.required, p.seqs.len()))
         .collect();
     let batches = tool_batches(&sizes, settings.n_ctx as usize, tasks, shown)?;
+    let which = chosen(only, batches.len())?;
     let mut token_batches = Vec::new();
-    for &(a, b) in &batches {
+    for &(a, b) in which.iter().map(|&w| &batches[w]) {
         let mut tokens = Vec::new();
         let mut s0 = 0i32;
         for p in &prepared[a..b] {
@@ -320,8 +371,11 @@ pub fn score(
         token_batches.push(tokens);
     }
     let mut scores: Scores = vec![Vec::new(); tasks.len()];
+    if token_batches.is_empty() {
+        return Ok((scores, batches));
+    }
     model.decode_batches(settings, &token_batches, &mut |b, rows| {
-        let (a, e) = batches[b];
+        let (a, e) = batches[which[b]];
         let mut r = 0;
         for (ti, p) in prepared[a..e].iter().enumerate() {
             let first = rows[r];
@@ -347,7 +401,7 @@ pub fn score(
         }
         Ok(())
     })?;
-    Ok(scores)
+    Ok((scores, batches))
 }
 
 /// The tool's batches, as task ranges: tasks while their tokens (`sizes`:

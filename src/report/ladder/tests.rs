@@ -38,6 +38,7 @@ fn one_view_per_reference_sorted_by_size() {
         observed: Some(0.2),
         passed: false,
         interval: None,
+        sequence: None,
     });
     let swing = |p: f64| (p / (1.0 - p)).ln();
     let k = outcome(
