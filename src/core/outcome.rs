@@ -89,9 +89,9 @@ impl GateResult {
                 let ci = self
                     .interval
                     .map(|(lo, hi, n)| match &self.sequence {
-                        Some(unit) => format!(
-                            " (anytime-valid sequence {lo:.6} … {hi:.6} after {n} {unit})"
-                        ),
+                        Some(unit) => {
+                            format!(" (anytime-valid sequence {lo:.6} … {hi:.6} after {n} {unit})")
+                        }
                         None => format!(" (95% CI {lo:.6} … {hi:.6} over {n} windows)"),
                     })
                     .unwrap_or_default();

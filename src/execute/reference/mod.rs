@@ -553,7 +553,10 @@ impl ReferenceStore {
         {
             return Ok(r);
         }
-        self.may_compute(&format!("part of the rows of reference `{ref_alias}`"), &path)?;
+        self.may_compute(
+            &format!("part of the rows of reference `{ref_alias}`"),
+            &path,
+        )?;
         let _lock = self.lock(&key)?;
         if let Ok(Some(r)) = Self::read_rows(header, &path) {
             return Ok(r);

@@ -158,7 +158,10 @@ impl Kld {
                         s.windows[0].nll_sum / s.windows[0].count as f64
                     };
                     let mut v = WindowValues::from([
-                        ("kld_mean", p.iter().map(|x| x.kl).sum::<f64>() / count as f64),
+                        (
+                            "kld_mean",
+                            p.iter().map(|x| x.kl).sum::<f64>() / count as f64,
+                        ),
                         (
                             "same_top",
                             p.iter().filter(|x| !x.flip()).count() as f64 / count as f64,

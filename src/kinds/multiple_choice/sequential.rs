@@ -20,8 +20,8 @@ use std::collections::BTreeSet;
 
 /// A model's scores of the tool's batches `only` (all when None), and
 /// every batch's task range.
-pub(super) type Part<'a> =
-    dyn Fn(&dyn LoadedModel, &Settings, Option<&[usize]>) -> Result<(Scores, Vec<(usize, usize)>)> + 'a;
+pub(super) type Part<'a> = dyn Fn(&dyn LoadedModel, &Settings, Option<&[usize]>) -> Result<(Scores, Vec<(usize, usize)>)>
+    + 'a;
 
 /// What a sequential run scores with.
 pub(super) struct Sides<'a> {
@@ -83,7 +83,12 @@ impl Lazy {
 }
 
 impl MultipleChoice {
-    fn id<'a>(&'a self, model_sha256: &'a str, build: &'a str, settings: &'a Settings) -> ScoresId<'a> {
+    fn id<'a>(
+        &'a self,
+        model_sha256: &'a str,
+        build: &'a str,
+        settings: &'a Settings,
+    ) -> ScoresId<'a> {
         ScoresId {
             model_sha256,
             build,
@@ -164,7 +169,8 @@ impl MultipleChoice {
                     // Batches an earlier run (or candidate) kept.
                     let kept_id = |b: usize| format!("{rid}#batch{b}");
                     for &b in &need.clone() {
-                        if let Some(k) = cx.references.kept_only::<KeptScores>(&kept_id(b), "qgmcb") {
+                        if let Some(k) = cx.references.kept_only::<KeptScores>(&kept_id(b), "qgmcb")
+                        {
                             let (a, e) = batches[b];
                             if k.scores.len() == e - a && finite(&k) {
                                 self.same_vocab(r, at, &k, model)?;
@@ -176,8 +182,7 @@ impl MultipleChoice {
                     }
                     if !need.is_empty() {
                         if rmodel.is_none() {
-                            let (_, m) =
-                                cx.load_reference((r, at), Vocab::of(model.info()))?;
+                            let (_, m) = cx.load_reference((r, at), Vocab::of(model.info()))?;
                             *rmodel = Some(m);
                         }
                         let m: &Arc<dyn LoadedModel> = rmodel.as_ref().expect("loaded above");
