@@ -99,14 +99,7 @@ pub fn window_columns() -> Vec<ReportColumn> {
 /// shown only where a row has them.
 pub fn sequential_columns() -> Vec<ReportColumn> {
     vec![
-        ReportColumn::new(
-            "windows used",
-            Cell::OutOf {
-                part: "windows",
-                whole: "windows_total",
-            },
-        )
-        .optional(),
+        windows_used_column(),
         ReportColumn::new(
             "ΔNLL [sequence at stop]",
             Cell::Interval {
@@ -121,6 +114,18 @@ pub fn sequential_columns() -> Vec<ReportColumn> {
         )
         .optional(),
     ]
+}
+
+/// The windows a sequential case used of N, where a row has them.
+pub fn windows_used_column() -> ReportColumn {
+    ReportColumn::new(
+        "windows used",
+        Cell::OutOf {
+            part: "windows",
+            whole: "windows_total",
+        },
+    )
+    .optional()
 }
 
 /// The plots of a scored text: ΔNLL against bits per weight, ΔNLL per

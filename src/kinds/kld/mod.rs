@@ -20,7 +20,7 @@ use crate::execute::reference::{rows_header, RefRows, Vocab};
 use crate::execute::windows::{scored_from_rows, PlanScorer, ScoringPlan, Windowing};
 use crate::execute::RunContext;
 use crate::kinds::perplexity::{
-    sequential_columns, window_columns, window_metrics, window_plots, WINDOW_LEGEND,
+    window_columns, window_metrics, window_plots, windows_used_column, WINDOW_LEGEND,
 };
 use crate::kinds::reference_rows::RowsBuild;
 use crate::kinds::scored_text::{BootstrapFile, PinnedFile, ScoredText, TextFile, WindowFile};
@@ -306,9 +306,10 @@ pub fn present() -> Option<Presentation> {
             optional: false,
         },
     ]);
-    // A sequential case's: windows used, and each gated mean's sequence at
-    // the stop (shown only where a row has them).
-    columns.extend(sequential_columns());
+    // A sequential case's: windows used, and the sequences at the stop of
+    // the means a kld case gates (shown only where a row has them; a
+    // sequential ΔNLL gate is a perplexity case's).
+    columns.push(windows_used_column());
     let seq = |title, metric, lo, hi, digits, scale, suffix| {
         ReportColumn::new(
             title,

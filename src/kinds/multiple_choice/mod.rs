@@ -220,6 +220,28 @@ fn flips_cell(m: &Metrics) -> Option<String> {
     Some(format!("{a:.0} / {b:.0}"))
 }
 
+/// The sequence at the stop of a sequential case's gated `metric`, where a
+/// row has it.
+fn sequence_column(title: &'static str, metric: &'static str) -> ReportColumn {
+    let (lo, hi) = match metric {
+        "accuracy" => ("accuracy_seq_lo", "accuracy_seq_hi"),
+        _ => ("agreement_seq_lo", "agreement_seq_hi"),
+    };
+    ReportColumn::new(
+        title,
+        Cell::Interval {
+            metric,
+            lo,
+            hi,
+            digits: 1,
+            scale: 100.0,
+            signed: false,
+            suffix: "%",
+        },
+    )
+    .optional()
+}
+
 /// How multiple-choice cases show in the ladder report (a model card's
 /// task accuracy): accuracy with its Wilson interval, the answers that
 /// flipped against the reference both ways, and McNemar's exact p of them.
@@ -272,19 +294,8 @@ pub fn present() -> Option<Presentation> {
                 },
             )
             .optional(),
-            ReportColumn::new(
-                "MC accuracy % [sequence at stop]",
-                Cell::Interval {
-                    metric: "accuracy",
-                    lo: "accuracy_seq_lo",
-                    hi: "accuracy_seq_hi",
-                    digits: 1,
-                    scale: 100.0,
-                    signed: false,
-                    suffix: "%",
-                },
-            )
-            .optional(),
+            sequence_column("MC accuracy % [sequence at stop]", "accuracy"),
+            sequence_column("MC agreement % [sequence at stop]", "agreement"),
         ],
         plots: Vec::new(),
         legend: vec![
