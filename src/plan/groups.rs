@@ -83,11 +83,16 @@ pub fn groups(planned: &[Planned], selected: &[bool], share: bool) -> Vec<Group>
             .ok()
             .filter(|c| share && c.kind.decides_sequentially())
             .map(|c| format!("sequential {}", c.case.name));
-        let g = match declared {
-            Some(d) => *by_key
+        let g = match (declared, joint) {
+            (Some(d), joint) => *by_key
                 .entry((joint.unwrap_or_else(|| p.model.clone()), d.clone()))
                 .or_insert_with(|| Group::push(&mut out, &p.model, Some(d))),
-            None => Group::push(&mut out, &p.model, None),
+            // A sequential kind without a declared observation (multiple
+            // choice): still one group, one process.
+            (None, Some(joint)) => *by_key
+                .entry((joint, String::new()))
+                .or_insert_with(|| Group::push(&mut out, &p.model, None)),
+            (None, None) => Group::push(&mut out, &p.model, None),
         };
         let w = p.case.as_ref().map_or(0, |c| c.kind.weight());
         out[g].weight = out[g].weight.max(w);

@@ -258,7 +258,26 @@ fn speed_and_multiple_choice_groups_start_before_recitations() {
     let at = |k: &str| -> Vec<usize> { (0..gs.len()).filter(|&g| kind(&gs[g]) == k).collect() };
     let (speed, mc, recite) = (at("speed"), at("multiple_choice"), at("recite"));
     assert_eq!(speed.len(), 2, "{speed:?}");
-    assert_eq!(mc.len(), 6, "{mc:?}");
+    let names: Vec<String> = mc
+        .iter()
+        .map(|&g| {
+            gs[g]
+                .trials
+                .iter()
+                .map(|&i| {
+                    format!(
+                        "{}::{}",
+                        planned[i].case.as_ref().unwrap().case.name,
+                        planned[i].model
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("+")
+        })
+        .collect();
+    // Three fixed cases on two models, and two sequential cases, each one
+    // group for all its models.
+    assert_eq!(mc.len(), 8, "{mc:?} {names:?}");
     assert!(!recite.is_empty());
     let first_recitation = recite[0];
     for g in speed.iter().chain(&mc) {
