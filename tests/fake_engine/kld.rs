@@ -560,18 +560,19 @@ fn compact_kl_matches_exact_f64() {
             let r = quantgate::measure::kld::compress_row(&a, &sa, 7, tail, k);
             let c = quantgate::measure::kld::compare(&r, &b, &sb, &eb, 7, false);
             let err = (c.kl - exact).abs();
-            // The target, |KL error| ≤ 1e-6 nats per position, with a
-            // realistic number of exact entries; tiny K only coarsely.
-            // (These synthetic rows have heavier tails than SmolLM2's;
-            // tests/kld.rs and benches/kld.rs measure real rows.)
+            // The store's error bound on a perturbation between Q6_K's and
+            // Q4_K_M's (KL ~0.015 nats): benches/kld.rs measures 3e-6 and
+            // 7e-6 mean, 2e-5 and 5e-5 p99, on real rows with K 256 and the
+            // tail in 96 groups; tiny K only coarsely. (These synthetic rows
+            // have heavier tails than SmolLM2's.)
             let tol = if k >= 1024 {
-                5e-6
-            } else if k >= 256 {
                 1e-5
+            } else if k >= 256 {
+                3e-5
             } else if k >= 64 {
-                5e-5
+                1e-4
             } else {
-                // K = 1: nearly all the mass in one-byte levels.
+                // K = 1: nearly all the mass in the groups.
                 1e-3
             };
             assert!(err < tol, "{seed} {tail} {k}: {} vs {exact}", c.kl);

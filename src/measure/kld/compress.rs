@@ -1,7 +1,8 @@
 //! A reference row kept compactly ([`RefPosition`]): the top entries with
-//! their exact logits, the exact tail mass, and the tail as one byte per
-//! vocabulary entry on 255 companded levels. The `.qgref` file codec that
-//! stores these is `execute::qgref`; the KL math that reads them is the
+//! their exact logits, the exact tail mass, and the tail as a level per
+//! vocabulary entry: [`LEVELS`] groups of companded probability, each with
+//! its exact share of the mass. The `.qgref` file codec that stores these
+//! (range coded) is `execute::qgref`; the KL math that reads them is the
 //! parent module.
 
 use super::*;
@@ -28,72 +29,113 @@ pub struct RefPosition {
     pub approximate: bool,
 }
 
-/// The tail of a reference row at one byte per vocabulary entry.
+/// The tail of a reference row: every id not kept, in [`LEVELS`] levels of
+/// companded probability with each level's exact mass.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tail {
-    /// Smallest tail logit (level 0).
-    pub lo: f32,
-    /// Largest tail logit (level 254).
+    /// Largest tail logit: level `g` holds the ids whose
+    /// `u = exp(GAMMA·(l − hi)) = (p/p_hi)^γ` lies in `[g/L, (g+1)/L)`.
     pub hi: f32,
     /// Exact `Σ_tail p_j·(l_j − max)` (the tail's part of the entropy).
     pub mean_logit: f64,
-    /// Exact `Σ_tail (p̃_j − p_j)·(l_j − max)`, p̃ the levels' (rescaled)
-    /// probability of entry j: removes the levels' rounding from the cross
-    /// term, leaving `Σ (p̃_j − p_j)·(l_c,j − l_j)`, rounding times the
-    /// candidate's perturbation.
+    /// Exact `Σ_tail (p̃_j − p_j)·(l_j − max)`, p̃ the level probability of
+    /// entry j ([`Tail::level_probs`]): removes the levels' rounding from
+    /// the cross term, leaving `Σ (p̃_j − p_j)·(l_c,j − l_j)`, rounding times
+    /// the candidate's perturbation, which sums to ~0 within each level.
     pub rounding: f64,
-    /// Per vocabulary id: level 0..=254, or [`KEPT`] for a kept entry.
+    /// Per level: its share of the tail mass (Σ p of its ids / tail mass),
+    /// as stored (f32; a level with ids never 0).
+    pub masses: Vec<f32>,
+    /// Per vocabulary id: its level, or [`KEPT`] for a kept entry.
     pub codes: Vec<u8>,
     /// How many ids use each level (index 255: kept), derived from `codes`.
     pub counts: Vec<u32>,
 }
 
-/// Companding scale of the tail levels (nats).
-pub(crate) const COMPAND: f64 = 3.0;
+/// Tail levels per row.
+pub const LEVELS: usize = 96;
+
+/// Companding exponent of the levels: `(p/p_hi)^γ`.
+pub const GAMMA: f64 = 0.5;
 
 /// The code of a kept entry in [`Tail::codes`].
 pub const KEPT: u8 = 255;
 
 impl Tail {
-    /// The logit of level `c`: levels evenly spaced in `u = e^{(l − hi)/3}`
-    /// between lo and hi, so their density follows p^(1/3), the spacing that
-    /// minimises the probability-weighted squared rounding error.
-    pub fn level(&self, c: u8) -> f32 {
-        if self.hi <= self.lo {
-            return self.hi;
-        }
-        let u_lo = ((f64::from(self.lo) - f64::from(self.hi)) / COMPAND).exp();
-        let u = u_lo + (1.0 - u_lo) * f64::from(c.min(254)) / 254.0;
-        (f64::from(self.hi) + COMPAND * u.ln()) as f32
-    }
-
-    /// The level nearest to logit `l`.
-    pub fn encode(lo: f32, hi: f32, l: f32) -> u8 {
-        if hi <= lo {
-            return 254;
-        }
-        let e = Encoder::new(lo, hi);
-        let u = ((f64::from(l) - f64::from(hi)) / COMPAND).exp();
-        e.pick(l, u)
-    }
-}
-
-impl Tail {
     /// A tail from its stored fields (counts derived).
-    pub fn new(lo: f32, hi: f32, mean_logit: f64, rounding: f64, codes: Vec<u8>) -> Self {
+    pub fn new(hi: f32, mean_logit: f64, rounding: f64, masses: Vec<f32>, codes: Vec<u8>) -> Self {
         let mut counts = vec![0u32; 256];
         for &c in &codes {
             counts[c as usize] += 1;
         }
         Tail {
-            lo,
             hi,
             mean_logit,
             rounding,
+            masses,
             codes,
             counts,
         }
     }
+
+    /// Per level: the probability p̃ of each of its ids and its log, for a
+    /// tail of exact mass `tail_mass` (the levels' shares rescaled to sum
+    /// to one); 0 and −∞ for a level without ids (index 255 never read).
+    pub fn level_probs(&self, tail_mass: f64) -> ([f64; 256], [f64; 256]) {
+        let (mut p, mut lp) = ([0.0f64; 256], [f64::NEG_INFINITY; 256]);
+        let share: f64 = self
+            .masses
+            .iter()
+            .zip(&self.counts)
+            .filter(|(_, &n)| n > 0)
+            .map(|(&m, _)| f64::from(m))
+            .sum();
+        if share <= 0.0 {
+            return (p, lp);
+        }
+        for (g, (&m, &n)) in self.masses.iter().zip(&self.counts).enumerate() {
+            if n > 0 {
+                p[g] = tail_mass * (f64::from(m) / share) / f64::from(n);
+                lp[g] = p[g].ln();
+            }
+        }
+        (p, lp)
+    }
+}
+
+/// The level of each tail id of `row` (kept ids: [`KEPT`]): `⌊L·u⌋` of
+/// `u = exp(γ·(l − hi))`, at most `L − 1`; branch-free and vectorised like
+/// the row reduction.
+pub(crate) fn levels_of(row: &[f32], hi: f32, is_kept: &[bool]) -> Vec<u8> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2, checked just above.
+        return unsafe { levels_avx2(row, hi, is_kept) };
+    }
+    levels_impl(row, hi, is_kept)
+}
+
+#[inline(always)]
+pub(crate) fn levels_impl(row: &[f32], hi: f32, is_kept: &[bool]) -> Vec<u8> {
+    let h = f64::from(hi);
+    let top = (LEVELS - 1) as f64;
+    let one = |l: f32, k: bool| -> u8 {
+        let x = (f64::from(l) - h) * GAMMA;
+        let u = exp_nonpos(if x > 0.0 { 0.0 } else { x });
+        let g = (u * LEVELS as f64).floor().min(top) as u8;
+        if k {
+            KEPT
+        } else {
+            g
+        }
+    };
+    row.iter().zip(is_kept).map(|(&l, &k)| one(l, k)).collect()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn levels_avx2(row: &[f32], hi: f32, is_kept: &[bool]) -> Vec<u8> {
+    levels_impl(row, hi, is_kept)
 }
 
 impl RefPosition {
@@ -172,7 +214,7 @@ pub fn compress_row_exps(
     }
     let mut tail_mass = 0.0f64;
     let mut mean_logit = 0.0f64;
-    let (mut lo, mut hi) = (f32::INFINITY, f32::NEG_INFINITY);
+    let mut hi = f32::NEG_INFINITY;
     let m = f64::from(st.max);
     // Branch-free over the row (kept ids are scattered): a kept entry adds
     // a signed zero, which leaves every sum bitwise as the tail's alone.
@@ -181,21 +223,37 @@ pub fn compress_row_exps(
         let x = f64::from(v) - m;
         tail_mass += e * w;
         mean_logit += (e * x) * w;
-        lo = if k { lo } else { lo.min(v) };
         hi = if k { hi } else { hi.max(v) };
     }
     let z = st.log_sum_exp.exp();
     let tail_mass = tail_mass / z;
     let tail = (kept.len() < n).then(|| {
-        let codes = Encoder::new(lo, hi).codes(row, &is_kept);
-        let mut t = Tail::new(lo, hi, mean_logit / z, 0.0, codes);
-        let mut levels = Levels::of(st.max, st.log_sum_exp, tail_mass, &t);
-        levels.p[KEPT as usize] = 0.0;
-        t.rounding = 0.0;
+        let codes = levels_of(row, hi, &is_kept);
+        let mut mass = [0.0f64; LEVELS];
+        for (&c, &e) in codes.iter().zip(exps) {
+            if c != KEPT {
+                mass[c as usize] += e;
+            }
+        }
+        let total: f64 = mass.iter().sum();
+        let masses: Vec<f32> = mass
+            .iter()
+            .map(|&x| {
+                let share = (x / total) as f32;
+                // A level with ids keeps a mass (its share may underflow).
+                if x > 0.0 {
+                    share.max(f32::MIN_POSITIVE)
+                } else {
+                    share
+                }
+            })
+            .collect();
+        let mut t = Tail::new(hi, mean_logit / z, 0.0, masses, codes);
+        let (p, _) = t.level_probs(tail_mass);
         for ((&v, &c), &e) in row.iter().zip(&t.codes).zip(exps) {
             let w = if c == KEPT { 0.0 } else { 1.0 };
             let x = f64::from(v) - m;
-            t.rounding += ((levels.p[c as usize] - e / z) * x) * w;
+            t.rounding += ((p[c as usize] - e / z) * x) * w;
         }
         t
     });
@@ -213,7 +271,7 @@ pub fn compress_row_exps(
 /// Order-preserving integer key of a finite logit (−0 is 0, as
 /// `partial_cmp` has it): `key(a) < key(b)` exactly when `a < b`.
 #[inline(always)]
-pub(crate) fn order_key(v: f32) -> u32 {
+pub fn order_key(v: f32) -> u32 {
     let b = if v == 0.0 { 0 } else { v.to_bits() };
     if b >> 31 == 1 {
         !b
@@ -270,132 +328,4 @@ pub(crate) fn top_k(row: &[f32], k: usize) -> Vec<u32> {
     // Most probable first; equal logits: the lower id (its complement is larger).
     sel.sort_unstable_by(|a, b| b.cmp(a));
     sel.into_iter().map(|p| !(p as u32)).collect()
-}
-
-/// [`Tail::encode`] for one row's tail range: the 255 level logits and the
-/// companding constant computed once, the per-entry companding with the
-/// branch-free [`exp_nonpos`] (vectorised like the row reduction), then the
-/// nearest of the neighbouring levels from the table — the same levels as
-/// [`Tail::encode`] picks.
-pub(crate) struct Encoder {
-    lo: f32,
-    hi: f32,
-    u_lo: f64,
-    /// The level logits at 1..=255; 0 and 256 are sentinels no logit is
-    /// nearer to than to a level.
-    levels: [f32; 257],
-}
-
-impl Encoder {
-    fn new(lo: f32, hi: f32) -> Encoder {
-        let t = Tail {
-            lo,
-            hi,
-            mean_logit: 0.0,
-            rounding: 0.0,
-            codes: Vec::new(),
-            counts: Vec::new(),
-        };
-        let mut levels = [f32::INFINITY; 257];
-        for c in 0..255usize {
-            levels[c + 1] = t.level(c as u8);
-        }
-        Encoder {
-            lo,
-            hi,
-            u_lo: ((f64::from(lo) - f64::from(hi)) / COMPAND).exp(),
-            levels,
-        }
-    }
-
-    /// The level of logit `l` (≤ hi) from its companded value `u`: the
-    /// rounding of `u` to the evenly spaced levels, then the nearest of it
-    /// and its neighbours in logit space (ties: it, then the one below).
-    #[inline(always)]
-    fn pick(&self, l: f32, u: f64) -> u8 {
-        let c = ((u - self.u_lo) / (1.0 - self.u_lo) * 254.0).round() as i32;
-        self.nearest(l, c)
-    }
-
-    /// The nearest level to `l` among `c − 1`, `c`, `c + 1` (`c` clamped
-    /// to the levels), ties kept by `c`, then `c − 1`.
-    #[inline(always)]
-    fn nearest(&self, l: f32, c: i32) -> u8 {
-        let c = c.clamp(0, 254) as usize + 1;
-        let (dm, d0, dp) = (
-            (self.levels[c - 1] - l).abs(),
-            (self.levels[c] - l).abs(),
-            (self.levels[c + 1] - l).abs(),
-        );
-        // Branch-free selects: which neighbour wins is data, not control.
-        let down = usize::from(dm < d0);
-        let (best, d) = (c - down, if dm < d0 { dm } else { d0 });
-        let up = usize::from(dp < d);
-        (best + up * (c + 1 - best) - 1) as u8
-    }
-
-    /// The codes of a row: [`KEPT`] for kept ids, else the tail level.
-    fn codes(&self, row: &[f32], is_kept: &[bool]) -> Vec<u8> {
-        if self.hi <= self.lo {
-            return is_kept
-                .iter()
-                .map(|&k| if k { KEPT } else { 254 })
-                .collect();
-        }
-        let mut c = vec![0f64; row.len()];
-        compand(row, self.hi, self.u_lo, &mut c);
-        row.iter()
-            .zip(&c)
-            .zip(is_kept)
-            .map(|((&l, &c), &k)| {
-                let code = self.nearest(l, c as i32);
-                if k {
-                    KEPT
-                } else {
-                    code
-                }
-            })
-            .collect()
-    }
-}
-
-/// `c[j]`: the level `u[j] = exp((row[j] − hi)/3)` rounds to among 255
-/// evenly spaced between `u_lo` and 1 (kept ids above `hi` clamp to 1).
-pub(crate) fn compand(row: &[f32], hi: f32, u_lo: f64, c: &mut [f64]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2, checked just above.
-        return unsafe { compand_avx2(row, hi, u_lo, c) };
-    }
-    compand_impl(row, hi, u_lo, c)
-}
-
-#[inline(always)]
-pub(crate) fn compand_impl(row: &[f32], hi: f32, u_lo: f64, c: &mut [f64]) {
-    let h = f64::from(hi);
-    let scale = 254.0 / (1.0 - u_lo);
-    let one = |l: f32| {
-        let x = (f64::from(l) - h) * (1.0 / COMPAND);
-        let u = exp_nonpos(if x > 0.0 { 0.0 } else { x });
-        // u ≥ u_lo: rounded half up; where this and `Tail::encode`'s
-        // rounding differ by one, `nearest` looks at both neighbours.
-        ((u - u_lo) * scale + 0.5).floor()
-    };
-    const L: usize = 8;
-    let mut out = c.chunks_exact_mut(L);
-    let mut inp = row.chunks_exact(L);
-    for (o, i) in (&mut out).zip(&mut inp) {
-        for k in 0..L {
-            o[k] = one(i[k]);
-        }
-    }
-    for (o, &l) in out.into_remainder().iter_mut().zip(inp.remainder()) {
-        *o = one(l);
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn compand_avx2(row: &[f32], hi: f32, u_lo: f64, c: &mut [f64]) {
-    compand_impl(row, hi, u_lo, c)
 }
