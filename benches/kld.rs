@@ -23,7 +23,6 @@ mod common;
 use quantgate::engine::llama::LlamaEngine;
 use quantgate::engine::BosPolicy;
 use quantgate::execute::qgref::{decode as read_store, encode, CacheHeader};
-use quantgate::execute::rangecoder::{Encoder as RangeEncoder, Prob};
 use quantgate::execute::windows::Windowing;
 use quantgate::execute::windows::{plan_windows, score_plan_with, ScoringPlan};
 use quantgate::execute::RunContext;
@@ -39,15 +38,10 @@ use std::time::{Duration, Instant};
 /// probability, `g = ⌊L·(p/p_hi)^γ⌋` (p_hi the largest tail probability),
 /// each group's exact mass, the tail's Σ p·lp and rounding term exact (the
 /// store is K 256, γ 1/2, L 96). Bytes: the group codes as an ideal order-0
-/// entropy coder and as the range coder (alone, and with the previous
-/// group as context) would store them, plus the kept entries at 4 + 2
-/// bytes (f32 logit, id gap), the group masses (4 bytes per used group) and
-/// 40 bytes of row fields.
-const FRONTIER: &[(usize, f64, usize)] = &[
-    (256, 1.0 / 3.0, 64),
-    (256, 0.5, 64),
-    (256, 0.5, 128),
-];
+/// entropy coder would store them, plus the kept entries at 4 + 2 bytes
+/// (f32 logit, id gap), the group masses and counts (8 bytes per used
+/// group) and 40 bytes of row fields.
+const FRONTIER: &[(usize, f64, usize)] = &[(256, 1.0 / 3.0, 64), (256, 0.5, 64), (256, 0.5, 128)];
 
 /// The vocabularies measured: a reference and its candidates.
 const VOCABULARIES: &[(&str, &str, &[&str])] = &[
@@ -150,10 +144,9 @@ fn vocabulary(
         quantgate::measure::kld::DEFAULT_MAX_KEPT,
     );
     let mut default_pos = vec![Vec::new(); candidates.len()];
-    // frontier[setting]: (bytes as order-0 / adaptive / adaptive with the
-    // previous level as context, |error| per candidate)
-    let mut frontier: Vec<([f64; 3], Vec<Vec<f64>>)> =
-        vec![([0.0; 3], vec![Vec::new(); candidates.len()]); FRONTIER.len()];
+    // frontier[setting]: (bytes summed, |error| per candidate)
+    let mut frontier: Vec<(f64, Vec<Vec<f64>>)> =
+        vec![(0.0, vec![Vec::new(); candidates.len()]); FRONTIER.len()];
     for win in 0..plan.windows.len() {
         let sub = ScoringPlan {
             windows: vec![plan.windows[win].clone()],
@@ -181,9 +174,7 @@ fn vocabulary(
             })
             .collect();
         for (f, g) in grouped.iter().enumerate() {
-            for b in 0..3 {
-                frontier[f].0[b] += g.iter().map(|g| g.bytes[b]).sum::<f64>();
-            }
+            frontier[f].0 += g.iter().map(|g| g.bytes).sum::<f64>();
         }
         let h = CacheHeader {
             reference_sha256: String::new(),
@@ -293,16 +284,13 @@ fn vocabulary(
         if ok { "met" } else { "MISSED" }
     );
     println!(
-        "frontier (top K exact, the rest in L groups of companded probability (p/p_hi)^γ, exact \
-         group masses); bytes: order-0 ideal / adaptive range coder / adaptive with the previous \
-         level as context:"
+        "neighbouring settings (top K exact, the rest in L groups of companded probability \
+         (p/p_hi)^γ, exact group masses; bytes as an order-0 entropy coder would store them; the \
+         store is K 256, γ 0.5, L 96):"
     );
     for (f, &(k, gamma, levels)) in FRONTIER.iter().enumerate() {
-        let b = frontier[f].0.map(|x| x / positions as f64);
-        let mut line = format!(
-            "{k:>6} {gamma:>5.2} {levels:>4} {:>7.0} {:>7.0} {:>7.0}",
-            b[0], b[1], b[2]
-        );
+        let b = frontier[f].0 / positions as f64;
+        let mut line = format!("K {k:>4} γ {gamma:>4.2} L {levels:>4} {b:>10.0}");
         for (c, alias) in candidates.iter().enumerate() {
             let (m, p, x) = spread(&frontier[f].1[c]);
             line.push_str(&format!("  {}: {m:.1e}/{p:.1e}/{x:.1e}", short(alias)));
@@ -348,9 +336,8 @@ struct Grouped {
     /// Σ_tail p·lp (exact) and Σ_tail (p̃ − p)·lp (exact rounding term).
     neg_entropy: f64,
     rounding: f64,
-    /// Bytes this row would take: order-0 ideal, adaptive, adaptive with
-    /// the previous level as context.
-    bytes: [f64; 3],
+    /// Bytes this row would take.
+    bytes: f64,
 }
 
 impl Grouped {
@@ -395,27 +382,7 @@ impl Grouped {
             .map(|&c| -f64::from(c) * (f64::from(c) / n).log2())
             .sum();
         let used = count.iter().filter(|&&c| c > 0).count() as f64;
-        let fixed = 40.0 + k as f64 * 6.0 + used * 4.0;
-        // The groups in vocabulary order (kept ids skipped), range coded.
-        let bits = levels.next_power_of_two().trailing_zeros();
-        let coded = |contexts: usize| {
-            let mut trees = vec![vec![Prob::default(); 1 << bits]; contexts];
-            let mut e = RangeEncoder::default();
-            let mut prev = 0usize;
-            for &g in &group {
-                if g != u32::MAX {
-                    let ctx = prev * contexts / levels;
-                    e.symbol(&mut trees[ctx], bits, g);
-                    prev = g as usize;
-                }
-            }
-            e.finish().len() as f64
-        };
-        let bytes = [
-            fixed + used * 4.0 + entropy_bits / 8.0,
-            fixed + coded(1),
-            fixed + coded(8),
-        ];
+        let bytes = 40.0 + k as f64 * 6.0 + used * 8.0 + entropy_bits / 8.0;
         Grouped {
             kept,
             group,

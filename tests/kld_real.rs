@@ -75,7 +75,10 @@ fn stored_reference_rows_give_the_exact_kl_on_real_models() {
              llama-perplexity's rows {tool:.2e}"
         );
         // Q8_0 2.3e-6 against 4.4e-5 here, Q2_K 3.7e-5 against 6.3e-4.
-        assert!(mean <= tool / 10.0, "{alias}: mean |KL error| {mean} vs {tool}");
+        assert!(
+            mean <= tool / 10.0,
+            "{alias}: mean |KL error| {mean} vs {tool}"
+        );
         assert!(max <= 1e-3, "{alias}: max |KL error| {max}");
         assert!(
             rev_mean <= 1e-3,

@@ -6,7 +6,7 @@
 pub mod context;
 pub mod observe;
 pub mod qgref;
-pub mod rangecoder;
+pub mod rans;
 pub mod record;
 pub mod reference;
 pub mod windows;

@@ -6,21 +6,22 @@
 //! max, f64 lse, f64 lp_true, f64 tail_mass, the kept ids in increasing
 //! order as LEB128 gaps, their f32 logits in that order, and when n_kept <
 //! n_vocab the tail: f32 hi, f64 Σ p·(l − max), f64 Σ (p̃ − p)·(l − max),
-//! [`LEVELS`] f32 level shares of the tail mass, u32 length and the tail
-//! levels of the ids not kept, in vocabulary order, range coded
-//! (`execute::rangecoder`: adaptive bit trees, the previous level's band as
-//! context); finally the sha256 of everything before it. Reading checks
+//! [`LEVELS`] f32 level shares of the tail mass, [`LEVELS`] LEB128 level
+//! counts, u32 length and the tail levels of the ids not kept, in
+//! vocabulary order, rANS coded with those counts as the model
+//! (`execute::rangecoder::rans`); finally the sha256 of everything before
+//! it. Reading checks
 //! every byte: magic, version, header equal to what the case expects,
 //! record bounds, exact length, trailing hash, finite values, a code that
-//! decodes within its bytes. Version 1 (a byte per vocabulary entry on 255
+//! decodes exactly to levels with the stored counts. Version 1 (a byte per vocabulary entry on 255
 //! levels) is refused by its version, and the store rebuilds it.
 //!
 //! Contract: a file that fails any check is an error naming the file and
 //! the offset or field, never a partial result.
 
 use crate::core::fsutil::{seal, sha256_bytes, unseal};
+use crate::execute::rans;
 use crate::execute::windows::ScoringPlan;
-use crate::execute::rangecoder::{Decoder as RangeDecoder, Encoder as RangeEncoder, Prob};
 use crate::measure::kld::{order_key, RefPosition, KEPT, LEVELS};
 use serde::{Deserialize, Serialize};
 
@@ -107,7 +108,10 @@ pub fn encode(header: &CacheHeader, rows: &[RefPosition]) -> Vec<u8> {
             for m in &t.masses {
                 out.extend_from_slice(&m.to_le_bytes());
             }
-            let coded = code_levels(&t.codes);
+            for &c in &t.counts[..LEVELS] {
+                leb128(&mut out, c);
+            }
+            let coded = code_levels(t);
             out.extend_from_slice(&(coded.len() as u32).to_le_bytes());
             out.extend_from_slice(&coded);
         }
@@ -152,10 +156,14 @@ impl Reader<'_> {
             let b = self.take(1, what)?[0];
             v |= u64::from(b & 0x7F) << (7 * k);
             if b & 0x80 == 0 {
-                return u32::try_from(v).map_err(|_| format!("offset {}: {what} too large", self.at));
+                return u32::try_from(v)
+                    .map_err(|_| format!("offset {}: {what} too large", self.at));
             }
         }
-        Err(format!("offset {}: {what}: more than 5 LEB128 bytes", self.at))
+        Err(format!(
+            "offset {}: {what}: more than 5 LEB128 bytes",
+            self.at
+        ))
     }
     fn f64(&mut self, what: &str) -> Result<f64, String> {
         Ok(f64::from_le_bytes(self.take(8, what)?.try_into().unwrap()))
@@ -245,6 +253,10 @@ pub fn decode(
             for _ in 0..LEVELS {
                 masses.push(r.f32("tail level mass")?);
             }
+            let mut counts = Vec::with_capacity(LEVELS);
+            for _ in 0..LEVELS {
+                counts.push(r.leb128("tail level count")?);
+            }
             let len = r.u32("tail code length")? as usize;
             let coded = r.take(len, "tail code")?;
             if !hi.is_finite() || hi > max || !mean_logit.is_finite() || !rounding.is_finite() {
@@ -257,7 +269,7 @@ pub fn decode(
             for &(id, _) in &entries {
                 kept[id as usize] = true;
             }
-            let codes = decode_levels(coded, &kept)
+            let codes = decode_levels(coded, &counts, &kept)
                 .ok_or_else(|| bad("the tail code does not decode to its levels"))?;
             if tail_mass <= 0.0 {
                 return Err(bad("a tail with zero mass"));
@@ -291,49 +303,35 @@ pub fn decode(
     Ok((header, rows))
 }
 
-/// Bits of a tail level's code.
-const LEVEL_BITS: u32 = LEVELS.next_power_of_two().trailing_zeros();
-
-/// Contexts of the level coder: the previous tail id's level, in this many
-/// bands.
-const CONTEXTS: usize = 8;
-
-/// A row's tail levels in vocabulary order (kept ids skipped), range coded
-/// with adaptive probabilities, the previous level's band as context.
-fn code_levels(codes: &[u8]) -> Vec<u8> {
-    let mut trees = vec![vec![Prob::default(); 1 << LEVEL_BITS]; CONTEXTS];
-    let mut e = RangeEncoder::default();
-    let mut prev = 0usize;
-    for &c in codes {
-        if c != KEPT {
-            e.symbol(&mut trees[prev * CONTEXTS / LEVELS], LEVEL_BITS, u32::from(c));
-            prev = usize::from(c);
-        }
-    }
-    e.finish()
+/// A row's tail levels in vocabulary order (kept ids skipped), rANS coded
+/// with the row's own level counts as the model (stored before the code).
+fn code_levels(t: &crate::measure::kld::Tail) -> Vec<u8> {
+    let levels: Vec<u8> = t.codes.iter().copied().filter(|&c| c != KEPT).collect();
+    let (f, c) = rans::frequencies(&t.counts[..LEVELS]).expect("a tail has ids");
+    rans::encode(&levels, (&f, &c))
 }
 
-/// The levels [`code_levels`] coded, for a row whose kept ids are marked
-/// in `kept`; None when a level is out of range or the code runs past
-/// its bytes.
-fn decode_levels(coded: &[u8], kept: &[bool]) -> Option<Vec<u8>> {
-    let mut trees = vec![vec![Prob::default(); 1 << LEVEL_BITS]; CONTEXTS];
-    let mut d = RangeDecoder::new(coded);
-    let mut prev = 0usize;
-    let mut codes = Vec::with_capacity(kept.len());
-    for &k in kept {
-        if k {
-            codes.push(KEPT);
-        } else {
-            let c = d.symbol(&mut trees[prev * CONTEXTS / LEVELS], LEVEL_BITS) as usize;
-            if c >= LEVELS {
-                return None;
-            }
-            codes.push(c as u8);
-            prev = c;
-        }
+/// The levels [`code_levels`] coded, for a row with level `counts` whose
+/// kept ids are marked in `kept`; None unless they decode exactly (the
+/// code's end state, its every byte) to levels with those counts.
+fn decode_levels(coded: &[u8], counts: &[u32], kept: &[bool]) -> Option<Vec<u8>> {
+    let n = kept.iter().filter(|k| !**k).count();
+    if counts.iter().map(|&c| c as usize).sum::<usize>() != n {
+        return None;
     }
-    (d.consumed() <= coded.len()).then_some(codes)
+    let (f, c) = rans::frequencies(counts)?;
+    let levels = rans::decode(coded, n, (&f, &c))?;
+    let mut got = vec![0u32; LEVELS];
+    for &l in &levels {
+        got[l as usize] += 1;
+    }
+    if got != counts {
+        return None;
+    }
+    let mut it = levels.into_iter();
+    kept.iter()
+        .map(|&k| if k { Some(KEPT) } else { it.next() })
+        .collect()
 }
 
 /// `v` as unsigned LEB128.

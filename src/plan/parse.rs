@@ -480,7 +480,26 @@ fn sequential_gates(
             );
         }
     }
-    case.metrics.extend(added.into_iter().map(Metric::float));
+    // A sequence's bounds compare with their golden as their metric does.
+    let added: Vec<Metric> = added
+        .into_iter()
+        .map(|name| {
+            let base = name
+                .strip_suffix("_seq_lo")
+                .or_else(|| name.strip_suffix("_seq_hi"))
+                .unwrap_or(&name);
+            let declared = case
+                .metrics
+                .iter()
+                .find(|m| m.name == base)
+                .and_then(|m| m.tolerance);
+            match declared {
+                Some((t, why)) => Metric::float(name).with_tolerance(t, why),
+                None => Metric::float(name),
+            }
+        })
+        .collect();
+    case.metrics.extend(added);
     case.metrics.push(Metric::count(format!("{unit}s_total")));
 }
 
