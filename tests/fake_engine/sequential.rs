@@ -180,40 +180,54 @@ fn a_sequential_case_stops_early_with_the_fixed_n_verdict() {
     }
     // Windows go to the engine in pairs (its two lanes): a stop at the first
     // of a pair leaves the second decoded. The reference decoded once per
-    // window some candidate needed.
+    // window some candidate needed, kept window by window; a damaged window
+    // file is decoded again (one window).
     let decoded = |u: &usize| (u.div_ceil(STEP) * STEP).min(CHUNKS);
-    let most = used_all.iter().map(decoded).max().unwrap();
-    assert_eq!(decodes, used_all.iter().map(decoded).sum::<usize>() + most);
-    // Same inputs, same seed: the same numbers, bit for bit; the
-    // reference's windows come from the store (kept window by window by
-    // the first run, read back and checked), so only the candidates decode.
-    let (again, decodes) = fx.run("seq");
-    for (a, b) in again.iter().zip(&outs) {
-        assert_eq!(a.metrics, b.metrics);
-        assert_eq!(a.texts, b.texts);
-    }
-    assert_eq!(decodes, used_all.iter().map(decoded).sum::<usize>());
-    // A damaged window file is found out by its seal and decoded again.
-    let win = std::fs::read_dir(fx.root.join("cache"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|e| e == "qgwin"))
-        .expect("a kept reference window");
-    let mut bytes = std::fs::read(&win).unwrap();
-    let at = bytes.len() / 2;
-    bytes[at] ^= 1;
-    std::fs::write(&win, &bytes).unwrap();
-    let (third, decodes) = fx.run("seq");
-    for (a, b) in third.iter().zip(&outs) {
-        assert_eq!(a.metrics, b.metrics);
-    }
-    assert_eq!(decodes, used_all.iter().map(decoded).sum::<usize>() + 1);
+    decoded_once(&fx, (&outs, decodes), &used_all, ("qgwin", 1));
     // A warm reference store (the fixed-N run kept the reference's scores)
     // serves the prefix: only the candidates decode.
     fixed(&fx, "");
     let (_, decodes) = fx.run("seq");
     assert_eq!(decodes, used_all.iter().map(decoded).sum::<usize>());
+}
+
+/// After a cold sequential run of case `seq` (`outs`, `decodes` windows
+/// decoded, candidates stopping at `used` windows): the reference was
+/// decoded once for the windows some candidate needed (in visits of
+/// [`STEP`]); a second run decodes only the candidates, with the same
+/// numbers; a damaged kept file of the reference (extension `ext`) is
+/// found out by its seal and its `again` windows are decoded again.
+fn decoded_once(
+    fx: &Fx,
+    (outs, decodes): (&[Outcome], usize),
+    used: &[usize],
+    (ext, again): (&str, usize),
+) {
+    let decoded = |u: &usize| (u.div_ceil(STEP) * STEP).min(CHUNKS);
+    let candidates: usize = used.iter().map(decoded).sum();
+    let most = used.iter().map(decoded).max().unwrap();
+    assert_eq!(decodes, candidates + most);
+    let (second, decodes) = fx.run("seq");
+    for (a, b) in second.iter().zip(outs) {
+        assert_eq!(a.metrics, b.metrics);
+        assert_eq!(a.texts, b.texts);
+    }
+    assert_eq!(decodes, candidates);
+    let kept = std::fs::read_dir(fx.root.join("cache"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == ext))
+        .expect("a kept part of the reference");
+    let mut bytes = std::fs::read(&kept).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 1;
+    std::fs::write(&kept, &bytes).unwrap();
+    let (third, decodes) = fx.run("seq");
+    for (a, b) in third.iter().zip(outs) {
+        assert_eq!(a.metrics, b.metrics);
+    }
+    assert_eq!(decodes, candidates + again);
 }
 
 #[test]
@@ -521,33 +535,9 @@ fn a_sequential_kld_case_stops_early_and_at_n_is_the_fixed_n_case() {
         used_all.push(at);
     }
     // The reference decoded only for the windows some candidate needed
-    // (in visits of STEP), each once; kept by visit, so a second run
-    // decodes only the candidates, with the same numbers.
-    let decoded = |u: &usize| (u.div_ceil(STEP) * STEP).min(CHUNKS);
-    let most = used_all.iter().map(decoded).max().unwrap();
-    assert_eq!(decodes, used_all.iter().map(decoded).sum::<usize>() + most);
-    let (again, decodes) = fx.run("seq");
-    for (a, b) in again.iter().zip(&outs) {
-        assert_eq!(a.metrics, b.metrics);
-        assert_eq!(a.texts, b.texts);
-    }
-    assert_eq!(decodes, used_all.iter().map(decoded).sum::<usize>());
-    // A damaged visit file is found out by its seal and decoded again.
-    let part = std::fs::read_dir(fx.root.join("cache"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|e| e == "qgref"))
-        .expect("a kept visit of the reference");
-    let mut bytes = std::fs::read(&part).unwrap();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 1;
-    std::fs::write(&part, &bytes).unwrap();
-    let (third, decodes) = fx.run("seq");
-    for (a, b) in third.iter().zip(&outs) {
-        assert_eq!(a.metrics, b.metrics);
-    }
-    assert_eq!(decodes, used_all.iter().map(decoded).sum::<usize>() + STEP);
+    // (in visits of STEP), each once, kept by visit; a damaged visit file
+    // is decoded again (one visit).
+    decoded_once(&fx, (&outs, decodes), &used_all, ("qgref", STEP));
 
     // At N (a threshold at the near model's exact mean): every metric is
     // the fixed-N case's, bit for bit.

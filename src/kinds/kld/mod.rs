@@ -8,7 +8,7 @@
 //! Contract: one vocabulary and tokenizer on both sides, the reference holds
 //! exactly the positions the case scores, or the case is an error.
 
-use crate::core::case::{Location, Metric, MetricType, Pin, Tolerance};
+use crate::core::case::{Location, Metric, MetricType, Pin};
 use crate::core::error::{Error, Result};
 use crate::core::parse::{case_table, parse_toml, Diagnostics};
 use crate::core::present::{Cell, Field, Join, Metrics, Plot, Presentation, ReportColumn, Spread};
@@ -159,31 +159,6 @@ pub fn parse(case: &Case, src: &str, diag: &mut Diagnostics) -> Result<Arc<dyn K
         );
     }
     Ok(Arc::new(k))
-}
-
-/// The tolerance of a KL metric against its golden: the reference's rows
-/// come from the compact store (`measure::kld`), whose KL per position
-/// differs from the exact f64 KL by a small error that depends on the
-/// store's format (`cargo bench --bench kld`: mean |error| 2e-6 (Q8_0) to
-/// 4e-5 (Q2_K), at most 4e-4 at any position on SmolLM2; llama-perplexity's
-/// own rows: 4e-5 to 6e-4). A golden recorded from another format (an
-/// older store, a shipped reference) agrees within that error, not
-/// bitwise. Means within 5e-5, their standard errors within 5e-6, order
-/// statistics (min, max, percentiles) within 5e-4; everything else the
-/// kld block reports (Δp, same top, flips, p1 bins) is exact in any
-/// format and keeps the default.
-fn store_tolerance(name: &str) -> Option<(Tolerance, &'static str)> {
-    let base = name.strip_prefix("copy_").unwrap_or(name);
-    let atol = match base {
-        "kld_mean" | "kld_rev_mean" => 5e-5,
-        "kld_mean_se" => 5e-6,
-        b if b.starts_with("kld_") => 5e-4,
-        _ => return None,
-    };
-    Some((
-        Tolerance { atol, rtol: 1e-6 },
-        "the compact reference store's KL error (benches/kld.rs)",
-    ))
 }
 
 /// Counts among the kld block's metrics: compared exactly.
@@ -411,7 +386,7 @@ impl Kind for Kld {
                 MetricType::Float
             };
             let metric = Metric::new(name.clone(), ty);
-            match store_tolerance(&name) {
+            match crate::kinds::reference_rows::store_tolerance(&name) {
                 Some((t, why)) => metric.with_tolerance(t, why),
                 None => metric,
             }

@@ -275,7 +275,15 @@ impl Kind for TeacherForcing {
         for s in &self.samplers {
             m.extend(sampler_metrics(&s.name, s.samples > 0));
         }
-        m
+        // KL against the reference's stored rows: within the store's error.
+        m.into_iter()
+            .map(
+                |x| match crate::kinds::reference_rows::store_tolerance(&x.name) {
+                    Some((t, why)) => x.with_tolerance(t, why),
+                    None => x,
+                },
+            )
+            .collect()
     }
 
     fn headline(&self) -> Vec<&'static str> {
