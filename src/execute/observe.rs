@@ -19,6 +19,7 @@ use crate::core::Settings;
 use crate::engine::{LoadedModel, Window};
 use crate::measure::{row_stats, row_stats_exps, RowStats};
 use sha2::{Digest, Sha256};
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -114,6 +115,9 @@ pub trait Consumer: Send + Sync {
     /// A row and what `map` made of it, in order; an error stops this
     /// consumer (only). `row.exps` is empty here.
     fn absorb(&mut self, row: &Row<'_>, mapped: Mapped) -> Result<()>;
+    /// The decode of the observation's windows `windows` starts (all of
+    /// them at once, or a range at a time in [`observe_lockstep`]).
+    fn begin(&mut self, _windows: &Range<usize>) {}
 }
 
 /// What one shared decode cost, and how each consumer ended.
@@ -188,7 +192,81 @@ fn reduce_pass(
 /// Decode `obs` once, handing every row to every consumer. An engine
 /// failure is returned as the error of every consumer.
 pub fn observe(obs: &Observation, consumers: &mut [&mut dyn Consumer]) -> Observed {
+    observe_range(obs, 0..obs.windows.len(), consumers)
+}
+
+impl Observed {
+    /// Add what a later decode of more windows cost, and its errors (a
+    /// consumer that failed there keeps its error).
+    fn add(&mut self, later: Observed, consumers: &[usize]) {
+        self.decode += later.decode;
+        self.reduce += later.reduce;
+        for (k, &i) in consumers.iter().enumerate() {
+            self.consumer[i] += later.consumer[k];
+            if self.errors[i].is_none() {
+                self.errors[i] = later.errors[k].clone();
+            }
+        }
+    }
+}
+
+/// Decode several observations in step, `step` windows at a time: windows
+/// `0..step` of every observation in order, then the next `step` of each,
+/// and so on, each consumer seeing its observation's rows in order as
+/// [`observe`] hands them (a consumer that failed is not fed again). A
+/// consumer of a later observation may so read what a consumer of an
+/// earlier one made of the same windows (a reference's live rows), and
+/// nothing need hold more than `step` windows of it. One [`Observed`] per
+/// observation, as if each had been decoded whole.
+pub fn observe_lockstep(
+    jobs: &mut [(&Observation, Vec<&mut dyn Consumer>)],
+    step: usize,
+) -> Vec<Observed> {
+    let step = step.max(1);
+    let mut seen: Vec<Observed> = jobs
+        .iter()
+        .map(|(_, cs)| Observed {
+            consumer: vec![Duration::ZERO; cs.len()],
+            errors: vec![None; cs.len()],
+            ..Observed::default()
+        })
+        .collect();
+    let most = jobs.iter().map(|(o, _)| o.windows.len()).max().unwrap_or(0);
+    for lo in (0..most).step_by(step) {
+        for ((obs, consumers), done) in jobs.iter_mut().zip(seen.iter_mut()) {
+            let hi = (lo + step).min(obs.windows.len());
+            let live: Vec<usize> = (0..consumers.len())
+                .filter(|&i| done.errors[i].is_none())
+                .collect();
+            if lo >= hi || live.is_empty() {
+                continue;
+            }
+            let mut feed: Vec<&mut dyn Consumer> = Vec::with_capacity(live.len());
+            for (i, c) in consumers.iter_mut().enumerate() {
+                if live.contains(&i) {
+                    feed.push(&mut **c);
+                }
+            }
+            let part = observe_range(obs, lo..hi, &mut feed);
+            done.add(part, &live);
+        }
+    }
+    seen
+}
+
+/// Decode windows `range` of `obs`, handing every row (numbered as in the
+/// whole observation) to every consumer. An engine failure is returned as
+/// the error of every consumer.
+fn observe_range(
+    obs: &Observation,
+    range: Range<usize>,
+    consumers: &mut [&mut dyn Consumer],
+) -> Observed {
     let n = consumers.len();
+    for c in consumers.iter_mut() {
+        c.begin(&range);
+    }
+    let first = range.start;
     let mut done = Observed {
         consumer: vec![Duration::ZERO; n],
         errors: vec![None; n],
@@ -205,7 +283,8 @@ pub fn observe(obs: &Observation, consumers: &mut [&mut dyn Consumer]) -> Observ
         let done = &mut done;
         let bar = &bar;
         obs.model
-            .score_passes(&obs.settings, &obs.windows, &mut |w, rows| {
+            .score_passes(&obs.settings, &obs.windows[range], &mut |w, rows| {
+                let w = first + w;
                 bar.set_position(w as u64 + 1);
                 let live: Vec<usize> = (0..n).filter(|&i| done.errors[i].is_none()).collect();
                 if live.is_empty() {

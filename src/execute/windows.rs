@@ -498,21 +498,31 @@ pub fn score_plan_with(
 /// rows: the same `−lp_true` and argmax, so paired metrics are bitwise those
 /// of a live reference.
 pub fn scored_from_rows(plan: &ScoringPlan, rows: &[crate::measure::kld::RefPosition]) -> Scored {
+    scored_from_targets(plan, rows.iter().map(|r| (r.lp_true, r.argmax())))
+}
+
+/// The scores of `plan` from each scored position's log-prob of its
+/// target and argmax, in order (a reference's rows, as a candidate read
+/// them).
+pub fn scored_from_targets(
+    plan: &ScoringPlan,
+    mut rows: impl Iterator<Item = (f64, u32)>,
+) -> Scored {
     let mut out = Scored {
         windows: vec![WindowNll::default(); plan.windows.len()],
         ..Scored::default()
     };
-    let mut i = 0;
     for (w, pw) in plan.windows.iter().enumerate() {
         for &t in &pw.targets {
-            let r = &rows[i];
-            let nll = -r.lp_true;
-            let top1 = r.argmax() as TokenId == t;
+            let Some((lp, argmax)) = rows.next() else {
+                return out;
+            };
+            let nll = -lp;
+            let top1 = argmax as TokenId == t;
             out.windows[w].add(nll, top1);
             out.token_nll.push(nll);
             out.token_top1.push(top1);
-            out.token_argmax.push(r.argmax() as TokenId);
-            i += 1;
+            out.token_argmax.push(argmax as TokenId);
         }
     }
     out

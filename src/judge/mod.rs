@@ -17,9 +17,9 @@ pub mod prereg;
 use crate::core::error::{Error, ErrorKind, Result};
 use crate::core::outcome::split_test_name;
 use crate::core::{Case, Outcome, Status};
-use crate::execute::observe::{observe, Consumer, Observation};
+use crate::execute::observe::{observe, observe_lockstep, Consumer, Observation, Observed};
 use crate::execute::RunContext;
-use crate::kinds::{Finish, RefBuild, Start};
+use crate::kinds::{Finish, LiveFeed, RefBuild, Start};
 use crate::plan::Planned;
 use gates::judge;
 use prereg::{LedgerLine, Prereg};
@@ -65,6 +65,8 @@ struct Started {
     cached: bool,
     /// Still to decode and finish.
     pending: Option<(Observation, Box<dyn Finish>)>,
+    /// The reference decode whose rows it reads live.
+    feed: Option<LiveFeed>,
     /// The start or the decode failed.
     error: Option<Error>,
 }
@@ -124,16 +126,44 @@ pub fn trials(
             false
         }
     });
-    // Buckets by observation key, in order of first appearance.
-    let mut buckets: Vec<(Observation, Vec<usize>, Vec<usize>)> = Vec::new();
+    // Buckets by observation key, in order of first appearance; a trial
+    // that reads its reference live makes its bucket decode in step with
+    // that reference's feed (one per feed key).
+    struct Bucket {
+        obs: Observation,
+        trials: Vec<usize>,
+        refs: Vec<usize>,
+        live: bool,
+    }
+    let mut buckets: Vec<Bucket> = Vec::new();
     let mut pending: Vec<Option<Box<dyn Finish>>> = Vec::new();
+    let mut feeds: Vec<LiveFeed> = Vec::new();
+    let mut feed_of: Vec<Option<usize>> = vec![None; started.len()];
     for (i, s) in started.iter_mut().enumerate() {
         pending.push(None);
+        let live = s.feed.take().map(|f| {
+            let k = match feeds.iter().position(|g| g.key == f.key) {
+                Some(k) => k,
+                None => {
+                    feeds.push(f);
+                    feeds.len() - 1
+                }
+            };
+            feed_of[i] = Some(k);
+        });
         if let Some((obs, f)) = s.pending.take() {
             pending[i] = Some(f);
-            match buckets.iter_mut().find(|b| b.0.key() == obs.key()) {
-                Some(b) => b.1.push(i),
-                None => buckets.push((obs, vec![i], Vec::new())),
+            match buckets.iter_mut().find(|b| b.obs.key() == obs.key()) {
+                Some(b) => {
+                    b.trials.push(i);
+                    b.live |= live.is_some();
+                }
+                None => buckets.push(Bucket {
+                    obs,
+                    trials: vec![i],
+                    refs: Vec::new(),
+                    live: live.is_some(),
+                }),
             }
         }
     }
@@ -142,44 +172,92 @@ pub fn trials(
         ref_consumers.push(Some(w.consumer));
         match buckets
             .iter_mut()
-            .find(|b| b.0.key() == w.observation.key())
+            .find(|b| b.obs.key() == w.observation.key())
         {
-            Some(b) => b.2.push(r),
-            None => buckets.push((w.observation, Vec::new(), vec![r])),
+            Some(b) => b.refs.push(r),
+            None => buckets.push(Bucket {
+                obs: w.observation,
+                trials: Vec::new(),
+                refs: vec![r],
+                live: false,
+            }),
         }
     }
+    let mut consumers: Vec<(Vec<Box<dyn Finish>>, Vec<Box<dyn RefBuild>>)> = buckets
+        .iter()
+        .map(|b| {
+            let t = b.trials.iter().map(|&i| pending[i].take().expect("once"));
+            let r = b
+                .refs
+                .iter()
+                .map(|&r| ref_consumers[r].take().expect("once"));
+            (t.collect(), r.collect())
+        })
+        .collect();
+    fn all<'a>(
+        (t, r): &'a mut (Vec<Box<dyn Finish>>, Vec<Box<dyn RefBuild>>),
+    ) -> Vec<&'a mut dyn Consumer> {
+        let mut all: Vec<&mut dyn Consumer> = Vec::new();
+        for c in t.iter_mut() {
+            all.push(&mut **c);
+        }
+        for c in r.iter_mut() {
+            all.push(&mut **c);
+        }
+        all
+    }
+    let mut seen: Vec<Option<Observed>> = Vec::new();
+    for (b, cs) in buckets.iter().zip(consumers.iter_mut()) {
+        seen.push((!b.live).then(|| observe(&b.obs, &mut all(cs))));
+    }
+    // The live buckets and their feeds, a pair of windows at a time (the
+    // engine's two lanes): each feed's windows before its readers' same
+    // windows, so a reader finds the rows of the windows it decodes.
     let mut ref_time = Duration::ZERO;
-    for (obs, trial_ix, ref_ix) in &buckets {
-        let mut trial_cs: Vec<Box<dyn Finish>> = trial_ix
-            .iter()
-            .map(|&i| pending[i].take().expect("once"))
+    let mut feed_errors: Vec<Option<Error>> = vec![None; feeds.len()];
+    if !feeds.is_empty() || buckets.iter().any(|b| b.live) {
+        let mut jobs: Vec<(&Observation, Vec<&mut dyn Consumer>)> = feeds
+            .iter_mut()
+            .map(|f| (&f.observation, vec![&mut *f.producer as &mut dyn Consumer]))
             .collect();
-        let mut ref_cs: Vec<Box<dyn RefBuild>> = ref_ix
-            .iter()
-            .map(|&r| ref_consumers[r].take().expect("once"))
-            .collect();
-        let seen = {
-            let mut all: Vec<&mut dyn Consumer> = Vec::new();
-            for c in trial_cs.iter_mut() {
-                all.push(&mut **c);
+        let mut live_ix = Vec::new();
+        for (k, (b, cs)) in buckets.iter().zip(consumers.iter_mut()).enumerate() {
+            if b.live {
+                jobs.push((&b.obs, all(cs)));
+                live_ix.push(k);
             }
-            for c in ref_cs.iter_mut() {
-                all.push(&mut **c);
-            }
-            observe(obs, &mut all)
-        };
+        }
+        let mut done = observe_lockstep(&mut jobs, crate::kinds::scored_text::STEP).into_iter();
+        for (f, slot) in feed_errors.iter_mut().enumerate() {
+            let fed = done.next().expect("one per job");
+            ref_time += fed.decode + fed.reduce + fed.consumer[0];
+            *slot = fed.errors[0]
+                .clone()
+                .map(|e| e.context(format!("reference `{}`", feeds[f].observation.alias())));
+        }
+        for (k, d) in live_ix.into_iter().zip(done) {
+            seen[k] = Some(d);
+        }
+    }
+    drop(feeds);
+    for ((b, (trial_cs, ref_cs)), seen) in buckets.iter().zip(consumers).zip(seen) {
+        let seen = seen.expect("every bucket decoded");
+        let obs = &b.obs;
         // The decode is shared: each reader (trials and reference work) is
         // charged its share, the shared row reduction likewise.
-        let readers = (trial_ix.len() + ref_ix.len()).max(1) as u32;
+        let readers = (b.trials.len() + b.refs.len()).max(1) as u32;
         let (decode, reduce) = (seen.decode / readers, seen.reduce / readers);
-        for (k, (&i, c)) in trial_ix.iter().zip(trial_cs).enumerate() {
+        for (k, (&i, c)) in b.trials.iter().zip(trial_cs).enumerate() {
             let s = &mut started[i];
             s.out.timings.decode += decode;
             s.out.timings.measure += reduce + seen.consumer[k];
             s.out.timings.shared_with = readers - 1;
-            match &seen.errors[k] {
+            // A reader of a live reference whose decode failed fails with
+            // that decode's error.
+            let feed_error = feed_of[i].and_then(|f| feed_errors[f].clone());
+            match feed_error.or_else(|| seen.errors[k].clone()) {
                 Some(e) => {
-                    s.error = Some(e.clone().context(parsed_path(group[i])));
+                    s.error = Some(e.context(parsed_path(group[i])));
                 }
                 None => {
                     if let Err(e) = c.finish(cx, &mut s.out) {
@@ -189,7 +267,7 @@ pub fn trials(
             }
         }
         for (k, c) in ref_cs.into_iter().enumerate() {
-            let k = trial_ix.len() + k;
+            let k = b.trials.len() + k;
             let t = Instant::now();
             let result = match &seen.errors[k] {
                 Some(e) => Err(e.clone()),
@@ -232,6 +310,7 @@ fn start(cx: &RunContext, p: &Planned, goldens: &Path, cache: bool) -> Started {
         prereg: None,
         cached: false,
         pending: None,
+        feed: None,
         error: None,
     };
     let parsed = match &p.case {
@@ -289,6 +368,10 @@ fn start(cx: &RunContext, p: &Planned, goldens: &Path, cache: bool) -> Started {
     match parsed.kind.start(cx, case, &p.model, &mut s.out) {
         Ok(Start::Done) => {}
         Ok(Start::Observe(obs, f)) => s.pending = Some((obs, f)),
+        Ok(Start::Live(obs, f, feed)) => {
+            s.pending = Some((obs, f));
+            s.feed = Some(feed);
+        }
         Err(e) => s.error = Some(e),
     }
     s

@@ -133,6 +133,14 @@ pub trait Kind: Send + Sync + std::fmt::Debug {
         false
     }
 
+    /// Whether the case's trials on every model run in one group, one
+    /// process: a sequential case (its reference windows, decoded for one
+    /// candidate, serve the next) and a case whose candidates read their
+    /// reference's rows live ([`Start::Live`]).
+    fn runs_jointly(&self) -> bool {
+        self.decides_sequentially()
+    }
+
     /// Whether a trial measures the machine's speed: its group runs with
     /// no other group beside it (`quantgate run --jobs N`), and its result
     /// cache entry is keyed by the machine as well.
@@ -159,6 +167,21 @@ pub enum Start {
     Done,
     /// It reads the rows of an observation, then finishes.
     Observe(Observation, Box<dyn Finish>),
+    /// It reads the rows of an observation in step with its reference's
+    /// decode of the same windows, whose rows it reads live, then finishes.
+    Live(Observation, Box<dyn Finish>, LiveFeed),
+}
+
+/// A reference decode whose rows candidates read live, as they are
+/// decoded: nothing is kept. Trials whose feeds have equal keys share one
+/// decode of it.
+pub struct LiveFeed {
+    /// What identifies the rows (the product they would be kept as).
+    pub key: String,
+    /// The reference model's observation.
+    pub observation: Observation,
+    /// Hands its rows to the readers, a range of windows at a time.
+    pub producer: Box<dyn Consumer>,
 }
 
 /// A trial's consumer: reads the rows, then fills the outcome.

@@ -12,9 +12,12 @@ use crate::core::case::Tolerance;
 use crate::core::error::{Error, Result};
 use crate::execute::observe::{mapped, observe_one, Consumer, Mapped, Observation, Row};
 use crate::execute::qgref::CacheHeader;
+use crate::execute::reference::LiveRows;
 use crate::execute::RunContext;
 use crate::kinds::{RefBuild, RefWork};
 use crate::measure::kld::{compress_row_exps, RefPosition};
+use std::ops::Range;
+use std::sync::Arc;
 
 /// Builds the reference rows of `header` at the listed positions.
 pub struct RowsBuild {
@@ -127,6 +130,58 @@ impl RefBuild for RowsBuild {
         let header = self.header.clone();
         let (n_vocab, fingerprint, rows) = self.rows()?;
         cx.references.put_rows(&header, n_vocab, fingerprint, rows)
+    }
+}
+
+/// A reference's rows read live by its candidates (a kld case's `store =
+/// "none"`): compressed as [`RowsBuild`] compresses them, handed to a
+/// [`LiveRows`] slot as each range of windows is decoded, never kept.
+pub struct LiveBuild {
+    build: RowsBuild,
+    slot: Arc<LiveRows>,
+    /// The next wanted row (index into `build.wanted`).
+    next: usize,
+}
+
+impl LiveBuild {
+    /// The live rows `build` would keep, into `slot`.
+    pub fn new(build: RowsBuild, slot: Arc<LiveRows>) -> Self {
+        LiveBuild {
+            build,
+            slot,
+            next: 0,
+        }
+    }
+}
+
+impl Consumer for LiveBuild {
+    fn wants_exps(&self) -> bool {
+        true
+    }
+
+    fn map(&self, r: &Row<'_>) -> Result<Mapped> {
+        self.build.map(r)
+    }
+
+    fn begin(&mut self, windows: &Range<usize>) {
+        self.next = self
+            .build
+            .wanted
+            .partition_point(|&(w, _, _)| w < windows.start);
+        self.slot.begin(windows.clone(), self.next);
+    }
+
+    fn absorb(&mut self, r: &Row<'_>, m: Mapped) -> Result<()> {
+        match self.build.wanted.get(self.next) {
+            Some(&(w, pos, _)) if (w, pos) == (r.window, r.pos) => {
+                let row = mapped::<RefPosition>(m)
+                    .ok_or_else(|| Error::harness("a wanted reference row was not compressed"))?;
+                self.slot.push(row);
+                self.next += 1;
+                Ok(())
+            }
+            _ => Ok(()),
+        }
     }
 }
 

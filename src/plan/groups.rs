@@ -74,15 +74,16 @@ pub fn groups(planned: &[Planned], selected: &[bool], share: bool) -> Vec<Group>
             .ok()
             .and_then(|c| c.kind.observation())
             .filter(|_| share);
-        // A sequential case's trials on every model are one group: its
+        // A sequential case's trials on every model are one group (its
         // reference windows, decoded as candidates need them, are shared
-        // in one process.
+        // in one process), and so are a case's whose candidates read their
+        // reference's rows live.
         let joint = p
             .case
             .as_ref()
             .ok()
-            .filter(|c| share && c.kind.decides_sequentially())
-            .map(|c| format!("sequential {}", c.case.name));
+            .filter(|c| share && c.kind.runs_jointly())
+            .map(|c| format!("joint {}", c.case.name));
         let g = match (declared, joint) {
             (Some(d), joint) => *by_key
                 .entry((joint.unwrap_or_else(|| p.model.clone()), d.clone()))

@@ -762,3 +762,170 @@ fn edited_caches_are_rebuilt_never_believed() {
         }
     }
 }
+
+/// Two candidates against one reference, the case written twice: through
+/// the compact store (`stored.toml`) and read live (`live.toml`, `store =
+/// "none"`); `ref_spec` is the reference's.
+fn live_fixture(tag: &str, ref_spec: FakeSpec) -> (PathBuf, FakeEngine) {
+    let root = common::fake_root(
+        &format!("kld-live-{tag}"),
+        &[("ref", 100), ("cand", 101), ("cand2", 103)],
+    );
+    let t = text();
+    std::fs::write(root.join("suites/t.txt"), &t).unwrap();
+    for (name, extra) in [
+        ("stored", ""),
+        ("live", "[kld]\nstore = \"none\"\nmax_kept = 16\n"),
+    ] {
+        let extra = if extra.is_empty() {
+            "[kld]\nmax_kept = 16\n"
+        } else {
+            extra
+        };
+        std::fs::write(
+            root.join(format!("suites/{name}.toml")),
+            format!(
+                "kind = \"kld\"\nmodels = [\"cand\", \"cand2\"]\nreference = \"ref\"\n{extra}\
+                 [text]\npath = \"t.txt\"\nsha256 = \"{}\"\n\
+                 [window]\nmode = \"llama-perplexity\"\nn_ctx = {N_CTX}\nchunks = {CHUNKS}\n",
+                quantgate::core::fsutil::sha256_bytes(t.as_bytes())
+            ),
+        )
+        .unwrap();
+    }
+    let engine = FakeEngine::new()
+        .with("ref", ref_spec)
+        .with("cand", cand_spec())
+        .with(
+            "cand2",
+            FakeSpec {
+                confidence: 4.0,
+                ..FakeSpec::default()
+            },
+        );
+    (root, engine)
+}
+
+/// Run the cases `pattern` selects in a fresh context over `engine`.
+fn run_cases(root: &std::path::Path, engine: &FakeEngine, pattern: &str) -> Vec<Outcome> {
+    let (registry, planned) = plan(&root.join("suites"), &[pattern.to_string()], &[]).unwrap();
+    let mut cx = RunContext::new(registry, Arc::new(engine.clone()), 1);
+    cx.references.dir = root.join("cache");
+    quantgate::schedule::run_plan(
+        &cx,
+        &planned,
+        std::path::Path::new("goldens"),
+        false,
+        1,
+        &mut |_, _| {},
+        &mut |_| {},
+    )
+    .0
+}
+
+fn bits(o: &Outcome) -> Vec<(String, u64)> {
+    o.metrics
+        .iter()
+        .map(|(k, v)| (k.clone(), v.to_bits()))
+        .collect()
+}
+
+#[test]
+fn a_live_reference_is_decoded_once_writes_nothing_and_gives_the_stored_numbers() {
+    use std::sync::atomic::Ordering;
+    let (root, engine) = live_fixture("same", ref_spec());
+    let live = run_cases(&root, &engine, "live");
+    assert_eq!(live.len(), 2);
+    for o in &live {
+        assert_eq!(o.status, Status::Pass, "{}: {:?}", o.model, o.error);
+    }
+    // Nothing was written: no reference rows, no lock, no scores.
+    let files = common::tree(&root.join("cache"));
+    assert!(
+        files.is_empty(),
+        "{:?}",
+        files.iter().map(|f| &f.0).collect::<Vec<_>>()
+    );
+    // The reference decoded once for both candidates, two windows a call
+    // (the engine's lanes): three observations of CHUNKS windows each.
+    assert_eq!(engine.windows.load(Ordering::Relaxed), 3 * CHUNKS);
+    assert_eq!(
+        engine.decodes.load(Ordering::Relaxed),
+        3 * CHUNKS.div_ceil(2)
+    );
+    // Through the store: a reference file, and the same numbers bit for
+    // bit (the same rows, in memory instead of on disk), the same rows.
+    let stored = run_cases(&root, &engine, "stored");
+    assert!(common::tree(&root.join("cache"))
+        .iter()
+        .any(|(p, _)| p.extension().is_some_and(|e| e == "qgref")));
+    for (l, s) in live.iter().zip(&stored) {
+        assert_eq!(
+            (&l.model, s.status),
+            (&s.model, Status::Pass),
+            "{:?}",
+            s.error
+        );
+        assert!(l.metrics.contains_key("kld_mean") && l.metrics.contains_key("delta_nll_mean"));
+        assert_eq!(bits(l), bits(s), "{}", l.model);
+        assert_eq!(l.texts, s.texts);
+        assert_eq!(
+            format!("{:?}", l.rows.as_ref().map(|r| &r.columns)),
+            format!("{:?}", s.rows.as_ref().map(|r| &r.columns))
+        );
+    }
+    assert_eq!(live[0].model, "cand");
+    // The first candidate's numbers are the independent computation's
+    // (exact same top; KL within the 16-entry store's error).
+    let ps = independent();
+    let same = ps.iter().filter(|p| !p.flip).count() as f64 / ps.len() as f64;
+    assert_eq!(live[0].metrics["same_top"], same);
+    let mean = ps.iter().map(|p| p.kl).sum::<f64>() / ps.len() as f64;
+    assert!((live[0].metrics["kld_mean"] - mean).abs() < 1e-6);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+#[test]
+fn a_live_reference_that_fails_fails_every_candidate_with_its_error() {
+    // A non-finite logit in a scored row of the reference's second window.
+    let (root, engine) = live_fixture(
+        "fails",
+        FakeSpec {
+            nan_at: Some((1, N_CTX - 8)),
+            ..ref_spec()
+        },
+    );
+    let live = run_cases(&root, &engine, "live");
+    assert_eq!(live.len(), 2);
+    for o in &live {
+        let e = o.error.clone().unwrap_or_default();
+        assert_eq!(o.status, Status::Error, "{}: {:?}", o.model, o.error);
+        assert!(
+            e.contains("reference `ref`") && e.contains("live.toml"),
+            "{e}"
+        );
+        assert!(o.metrics.is_empty(), "{:?}", o.metrics);
+    }
+    assert!(common::tree(&root.join("cache")).is_empty());
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+#[test]
+fn a_bad_store_setting_is_an_error_naming_the_key() {
+    for (extra, want) in [
+        (
+            "reference = \"ref\"\n[kld]\nstore = \"disk\"\n",
+            "kld.store: `disk` is not one of \"compact\", \"none\"",
+        ),
+        (
+            "[reference_kld]\npath = \"t.txt\"\nsha256 = \"00\"\n[kld]\nstore = \"none\"\n",
+            "kld.store: \"none\" reads a reference model's rows live",
+        ),
+    ] {
+        let fx = Fx::new("store-key", extra);
+        let o = fx.run();
+        let e = o.error.clone().unwrap_or_default();
+        assert_eq!(o.status, Status::Error, "{o:?}");
+        assert!(e.contains("k.toml:") && e.contains(want), "{e}");
+    }
+}

@@ -539,6 +539,24 @@ fn a_sequential_kld_case_stops_early_and_at_n_is_the_fixed_n_case() {
     // is decoded again (one visit).
     decoded_once(&fx, (&outs, decodes), &used_all, ("qgref", STEP));
 
+    // Live (`store = "none"`), fresh cache: the same stops and numbers bit
+    // for bit, nothing written, the reference decoded for each visit of
+    // each candidate (nothing kept to share).
+    fx.kld_case("seq", &format!("{design}[kld]\nstore = \"none\"\n"));
+    std::fs::remove_dir_all(fx.root.join("cache")).unwrap();
+    let (live, windows) = fx.run("seq");
+    for (l, o) in live.iter().zip(&outs) {
+        assert!(l.error.is_none(), "{}: {:?}", l.model, l.error);
+        assert_eq!(l.metrics.len(), o.metrics.len());
+        for (k, v) in &o.metrics {
+            assert_eq!(l.metrics[k].to_bits(), v.to_bits(), "{}: {k}", l.model);
+        }
+        assert_eq!(l.texts, o.texts);
+    }
+    assert!(common::tree(&fx.root.join("cache")).is_empty());
+    let visited: usize = used_all.iter().map(|u| u.div_ceil(STEP) * STEP).sum();
+    assert_eq!(windows, 2 * visited);
+
     // At N (a threshold at the near model's exact mean): every metric is
     // the fixed-N case's, bit for bit.
     let exact = mean_of(&per[1], |x| x.0);

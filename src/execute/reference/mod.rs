@@ -38,6 +38,8 @@ mod shipped;
 pub use shipped::*;
 mod checks;
 pub use checks::*;
+pub mod live;
+pub use live::{LiveRows, LiveSlots};
 
 /// Reference rows for KL, and where they came from.
 #[derive(Debug)]
@@ -70,6 +72,8 @@ pub struct ReferenceStore {
     scores: Memo<StoredScores>,
     rows: Memo<RefRows>,
     kept: Memo<dyn std::any::Any + Send + Sync>,
+    /// Rows read live, never kept ([`live`]).
+    pub live: LiveSlots,
 }
 
 /// A kept product's file: the id it was computed for, and the value.
@@ -156,6 +160,7 @@ impl ReferenceStore {
             scores: Mutex::new(HashMap::new()),
             rows: Mutex::new(HashMap::new()),
             kept: Mutex::new(HashMap::new()),
+            live: LiveSlots::default(),
         }
     }
 

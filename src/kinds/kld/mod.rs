@@ -16,13 +16,15 @@ use crate::core::{Case, Column, Outcome, Table};
 use crate::engine::LoadedModel;
 use crate::execute::observe::{mapped, Consumer, Mapped, Row};
 use crate::execute::qgref::CacheHeader;
-use crate::execute::reference::{rows_header, RefRows, Vocab};
-use crate::execute::windows::{scored_from_rows, PlanScorer, ScoringPlan, Windowing};
+use crate::execute::reference::{rows_header, LiveRows, RefRows, Vocab};
+use crate::execute::windows::{
+    scored_from_rows, scored_from_targets, PlanScorer, ScoringPlan, Windowing,
+};
 use crate::execute::RunContext;
 use crate::kinds::perplexity::{
     window_columns, window_metrics, window_plots, windows_used_column, WINDOW_LEGEND,
 };
-use crate::kinds::reference_rows::RowsBuild;
+use crate::kinds::reference_rows::{LiveBuild, RowsBuild};
 use crate::kinds::scored_text::{BootstrapFile, PinnedFile, ScoredText, TextFile, WindowFile};
 use crate::kinds::{Finish, Kind, RefWork, Start};
 use crate::measure::kld::{self as math, PosKld};
@@ -43,6 +45,7 @@ struct KldTable {
     bins: Option<Spanned<Vec<f64>>>,
     tail: Option<Spanned<f64>>,
     max_kept: Option<Spanned<usize>>,
+    store: Option<Spanned<String>>,
 }
 
 case_table! {
@@ -74,6 +77,10 @@ pub struct Kld {
     pub import: Option<Pin>,
     /// Whether the case decides its gates sequentially (`[decide]`).
     pub sequential: bool,
+    /// The reference model's rows are read live by its candidates, in one
+    /// process, and never kept (`[kld] store = "none"`); else they go
+    /// through the compact reference store (`"compact"`, the default).
+    pub live: bool,
 }
 
 /// Parse the kind's tables.
@@ -95,6 +102,7 @@ pub fn parse(case: &Case, src: &str, diag: &mut Diagnostics) -> Result<Arc<dyn K
         max_kept: math::DEFAULT_MAX_KEPT,
         import: None,
         sequential: case.decide.is_some(),
+        live: false,
     };
     if let Some(t) = &f.kld {
         let t = t.get_ref();
@@ -125,6 +133,21 @@ pub fn parse(case: &Case, src: &str, diag: &mut Diagnostics) -> Result<Arc<dyn K
                 diag.push_at(m.span().start, "kld.max_kept: must be ≥ 1");
             }
             k.max_kept = *m.get_ref();
+        }
+        if let Some(st) = &t.store {
+            match st.get_ref().as_str() {
+                "compact" => {}
+                "none" if f.reference_kld.is_some() => diag.push_at(
+                    st.span().start,
+                    "kld.store: \"none\" reads a reference model's rows live; \
+                     an imported [reference_kld] file is read as it is",
+                ),
+                "none" => k.live = true,
+                other => diag.push_at(
+                    st.span().start,
+                    format!("kld.store: `{other}` is not one of \"compact\", \"none\""),
+                ),
+            }
         }
     }
     if let Some(r) = &f.reference_kld {
@@ -445,8 +468,9 @@ impl Kind for Kld {
     }
 
     fn reference_observation(&self) -> Option<String> {
-        // A sequential case decodes its reference itself, visit by visit.
-        match (&self.reference, &self.import, self.sequential) {
+        // A sequential case decodes its reference itself, visit by visit;
+        // a live one in step with its candidates.
+        match (&self.reference, &self.import, self.sequential || self.live) {
             (Some(_), None, false) => Some(self.text.declared()),
             _ => None,
         }
@@ -454,6 +478,10 @@ impl Kind for Kld {
 
     fn decides_sequentially(&self) -> bool {
         self.sequential
+    }
+
+    fn runs_jointly(&self) -> bool {
+        self.sequential || self.live
     }
 
     fn sequential_metrics(&self) -> Vec<&'static str> {
@@ -466,7 +494,7 @@ impl Kind for Kld {
 
     fn reference_work(&self, cx: &RunContext, _case: &Case) -> Result<Option<RefWork>> {
         let (Some((ref_alias, ref_at)), None, false) =
-            (&self.reference, &self.import, self.sequential)
+            (&self.reference, &self.import, self.sequential || self.live)
         else {
             return Ok(None);
         };
@@ -488,6 +516,12 @@ impl Kind for Kld {
             self.decide_sequentially(cx, case, decide, &src, (&model, &plan), out)?;
             return Ok(Start::Done);
         }
+        let obs = tx.observation(cx, model.clone(), &plan);
+        if self.live {
+            let (refs, feed) = self.live_feed(cx, &src, &model, &plan)?;
+            let trial = self.trial(case, plan, model.info().n_vocab, refs);
+            return Ok(Start::Live(obs, Box::new(trial), feed));
+        }
         let t_ref = Instant::now();
         let refs = self.reference_rows(cx, case, &src, &*model, &plan)?;
         out.timings.decode += t_ref.elapsed();
@@ -499,33 +533,28 @@ impl Kind for Kld {
                 refs.rows.len()
             )));
         }
-        let copy: Vec<bool> = plan
-            .windows
-            .iter()
-            .flat_map(|w| math::copy_flags(&w.window.tokens, w.first_scored, &w.targets))
-            .collect();
-        let obs = tx.observation(cx, model.clone(), &plan);
-        Ok(Start::Observe(
-            obs,
-            Box::new(KldTrial {
-                scorer: PlanScorer::new(plan, model.info().n_vocab),
-                refs,
-                copy,
-                pos: Vec::with_capacity(total),
-                text: tx.clone(),
-                bins: self.bins.clone(),
-                case_path: case.path.clone(),
-            }),
-        ))
+        let trial = self.trial(case, plan, model.info().n_vocab, Refs::Rows(refs));
+        Ok(Start::Observe(obs, Box::new(trial)))
     }
+}
+
+/// Where a trial's reference rows are.
+enum Refs {
+    /// All of them, in memory (from the store, or an imported file).
+    Rows(Arc<RefRows>),
+    /// Those of the windows being decoded, live.
+    Live(Arc<LiveRows>),
 }
 
 /// A kld trial: every scored row compared with its reference row.
 struct KldTrial {
     scorer: PlanScorer,
-    refs: Arc<RefRows>,
+    refs: Refs,
     copy: Vec<bool>,
     pos: Vec<PosKld>,
+    /// Per compared position, the reference's log-prob of the true token
+    /// (its paired NLL).
+    ref_lp: Vec<f64>,
     text: ScoredText,
     bins: Vec<f64>,
     case_path: PathBuf,
@@ -541,23 +570,30 @@ impl Consumer for KldTrial {
         let Some(at) = self.scorer.locate(r.window, r.pos) else {
             return Ok(None);
         };
-        let rp = &self.refs.rows[at.index];
-        let p = math::compare(
-            rp,
-            r.logits,
-            r.stats,
-            r.exps,
-            at.target,
-            self.copy[at.index],
-        );
+        let compare = |rp: &math::RefPosition| {
+            let p = math::compare(
+                rp,
+                r.logits,
+                r.stats,
+                r.exps,
+                at.target,
+                self.copy[at.index],
+            );
+            (p, rp.lp_true)
+        };
+        let p = match &self.refs {
+            Refs::Rows(refs) => compare(&refs.rows[at.index]),
+            Refs::Live(live) => live.with(at.index, r.window, compare)?,
+        };
         Ok(Some(Box::new(p)))
     }
 
     fn absorb(&mut self, r: &Row<'_>, m: Mapped) -> Result<()> {
         if self.scorer.take(r)?.is_some() {
-            let p = mapped::<PosKld>(m)
+            let (p, lp) = mapped::<(PosKld, f64)>(m)
                 .ok_or_else(|| Error::harness("a scored row without its comparison"))?;
             self.pos.push(p);
+            self.ref_lp.push(lp);
         }
         Ok(())
     }
@@ -567,8 +603,8 @@ impl Finish for KldTrial {
     fn finish(self: Box<Self>, _cx: &RunContext, out: &mut Outcome) -> Result<()> {
         let KldTrial {
             scorer,
-            refs,
             pos,
+            ref_lp,
             text,
             bins,
             case_path,
@@ -588,8 +624,12 @@ impl Finish for KldTrial {
             )));
         }
         out.metrics = perplexity_metrics(&scored.windows);
-        if !refs.imported() {
-            let rscored = scored_from_rows(&plan, &refs.rows);
+        // An imported 16-bit reference has no exact log-prob of the truth.
+        if !pos.iter().any(|p| p.approximate) {
+            let rscored = scored_from_targets(
+                &plan,
+                ref_lp.iter().zip(&pos).map(|(&lp, p)| (lp, p.ref_top)),
+            );
             text.add_paired(out, &scored, &rscored);
         }
         out.metrics.extend(kld_metrics(&pos, &bins));
@@ -601,6 +641,62 @@ impl Finish for KldTrial {
 }
 
 impl Kld {
+    /// A trial of `case` comparing `plan`'s rows (of `n_vocab` entries)
+    /// with `refs`.
+    fn trial(&self, case: &Case, plan: Arc<ScoringPlan>, n_vocab: usize, refs: Refs) -> KldTrial {
+        let copy: Vec<bool> = plan
+            .windows
+            .iter()
+            .flat_map(|w| math::copy_flags(&w.window.tokens, w.first_scored, &w.targets))
+            .collect();
+        let total = plan.targets();
+        KldTrial {
+            scorer: PlanScorer::new(plan, n_vocab),
+            refs,
+            copy,
+            pos: Vec::with_capacity(total),
+            ref_lp: Vec::with_capacity(total),
+            text: self.text.clone(),
+            bins: self.bins.clone(),
+            case_path: case.path.clone(),
+        }
+    }
+
+    /// The reference model's decode of `plan`'s windows whose rows a
+    /// candidate (`model`) reads live, and where it reads them: keyed by
+    /// the product the rows would be kept as, so that every candidate of
+    /// the group reads one decode.
+    fn live_feed(
+        &self,
+        cx: &RunContext,
+        src: &str,
+        model: &Arc<dyn LoadedModel>,
+        plan: &ScoringPlan,
+    ) -> Result<(Refs, crate::kinds::LiveFeed)> {
+        let (alias, at) = self
+            .reference
+            .as_ref()
+            .ok_or_else(|| Error::harness("a live kld case without a reference model"))?;
+        let tx = &self.text;
+        let (_, rmodel) = cx.load_reference((alias, at), Vocab::of(model.info()))?;
+        tx.check_context(&*rmodel)?;
+        let rplan = tx.identical_plan(cx, at, src, &*rmodel, &**model, plan)?;
+        let header = self.rows_header(cx, (alias, at), &rplan, rmodel.info().n_vocab, None)?;
+        let (key, _) = cx.references.rows_product(&header);
+        let slot = cx.references.live.slot(&key);
+        let observation = tx.observation(cx, rmodel.clone(), &rplan);
+        let build = self.rows_build(header, &rplan, &*rmodel);
+        let producer = Box::new(LiveBuild::new(build, slot.clone()));
+        Ok((
+            Refs::Live(slot),
+            crate::kinds::LiveFeed {
+                key,
+                observation,
+                producer,
+            },
+        ))
+    }
+
     /// The `.qgref` header of the reference's rows of `plan`.
     fn rows_header(
         &self,

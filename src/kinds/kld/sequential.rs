@@ -73,11 +73,22 @@ impl Kld {
                 let part = rplan.part(ws);
                 let header =
                     self.rows_header(cx, (alias, at), &part, model.info().n_vocab, Some(ws))?;
-                cx.references.part_rows(&header, alias, &|| {
+                let build = || {
                     let obs = self.text.observation(cx, model.clone(), &part);
                     self.rows_build(header.clone(), &part, &**model)
                         .decode(&obs)
-                })
+                };
+                // Live (`store = "none"`): decoded for this visit, and not
+                // kept.
+                if self.live {
+                    let (n_vocab, tokenizer_fingerprint, rows) = build()?;
+                    return Ok(Arc::new(RefRows {
+                        rows,
+                        n_vocab,
+                        tokenizer_fingerprint,
+                    }));
+                }
+                cx.references.part_rows(&header, alias, &build)
             }
         }
     }
@@ -109,29 +120,16 @@ impl Kld {
             "window",
             &mut |ws| {
                 let refs = self.part_rows(cx, &rows, plan, ws)?;
-                if refs.rows.len() != plan.part(ws).targets() {
+                let part = Arc::new(plan.part(ws));
+                if refs.rows.len() != part.targets() {
                     return Err(Error::harness(format!(
                         "{}: the reference holds {} positions of windows {ws:?}, which score {}",
                         case.path.display(),
                         refs.rows.len(),
-                        plan.part(ws).targets()
+                        part.targets()
                     )));
                 }
-                let part = Arc::new(plan.part(ws));
-                let copy: Vec<bool> = part
-                    .windows
-                    .iter()
-                    .flat_map(|w| math::copy_flags(&w.window.tokens, w.first_scored, &w.targets))
-                    .collect();
-                let mut trial = KldTrial {
-                    scorer: PlanScorer::new(part.clone(), n_vocab),
-                    refs: refs.clone(),
-                    copy,
-                    pos: Vec::with_capacity(part.targets()),
-                    text: tx.clone(),
-                    bins: self.bins.clone(),
-                    case_path: case.path.clone(),
-                };
+                let mut trial = self.trial(case, part.clone(), n_vocab, Refs::Rows(refs.clone()));
                 observe_one(&tx.observation(cx, model.clone(), &part), &mut trial)?;
                 let KldTrial { scorer, pos, .. } = trial;
                 let scored = scorer
@@ -220,6 +218,8 @@ impl Kld {
         let ci = model.info();
         let whole = match &self.reference {
             None => true,
+            // Live: no stored reference is read.
+            Some(_) if self.live => false,
             Some((alias, at)) => {
                 let header = self.rows_header(cx, (alias, at), plan, ci.n_vocab, None)?;
                 let (key, path) = cx.references.rows_product(&header);

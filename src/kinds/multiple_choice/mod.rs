@@ -25,7 +25,7 @@ use crate::core::parse::{case_table, parse_toml, Diagnostics};
 use crate::core::present::{Cell, Field, Join, Metrics, Presentation, ReportColumn};
 use crate::core::{Case, Outcome, Settings};
 use crate::engine::{BosPolicy, LoadedModel, SeqToken, TokenId};
-use crate::execute::reference::{same_tokenizer, Vocab};
+use crate::execute::reference::Vocab;
 use crate::execute::RunContext;
 use crate::kinds::scored_text::PinnedFile;
 use crate::kinds::{Kind, Start};
@@ -437,12 +437,7 @@ impl Kind for MultipleChoice {
                     let (_, rmodel) = cx.load_reference((r, at), Vocab::of(model.info()))?;
                     Ok(KeptScores::of(&*rmodel, score(&*rmodel, &settings)?))
                 })?;
-                let scored_by = Vocab {
-                    alias: r,
-                    n_vocab: kept.n_vocab,
-                    fingerprint: &kept.fingerprint,
-                };
-                same_tokenizer(at, "reference", scored_by, Vocab::of(model.info()))?;
+                self.same_vocab(r, at, &kept, &model)?;
                 Some(kept)
             }
             None => None,

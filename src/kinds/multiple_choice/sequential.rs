@@ -15,6 +15,7 @@
 
 use super::*;
 use crate::core::case::Decide;
+use crate::execute::reference::same_tokenizer;
 use crate::kinds::scored_text::{run_sequence, WindowValues};
 use std::collections::BTreeSet;
 
@@ -235,7 +236,7 @@ impl MultipleChoice {
 
     /// Scores kept by reference `r` (named at `at`) came from the
     /// candidate's tokenizer.
-    fn same_vocab(
+    pub(super) fn same_vocab(
         &self,
         r: &str,
         at: &crate::core::Location,
