@@ -210,18 +210,31 @@ impl Observed {
     }
 }
 
+/// Something that provides rows of windows a range at a time without a
+/// decode (a stored reference read as it goes), in step with
+/// [`observe_lockstep`]'s observations.
+pub trait Fill: Send {
+    /// How many windows it has.
+    fn windows(&self) -> usize;
+    /// Provide windows `windows` (the next ones, in order).
+    fn fill(&mut self, windows: &Range<usize>) -> Result<()>;
+}
+
 /// Decode several observations in step, `step` windows at a time: windows
-/// `0..step` of every observation in order, then the next `step` of each,
-/// and so on, each consumer seeing its observation's rows in order as
-/// [`observe`] hands them (a consumer that failed is not fed again). A
-/// consumer of a later observation may so read what a consumer of an
-/// earlier one made of the same windows (a reference's live rows), and
-/// nothing need hold more than `step` windows of it. One [`Observed`] per
-/// observation, as if each had been decoded whole.
+/// `0..step` of every filler (in order) and observation (in order), then
+/// the next `step` of each, and so on, each consumer seeing its
+/// observation's rows in order as [`observe`] hands them (a consumer that
+/// failed is not fed again, nor a filler that failed). A consumer of a
+/// later observation may so read what a filler or a consumer of an earlier
+/// one made of the same windows (a reference's rows), and nothing need
+/// hold more than `step` windows of them. One [`Observed`] per
+/// observation, as if each had been decoded whole, and per filler its
+/// error and the time it took.
 pub fn observe_lockstep(
+    fillers: &mut [&mut dyn Fill],
     jobs: &mut [(&Observation, Vec<&mut dyn Consumer>)],
     step: usize,
-) -> Vec<Observed> {
+) -> (Vec<(Option<Error>, Duration)>, Vec<Observed>) {
     let step = step.max(1);
     let mut seen: Vec<Observed> = jobs
         .iter()
@@ -231,8 +244,22 @@ pub fn observe_lockstep(
             ..Observed::default()
         })
         .collect();
-    let most = jobs.iter().map(|(o, _)| o.windows.len()).max().unwrap_or(0);
+    let mut failed: Vec<(Option<Error>, Duration)> = vec![(None, Duration::ZERO); fillers.len()];
+    let most = jobs
+        .iter()
+        .map(|(o, _)| o.windows.len())
+        .chain(fillers.iter().map(|f| f.windows()))
+        .max()
+        .unwrap_or(0);
     for lo in (0..most).step_by(step) {
+        for (f, e) in fillers.iter_mut().zip(failed.iter_mut()) {
+            let hi = (lo + step).min(f.windows());
+            if e.0.is_none() && lo < hi {
+                let t = Instant::now();
+                e.0 = f.fill(&(lo..hi)).err();
+                e.1 += t.elapsed();
+            }
+        }
         for ((obs, consumers), done) in jobs.iter_mut().zip(seen.iter_mut()) {
             let hi = (lo + step).min(obs.windows.len());
             let live: Vec<usize> = (0..consumers.len())
@@ -251,7 +278,7 @@ pub fn observe_lockstep(
             done.add(part, &live);
         }
     }
-    seen
+    (failed, seen)
 }
 
 /// Decode windows `range` of `obs`, handing every row (numbered as in the

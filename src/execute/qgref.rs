@@ -76,14 +76,27 @@ impl CacheHeader {
 
 /// Serialize a cache.
 pub fn encode(header: &CacheHeader, rows: &[RefPosition]) -> Vec<u8> {
-    let h = serde_json::to_vec(header).expect("a header serializes");
     let entries: usize = rows.iter().map(|r| r.entries.len()).sum();
-    let mut out = Vec::with_capacity(16 + h.len() + rows.len() * (32 + 4 * LEVELS) + entries * 8);
+    let mut out = Vec::with_capacity(256 + rows.len() * (32 + 4 * LEVELS) + entries * 8);
+    encode_head(&mut out, header);
+    for r in rows {
+        encode_row(&mut out, r);
+    }
+    seal(out)
+}
+
+/// The magic, version and header.
+fn encode_head(out: &mut Vec<u8>, header: &CacheHeader) {
+    let h = serde_json::to_vec(header).expect("a header serializes");
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
     out.extend_from_slice(&(h.len() as u32).to_le_bytes());
     out.extend_from_slice(&h);
-    for r in rows {
+}
+
+/// One position's record.
+fn encode_row(out: &mut Vec<u8>, r: &RefPosition) {
+    {
         out.extend_from_slice(&(r.entries.len() as u32).to_le_bytes());
         out.extend_from_slice(&r.max.to_le_bytes());
         out.extend_from_slice(&r.lse.to_le_bytes());
@@ -95,7 +108,7 @@ pub fn encode(header: &CacheHeader, rows: &[RefPosition]) -> Vec<u8> {
         let mut prev = 0u32;
         for (k, &(id, _)) in by_id.iter().enumerate() {
             let gap = if k == 0 { id } else { id - prev - 1 };
-            leb128(&mut out, gap);
+            leb128(out, gap);
             prev = id;
         }
         for &(_, l) in &by_id {
@@ -109,38 +122,97 @@ pub fn encode(header: &CacheHeader, rows: &[RefPosition]) -> Vec<u8> {
                 out.extend_from_slice(&m.to_le_bytes());
             }
             for &c in &t.counts[..LEVELS] {
-                leb128(&mut out, c);
+                leb128(out, c);
             }
             let coded = code_levels(t);
             out.extend_from_slice(&(coded.len() as u32).to_le_bytes());
             out.extend_from_slice(&coded);
         }
     }
-    seal(out)
 }
 
-struct Reader<'a> {
-    b: &'a [u8],
-    at: usize,
+/// A cache written as its rows come (a reference decode), never held
+/// whole: the records go to a temp file beside the destination, hashed as
+/// they go, sealed and moved into place by [`RowWriter::finish`] only when
+/// every position was written; dropped before, the temp file goes.
+pub struct RowWriter {
+    file: std::io::BufWriter<tempfile::NamedTempFile>,
+    hash: sha2::Sha256,
+    dest: std::path::PathBuf,
+    header: CacheHeader,
+    written: usize,
+    buf: Vec<u8>,
 }
 
-impl Reader<'_> {
-    fn take(&mut self, n: usize, what: &str) -> Result<&[u8], String> {
-        let end = self
-            .at
-            .checked_add(n)
-            .filter(|&e| e <= self.b.len())
-            .ok_or_else(|| {
-                format!(
-                    "offset {}: truncated: {what} needs {n} bytes, {} left",
-                    self.at,
-                    self.b.len() - self.at
-                )
-            })?;
-        let s = &self.b[self.at..end];
-        self.at = end;
-        Ok(s)
+impl RowWriter {
+    /// Start the cache of `header` (its `n_vocab` and fingerprint filled)
+    /// at `dest`.
+    pub fn create(dest: &std::path::Path, header: CacheHeader) -> crate::core::error::Result<Self> {
+        let tmp = crate::core::fsutil::temp_beside(dest)?;
+        let mut w = RowWriter {
+            file: std::io::BufWriter::with_capacity(1 << 20, tmp),
+            hash: sha2::Sha256::default(),
+            dest: dest.to_path_buf(),
+            header,
+            written: 0,
+            buf: Vec::new(),
+        };
+        let mut head = Vec::new();
+        encode_head(&mut head, &w.header);
+        w.write(head)?;
+        Ok(w)
     }
+
+    fn write(&mut self, bytes: Vec<u8>) -> crate::core::error::Result<()> {
+        use sha2::Digest;
+        use std::io::Write;
+        self.hash.update(&bytes);
+        let r = self.file.write_all(&bytes);
+        self.buf = bytes;
+        r.map_err(|e| crate::core::error::Error::io(&self.dest, e))
+    }
+
+    /// The next position's row.
+    pub fn push(&mut self, r: &RefPosition) -> crate::core::error::Result<()> {
+        let mut b = std::mem::take(&mut self.buf);
+        b.clear();
+        encode_row(&mut b, r);
+        self.written += 1;
+        self.write(b)
+    }
+
+    /// Seal the file and move it into place; an error unless it holds
+    /// exactly the header's positions.
+    pub fn finish(self) -> crate::core::error::Result<()> {
+        use sha2::Digest;
+        use std::io::Write;
+        if self.written != self.header.positions {
+            return Err(crate::core::error::Error::harness(format!(
+                "{}: {} of {} reference positions written",
+                self.dest.display(),
+                self.written,
+                self.header.positions
+            )));
+        }
+        let digest = self.hash.finalize();
+        let mut file = self.file;
+        file.write_all(&digest)
+            .and_then(|()| file.flush())
+            .map_err(|e| crate::core::error::Error::io(&self.dest, e))?;
+        let tmp = file
+            .into_inner()
+            .map_err(|e| crate::core::error::Error::io(&self.dest, e.into_error()))?;
+        crate::core::fsutil::commit(tmp, &self.dest)
+    }
+}
+
+/// Where the record parser reads from: a whole file in memory, or a file
+/// read as it goes ([`RowStream`]).
+trait Source {
+    /// The next `n` bytes, or why there are not that many before the seal.
+    fn take(&mut self, n: usize, what: &str) -> Result<&[u8], String>;
+    /// The offset of the next byte.
+    fn at(&self) -> usize;
     fn u32(&mut self, what: &str) -> Result<u32, String> {
         Ok(u32::from_le_bytes(self.take(4, what)?.try_into().unwrap()))
     }
@@ -157,16 +229,170 @@ impl Reader<'_> {
             v |= u64::from(b & 0x7F) << (7 * k);
             if b & 0x80 == 0 {
                 return u32::try_from(v)
-                    .map_err(|_| format!("offset {}: {what} too large", self.at));
+                    .map_err(|_| format!("offset {}: {what} too large", self.at()));
             }
         }
         Err(format!(
             "offset {}: {what}: more than 5 LEB128 bytes",
-            self.at
+            self.at()
         ))
     }
     fn f64(&mut self, what: &str) -> Result<f64, String> {
         Ok(f64::from_le_bytes(self.take(8, what)?.try_into().unwrap()))
+    }
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl Source for Reader<'_> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&[u8], String> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&e| e <= self.b.len())
+            .ok_or_else(|| {
+                format!(
+                    "offset {}: truncated: {what} needs {n} bytes, {} left",
+                    self.at,
+                    self.b.len() - self.at
+                )
+            })?;
+        let s = &self.b[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+    fn at(&self) -> usize {
+        self.at
+    }
+}
+
+/// The body of a sealed file, read as it goes.
+struct FileSource {
+    file: std::io::BufReader<std::fs::File>,
+    /// Where the body ends (the seal starts).
+    end: usize,
+    at: usize,
+    buf: Vec<u8>,
+}
+
+impl Source for FileSource {
+    fn take(&mut self, n: usize, what: &str) -> Result<&[u8], String> {
+        use std::io::Read;
+        if self.at.checked_add(n).is_none_or(|e| e > self.end) {
+            return Err(format!(
+                "offset {}: truncated: {what} needs {n} bytes, {} left",
+                self.at,
+                self.end - self.at
+            ));
+        }
+        self.buf.resize(n, 0);
+        self.file
+            .read_exact(&mut self.buf)
+            .map_err(|e| format!("offset {}: {what}: {e}", self.at))?;
+        self.at += n;
+        Ok(&self.buf)
+    }
+    fn at(&self) -> usize {
+        self.at
+    }
+}
+
+/// A cache read a row at a time, never held whole: its seal is checked
+/// first over the whole file (one streaming pass, on the file opened
+/// once), then each row is parsed and checked as [`decode`] checks it when
+/// it is asked for; [`RowStream::finish`] checks that every position was
+/// read and nothing follows.
+pub struct RowStream {
+    src: FileSource,
+    header: CacheHeader,
+    next: usize,
+}
+
+impl RowStream {
+    /// The cache at `path` checked against `expect` as [`decode`] checks
+    /// it (its seal, magic, version and header here; its rows as they are
+    /// read): None when there is no file, the reason when it is unusable.
+    pub fn open(path: &std::path::Path, expect: &CacheHeader) -> Result<Option<RowStream>, String> {
+        use sha2::Digest;
+        use std::io::{Read, Seek};
+        let mut file = match std::fs::File::open(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e.to_string()),
+            Ok(f) => f,
+        };
+        let len = file.metadata().map_err(|e| e.to_string())?.len() as usize;
+        let mut magic = [0u8; 8];
+        if len < 8 + 32 || file.read_exact(&mut magic).is_err() || &magic != MAGIC {
+            return Err("not a quantgate reference cache (magic `QGKLDREF` missing)".into());
+        }
+        let end = len - 32;
+        file.rewind().map_err(|e| e.to_string())?;
+        let mut h = sha2::Sha256::default();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut left = end;
+        while left > 0 {
+            let n = left.min(buf.len());
+            file.read_exact(&mut buf[..n]).map_err(|e| e.to_string())?;
+            h.update(&buf[..n]);
+            left -= n;
+        }
+        let mut digest = [0u8; 32];
+        file.read_exact(&mut digest).map_err(|e| e.to_string())?;
+        if h.finalize().as_slice() != digest {
+            return Err(
+                "its trailing sha256 does not match its contents: truncated or corrupted on disk"
+                    .into(),
+            );
+        }
+        file.seek(std::io::SeekFrom::Start(8))
+            .map_err(|e| e.to_string())?;
+        let mut src = FileSource {
+            file: std::io::BufReader::with_capacity(1 << 20, file),
+            end,
+            at: 8,
+            buf: Vec::new(),
+        };
+        let header = read_head(&mut src, expect)?;
+        Ok(Some(RowStream {
+            src,
+            header,
+            next: 0,
+        }))
+    }
+
+    /// The file's header (its vocabulary size and tokenizer fingerprint).
+    pub fn header(&self) -> &CacheHeader {
+        &self.header
+    }
+
+    /// The next position's row.
+    pub fn next_row(&mut self) -> Result<RefPosition, String> {
+        if self.next >= self.header.positions {
+            return Err(format!(
+                "all {} positions were read already",
+                self.header.positions
+            ));
+        }
+        let row = read_row(&mut self.src, &self.header, self.next)?;
+        self.next += 1;
+        Ok(row)
+    }
+
+    /// Every position read, and nothing after them.
+    pub fn finish(&self) -> Result<(), String> {
+        if self.next != self.header.positions || self.src.at != self.src.end {
+            return Err(format!(
+                "offset {}: {} of {} positions read, {} bytes left",
+                self.src.at,
+                self.next,
+                self.header.positions,
+                self.src.end - self.src.at
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -181,6 +407,25 @@ pub fn decode(
     }
     let body = unseal(bytes)?;
     let mut r = Reader { b: body, at: 8 };
+    let header = read_head(&mut r, expect)?;
+    let mut rows = Vec::with_capacity(header.positions);
+    for p in 0..header.positions {
+        rows.push(read_row(&mut r, &header, p)?);
+    }
+    if r.at != body.len() {
+        return Err(format!(
+            "offset {}: {} trailing bytes after {} positions",
+            r.at,
+            body.len() - r.at,
+            header.positions
+        ));
+    }
+    Ok((header, rows))
+}
+
+/// The version and header after the magic, checked against `expect` (all
+/// fields but the vocabulary size and tokenizer fingerprint).
+fn read_head(r: &mut impl Source, expect: &CacheHeader) -> Result<CacheHeader, String> {
     let version = r.u32("version")?;
     if version != VERSION {
         return Err(format!("version {version}, this build reads {VERSION}"));
@@ -198,109 +443,97 @@ pub fn decode(
             header, want
         ));
     }
-    let mut rows = Vec::with_capacity(header.positions);
-    for p in 0..header.positions {
-        let start = r.at;
-        let bad = |what: &str| format!("offset {start}: position {p}: {what}");
-        let n = r.u32("n_kept")? as usize;
-        if n == 0 || n > header.n_vocab {
-            return Err(bad(&format!(
-                "{n} kept entries (vocabulary {})",
-                header.n_vocab
-            )));
-        }
-        let max = r.f32("max")?;
-        let lse = r.f64("lse")?;
-        let lp_true = r.f64("lp_true")?;
-        let tail_mass = r.f64("tail_mass")?;
-        if !max.is_finite()
-            || !lse.is_finite()
-            || lse < 0.0
-            || !lp_true.is_finite()
-            || lp_true > 0.0
-        {
-            return Err(bad("non-finite or impossible max/lse/lp_true"));
-        }
-        if !(0.0..=1.0).contains(&tail_mass) {
-            return Err(bad("tail mass outside [0, 1]"));
-        }
-        let mut ids = Vec::with_capacity(n);
-        let mut next = 0u64;
-        for k in 0..n {
-            let gap = r.leb128("entry id")?;
-            let id = next + u64::from(gap);
-            if id >= header.n_vocab as u64 {
-                return Err(bad(&format!("entry {k}: id {id} outside the vocabulary")));
-            }
-            ids.push(id as u32);
-            next = id + 1;
-        }
-        let mut entries = Vec::with_capacity(n);
-        for &id in &ids {
-            let l = r.f32("entry logit")?;
-            if !l.is_finite() || l > max {
-                return Err(bad(&format!("entry id {id} logit {l} is invalid")));
-            }
-            entries.push((id, l));
-        }
-        // Most probable first, ties by the lower id: the order they were kept in.
-        entries.sort_by(|a, b| order_key(b.1).cmp(&order_key(a.1)).then(a.0.cmp(&b.0)));
-        let tail = if n < header.n_vocab {
-            let hi = r.f32("tail hi")?;
-            let mean_logit = r.f64("tail mean logit")?;
-            let rounding = r.f64("tail rounding")?;
-            let mut masses = Vec::with_capacity(LEVELS);
-            for _ in 0..LEVELS {
-                masses.push(r.f32("tail level mass")?);
-            }
-            let mut counts = Vec::with_capacity(LEVELS);
-            for _ in 0..LEVELS {
-                counts.push(r.leb128("tail level count")?);
-            }
-            let len = r.u32("tail code length")? as usize;
-            let coded = r.take(len, "tail code")?;
-            if !hi.is_finite() || hi > max || !mean_logit.is_finite() || !rounding.is_finite() {
-                return Err(bad(&format!("tail top {hi} or its sums are invalid")));
-            }
-            if masses.iter().any(|m| !m.is_finite() || *m < 0.0) {
-                return Err(bad("a tail level mass is negative or not finite"));
-            }
-            let mut kept = vec![false; header.n_vocab];
-            for &(id, _) in &entries {
-                kept[id as usize] = true;
-            }
-            let codes = decode_levels(coded, &counts, &kept)
-                .ok_or_else(|| bad("the tail code does not decode to its levels"))?;
-            if tail_mass <= 0.0 {
-                return Err(bad("a tail with zero mass"));
-            }
-            let t = crate::measure::kld::Tail::new(hi, mean_logit, rounding, masses, codes);
-            if (0..LEVELS).any(|g| t.counts[g] > 0 && t.masses[g] <= 0.0) {
-                return Err(bad("a tail level with ids has no mass"));
-            }
-            Some(t)
-        } else {
-            None
-        };
-        rows.push(RefPosition {
-            max,
-            lse,
-            entries,
-            lp_true,
-            tail_mass,
-            tail,
-            approximate: false,
-        });
+    Ok(header)
+}
+
+/// Position `p`'s record, every field checked.
+fn read_row(r: &mut impl Source, header: &CacheHeader, p: usize) -> Result<RefPosition, String> {
+    let start = r.at();
+    let bad = |what: &str| format!("offset {start}: position {p}: {what}");
+    let n = r.u32("n_kept")? as usize;
+    if n == 0 || n > header.n_vocab {
+        return Err(bad(&format!(
+            "{n} kept entries (vocabulary {})",
+            header.n_vocab
+        )));
     }
-    if r.at != body.len() {
-        return Err(format!(
-            "offset {}: {} trailing bytes after {} positions",
-            r.at,
-            body.len() - r.at,
-            header.positions
-        ));
+    let max = r.f32("max")?;
+    let lse = r.f64("lse")?;
+    let lp_true = r.f64("lp_true")?;
+    let tail_mass = r.f64("tail_mass")?;
+    if !max.is_finite() || !lse.is_finite() || lse < 0.0 || !lp_true.is_finite() || lp_true > 0.0 {
+        return Err(bad("non-finite or impossible max/lse/lp_true"));
     }
-    Ok((header, rows))
+    if !(0.0..=1.0).contains(&tail_mass) {
+        return Err(bad("tail mass outside [0, 1]"));
+    }
+    let mut ids = Vec::with_capacity(n);
+    let mut next = 0u64;
+    for k in 0..n {
+        let gap = r.leb128("entry id")?;
+        let id = next + u64::from(gap);
+        if id >= header.n_vocab as u64 {
+            return Err(bad(&format!("entry {k}: id {id} outside the vocabulary")));
+        }
+        ids.push(id as u32);
+        next = id + 1;
+    }
+    let mut entries = Vec::with_capacity(n);
+    for &id in &ids {
+        let l = r.f32("entry logit")?;
+        if !l.is_finite() || l > max {
+            return Err(bad(&format!("entry id {id} logit {l} is invalid")));
+        }
+        entries.push((id, l));
+    }
+    // Most probable first, ties by the lower id: the order they were kept in.
+    entries.sort_by(|a, b| order_key(b.1).cmp(&order_key(a.1)).then(a.0.cmp(&b.0)));
+    let tail = if n < header.n_vocab {
+        let hi = r.f32("tail hi")?;
+        let mean_logit = r.f64("tail mean logit")?;
+        let rounding = r.f64("tail rounding")?;
+        let mut masses = Vec::with_capacity(LEVELS);
+        for _ in 0..LEVELS {
+            masses.push(r.f32("tail level mass")?);
+        }
+        let mut counts = Vec::with_capacity(LEVELS);
+        for _ in 0..LEVELS {
+            counts.push(r.leb128("tail level count")?);
+        }
+        let len = r.u32("tail code length")? as usize;
+        let coded = r.take(len, "tail code")?;
+        if !hi.is_finite() || hi > max || !mean_logit.is_finite() || !rounding.is_finite() {
+            return Err(bad(&format!("tail top {hi} or its sums are invalid")));
+        }
+        if masses.iter().any(|m| !m.is_finite() || *m < 0.0) {
+            return Err(bad("a tail level mass is negative or not finite"));
+        }
+        let mut kept = vec![false; header.n_vocab];
+        for &(id, _) in &entries {
+            kept[id as usize] = true;
+        }
+        let codes = decode_levels(coded, &counts, &kept)
+            .ok_or_else(|| bad("the tail code does not decode to its levels"))?;
+        if tail_mass <= 0.0 {
+            return Err(bad("a tail with zero mass"));
+        }
+        let t = crate::measure::kld::Tail::new(hi, mean_logit, rounding, masses, codes);
+        if (0..LEVELS).any(|g| t.counts[g] > 0 && t.masses[g] <= 0.0) {
+            return Err(bad("a tail level with ids has no mass"));
+        }
+        Some(t)
+    } else {
+        None
+    };
+    Ok(RefPosition {
+        max,
+        lse,
+        entries,
+        lp_true,
+        tail_mass,
+        tail,
+        approximate: false,
+    })
 }
 
 /// A row's tail levels in vocabulary order (kept ids skipped), rANS coded
@@ -531,5 +764,72 @@ mod tests {
         other.token_stream_sha256 = "c".repeat(64);
         let e = decode(&bytes, &other).unwrap_err();
         assert!(e.contains("header does not match"), "{e}");
+    }
+
+    /// A cache written row by row is byte for byte the one `encode`
+    /// writes; read row by row it gives the same rows, and every flipped
+    /// byte, truncation or trailing byte is refused before a row is read.
+    #[test]
+    fn a_cache_written_and_read_row_by_row_is_the_whole_one() {
+        let dir = std::env::temp_dir().join(format!("qg-qgref-stream-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("x.qgref");
+        let h = header();
+        let mut w = RowWriter::create(&path, h.clone()).unwrap();
+        for r in &rows()[..rows().len() - 1] {
+            w.push(r).unwrap();
+        }
+        // One short: refused, nothing written.
+        let e = w.finish().unwrap_err();
+        assert!(e.message.contains("positions written"), "{}", e.message);
+        assert!(!path.exists());
+        let mut w = RowWriter::create(&path, h.clone()).unwrap();
+        for r in &rows() {
+            w.push(r).unwrap();
+        }
+        w.finish().unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(bytes, encode(&h, &rows()));
+        let read_all = |p: &std::path::Path| -> Result<Vec<RefPosition>, String> {
+            let mut s = RowStream::open(p, &h)?.ok_or("no file")?;
+            let mut out = Vec::new();
+            for _ in 0..h.positions {
+                out.push(s.next_row()?);
+            }
+            assert!(s.next_row().is_err(), "a row past the last");
+            s.finish()?;
+            Ok(out)
+        };
+        assert_eq!(read_all(&path).unwrap(), rows());
+        let mut partial = RowStream::open(&path, &h).unwrap().unwrap();
+        partial.next_row().unwrap();
+        assert!(partial.finish().is_err(), "finished with rows left");
+        let bad = dir.join("bad.qgref");
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0x40;
+            std::fs::write(&bad, &b).unwrap();
+            assert!(RowStream::open(&bad, &h).is_err(), "flip at {i} accepted");
+        }
+        for n in 0..bytes.len() {
+            std::fs::write(&bad, &bytes[..n]).unwrap();
+            assert!(
+                RowStream::open(&bad, &h).is_err(),
+                "truncation to {n} accepted"
+            );
+        }
+        let mut b = bytes.clone();
+        b.push(0);
+        std::fs::write(&bad, &b).unwrap();
+        assert!(RowStream::open(&bad, &h).is_err());
+        let mut other = h.clone();
+        other.token_stream_sha256 = "c".repeat(64);
+        let e = RowStream::open(&path, &other).err().unwrap();
+        assert!(e.contains("header does not match"), "{e}");
+        assert!(RowStream::open(&dir.join("none.qgref"), &h)
+            .unwrap()
+            .is_none());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -17,9 +17,9 @@ pub mod prereg;
 use crate::core::error::{Error, ErrorKind, Result};
 use crate::core::outcome::split_test_name;
 use crate::core::{Case, Outcome, Status};
-use crate::execute::observe::{observe, observe_lockstep, Consumer, Observation, Observed};
+use crate::execute::observe::{observe, observe_lockstep, Consumer, Fill, Observation, Observed};
 use crate::execute::RunContext;
-use crate::kinds::{Finish, LiveFeed, RefBuild, Start};
+use crate::kinds::{FeedSource, Finish, LiveFeed, RefBuild, Start};
 use crate::plan::Planned;
 use gates::judge;
 use prereg::{LedgerLine, Prereg};
@@ -215,11 +215,26 @@ pub fn trials(
     // windows, so a reader finds the rows of the windows it decodes.
     let mut ref_time = Duration::ZERO;
     let mut feed_errors: Vec<Option<Error>> = vec![None; feeds.len()];
+    let mut feed_read = vec![Duration::ZERO; feeds.len()];
     if !feeds.is_empty() || buckets.iter().any(|b| b.live) {
-        let mut jobs: Vec<(&Observation, Vec<&mut dyn Consumer>)> = feeds
-            .iter_mut()
-            .map(|f| (&f.observation, vec![&mut *f.producer as &mut dyn Consumer]))
-            .collect();
+        let mut fillers: Vec<&mut dyn Fill> = Vec::new();
+        let mut jobs: Vec<(&Observation, Vec<&mut dyn Consumer>)> = Vec::new();
+        let (mut read, mut decoded) = (Vec::new(), Vec::new());
+        for (f, feed) in feeds.iter_mut().enumerate() {
+            match &mut feed.source {
+                FeedSource::Read(r) => {
+                    fillers.push(&mut **r);
+                    read.push(f);
+                }
+                FeedSource::Decode {
+                    observation,
+                    producer,
+                } => {
+                    jobs.push((&*observation, vec![&mut **producer]));
+                    decoded.push((f, observation.alias().to_string()));
+                }
+            }
+        }
         let mut live_ix = Vec::new();
         for (k, (b, cs)) in buckets.iter().zip(consumers.iter_mut()).enumerate() {
             if b.live {
@@ -227,17 +242,28 @@ pub fn trials(
                 live_ix.push(k);
             }
         }
-        let mut done = observe_lockstep(&mut jobs, crate::kinds::scored_text::STEP).into_iter();
-        for (f, slot) in feed_errors.iter_mut().enumerate() {
+        let (filled, done) =
+            observe_lockstep(&mut fillers, &mut jobs, crate::kinds::scored_text::STEP);
+        drop(jobs);
+        let mut done = done.into_iter();
+        for (f, (e, t)) in read.into_iter().zip(filled) {
+            feed_errors[f] = e.map(|e| e.context("stored reference"));
+            feed_read[f] = t;
+        }
+        let mut decode_time = Duration::ZERO;
+        for (f, alias) in decoded {
             let fed = done.next().expect("one per job");
-            ref_time += fed.decode + fed.reduce + fed.consumer[0];
-            *slot = fed.errors[0]
+            decode_time += fed.decode + fed.reduce + fed.consumer[0];
+            feed_errors[f] = fed.errors[0]
                 .clone()
-                .map(|e| e.context(format!("reference `{}`", feeds[f].observation.alias())));
+                .map(|e| e.context(format!("reference `{alias}`")));
         }
         for (k, d) in live_ix.into_iter().zip(done) {
             seen[k] = Some(d);
         }
+        // A live decode is reference work; reading a stored reference is
+        // its readers' (charged below, as a decode).
+        ref_time += decode_time;
     }
     drop(feeds);
     for ((b, (trial_cs, ref_cs)), seen) in buckets.iter().zip(consumers).zip(seen) {
@@ -252,6 +278,10 @@ pub fn trials(
             s.out.timings.decode += decode;
             s.out.timings.measure += reduce + seen.consumer[k];
             s.out.timings.shared_with = readers - 1;
+            if let Some(f) = feed_of[i] {
+                let shared = feed_of.iter().filter(|g| **g == Some(f)).count().max(1);
+                s.out.timings.decode += feed_read[f] / shared as u32;
+            }
             // A reader of a live reference whose decode failed fails with
             // that decode's error.
             let feed_error = feed_of[i].and_then(|f| feed_errors[f].clone());

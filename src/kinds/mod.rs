@@ -16,7 +16,7 @@ use crate::core::error::Result;
 use crate::core::parse::Diagnostics;
 use crate::core::present::Presentation;
 use crate::core::{Case, Outcome};
-use crate::execute::observe::{Consumer, Observation};
+use crate::execute::observe::{Consumer, Fill, Observation};
 use crate::execute::RunContext;
 use std::sync::Arc;
 
@@ -172,16 +172,27 @@ pub enum Start {
     Live(Observation, Box<dyn Finish>, LiveFeed),
 }
 
-/// A reference decode whose rows candidates read live, as they are
-/// decoded: nothing is kept. Trials whose feeds have equal keys share one
-/// decode of it.
+/// Reference rows that candidates read a range of windows at a time, as
+/// they decode the same windows, so that none holds them all. Trials whose
+/// feeds have equal keys share one feed.
 pub struct LiveFeed {
-    /// What identifies the rows (the product they would be kept as).
+    /// What identifies the rows (the product they are kept as).
     pub key: String,
-    /// The reference model's observation.
-    pub observation: Observation,
-    /// Hands its rows to the readers, a range of windows at a time.
-    pub producer: Box<dyn Consumer>,
+    /// Where they come from.
+    pub source: FeedSource,
+}
+
+/// Where a [`LiveFeed`]'s rows come from.
+pub enum FeedSource {
+    /// The reference model's decode, nothing kept (`store = "none"`).
+    Decode {
+        /// The reference model's observation.
+        observation: Observation,
+        /// Hands its rows to the readers, a range of windows at a time.
+        producer: Box<dyn Consumer>,
+    },
+    /// A stored reference, read as it goes.
+    Read(Box<dyn Fill>),
 }
 
 /// A trial's consumer: reads the rows, then fills the outcome.

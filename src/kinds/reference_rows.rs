@@ -10,8 +10,9 @@
 
 use crate::core::case::Tolerance;
 use crate::core::error::{Error, Result};
+use crate::execute::observe::Fill;
 use crate::execute::observe::{mapped, observe_one, Consumer, Mapped, Observation, Row};
-use crate::execute::qgref::CacheHeader;
+use crate::execute::qgref::{CacheHeader, RowStream, RowWriter};
 use crate::execute::reference::LiveRows;
 use crate::execute::RunContext;
 use crate::kinds::{RefBuild, RefWork};
@@ -27,6 +28,11 @@ pub struct RowsBuild {
     tail: f64,
     max_kept: usize,
     rows: Vec<RefPosition>,
+    /// Rows taken so far (into `rows`, or written to `sink`).
+    taken: usize,
+    /// As reference work: the file the rows go to as they come, never
+    /// held whole (made at the first row).
+    sink: Option<(std::path::PathBuf, Option<RowWriter>)>,
     n_vocab: usize,
     fingerprint: String,
 }
@@ -45,7 +51,9 @@ impl RowsBuild {
         // Decode order (the rows arrive so, and are stored so).
         wanted.sort_unstable();
         RowsBuild {
-            rows: Vec::with_capacity(wanted.len()),
+            rows: Vec::new(),
+            taken: 0,
+            sink: None,
             header,
             wanted,
             tail,
@@ -57,14 +65,28 @@ impl RowsBuild {
 
     /// The rows, all of them, or why not.
     pub fn rows(self) -> Result<(usize, String, Vec<RefPosition>)> {
-        if self.rows.len() != self.wanted.len() {
+        self.all_taken()?;
+        Ok((self.n_vocab, self.fingerprint, self.rows))
+    }
+
+    fn all_taken(&self) -> Result<()> {
+        if self.taken != self.wanted.len() {
             return Err(Error::engine(format!(
                 "reference rows: {} of {} positions decoded",
-                self.rows.len(),
+                self.taken,
                 self.wanted.len()
             )));
         }
-        Ok((self.n_vocab, self.fingerprint, self.rows))
+        Ok(())
+    }
+
+    /// The header the rows are kept under: the reference's vocabulary
+    /// size and tokenizer fingerprint filled.
+    fn kept_header(&self) -> CacheHeader {
+        let mut h = self.header.clone();
+        h.n_vocab = self.n_vocab;
+        h.tokenizer_fingerprint = self.fingerprint.clone();
+        h
     }
 
     /// The rows of `obs`, decoded alone (no shared decode is running).
@@ -73,12 +95,14 @@ impl RowsBuild {
         self.rows()
     }
 
-    /// As reference work for a shared decode of `obs`.
-    pub fn work(self, cx: &RunContext, obs: Observation) -> Option<RefWork> {
+    /// As reference work for a shared decode of `obs`: the rows written
+    /// to the store's file as they come, never held whole.
+    pub fn work(mut self, cx: &RunContext, obs: Observation) -> Option<RefWork> {
         let (key, path) = cx.references.rows_product(&self.header);
         if cx.references.holds(&key, &path) {
             return None;
         }
+        self.sink = Some((path.clone(), None));
         Some(RefWork {
             key,
             path,
@@ -113,23 +137,47 @@ impl Consumer for RowsBuild {
     }
 
     fn absorb(&mut self, r: &Row<'_>, m: Mapped) -> Result<()> {
-        let Some(&(w, pos, _)) = self.wanted.get(self.rows.len()) else {
+        let Some(&(w, pos, _)) = self.wanted.get(self.taken) else {
             return Ok(());
         };
         if (w, pos) == (r.window, r.pos) {
             let row = mapped::<RefPosition>(m)
                 .ok_or_else(|| Error::harness("a wanted reference row was not compressed"))?;
-            self.rows.push(row);
+            self.taken += 1;
+            let header = self.kept_header();
+            match &mut self.sink {
+                None => self.rows.push(row),
+                Some((path, writer)) => {
+                    let w = match writer {
+                        Some(w) => w,
+                        None => writer.insert(RowWriter::create(path, header)?),
+                    };
+                    w.push(&row)?;
+                }
+            }
         }
         Ok(())
     }
 }
 
 impl RefBuild for RowsBuild {
-    fn finish(self: Box<Self>, cx: &RunContext) -> Result<()> {
-        let header = self.header.clone();
-        let (n_vocab, fingerprint, rows) = self.rows()?;
-        cx.references.put_rows(&header, n_vocab, fingerprint, rows)
+    fn finish(mut self: Box<Self>, cx: &RunContext) -> Result<()> {
+        match self.sink.take() {
+            Some((path, writer)) => {
+                self.all_taken()?;
+                let w = match writer {
+                    Some(w) => w,
+                    // No position at all: an empty file of the header.
+                    None => RowWriter::create(&path, self.kept_header())?,
+                };
+                w.finish()
+            }
+            None => {
+                let header = self.header.clone();
+                let (n_vocab, fingerprint, rows) = self.rows()?;
+                cx.references.put_rows(&header, n_vocab, fingerprint, rows)
+            }
+        }
     }
 }
 
@@ -182,6 +230,67 @@ impl Consumer for LiveBuild {
             }
             _ => Ok(()),
         }
+    }
+}
+
+/// A stored reference read as its candidates decode: each range of
+/// windows' rows read from the file ([`RowStream`]) into a [`LiveRows`]
+/// slot just before the candidates decode those windows, so that nothing
+/// holds the whole reference.
+pub struct StoredFeed {
+    stream: RowStream,
+    slot: Arc<LiveRows>,
+    /// Scored positions per window, in order.
+    counts: Vec<usize>,
+    /// The next window to read, and its first position's number.
+    next: (usize, usize),
+    path: std::path::PathBuf,
+}
+
+impl StoredFeed {
+    /// The rows of `stream` (read from `path`), whose windows score
+    /// `counts` positions each, into `slot`.
+    pub fn new(
+        stream: RowStream,
+        path: std::path::PathBuf,
+        counts: Vec<usize>,
+        slot: Arc<LiveRows>,
+    ) -> Self {
+        StoredFeed {
+            stream,
+            slot,
+            counts,
+            next: (0, 0),
+            path,
+        }
+    }
+}
+
+impl Fill for StoredFeed {
+    fn windows(&self) -> usize {
+        self.counts.len()
+    }
+
+    fn fill(&mut self, windows: &Range<usize>) -> Result<()> {
+        let bad = |why: String| Error::harness(format!("{}: {why}", self.path.display()));
+        if windows.start != self.next.0 {
+            return Err(bad(format!(
+                "windows {windows:?} asked for, the next is {}",
+                self.next.0
+            )));
+        }
+        self.slot.begin(windows.clone(), self.next.1);
+        for w in windows.clone() {
+            for _ in 0..self.counts[w] {
+                let row = self.stream.next_row().map_err(bad)?;
+                self.slot.push(row);
+            }
+            self.next = (w + 1, self.next.1 + self.counts[w]);
+        }
+        if self.next.0 == self.counts.len() {
+            self.stream.finish().map_err(bad)?;
+        }
+        Ok(())
     }
 }
 

@@ -72,11 +72,13 @@ fn fixture(tag: &str) -> PathBuf {
 }
 
 /// A context with its own reference store under `root`, and the count of
-/// the engine's teacher-forced decodes.
+/// the windows the engine's teacher-forced decodes held (a decode in
+/// step with a stored reference's reading is several calls, two windows
+/// each: windows count what was decoded).
 fn runner(root: &Path) -> (RunContext, Vec<quantgate::plan::Planned>, Arc<AtomicUsize>) {
     let (registry, planned) = plan(&root.join("suites"), &[], &[]).unwrap();
     let e = engine();
-    let decodes = e.decodes.clone();
+    let decodes = e.windows.clone();
     let mut cx = RunContext::new(registry, Arc::new(e), 1);
     cx.references.dir = root.join("cache");
     (cx, planned, decodes)
@@ -179,12 +181,13 @@ fn a_shared_decode_gives_every_trial_its_outcome_alone_bitwise() {
     assert_eq!(work.len(), 1, "{work:?}");
     assert_eq!((work[0].0.as_str(), work[0].2), ("ref", 2));
     // kld and ppl on cand read one decode: ref, cand (both cases), cand
-    // (fewer chunks), other — four decodes for five trials and two products.
+    // (fewer chunks), other — four observations of 6, 6, 3 and 6 windows,
+    // each window decoded once, for five trials and two products.
     let kld = together.iter().find(|o| o.case == "kld").unwrap();
     assert_eq!(kld.timings.shared_with, 1);
-    assert_eq!(decodes.load(Ordering::Relaxed), 4);
+    assert_eq!(decodes.load(Ordering::Relaxed), 6 + 6 + 3 + 6);
     // A second run finds cand's and other's scores kept: only the kld case
-    // decodes (it needs the whole rows), with the same numbers.
+    // decodes (it needs the whole rows: its 6 windows), with the same numbers.
     let (cx, _, decodes) = runner(&root);
     let (again, work) = quantgate::schedule::run_plan(
         &cx,
@@ -199,7 +202,7 @@ fn a_shared_decode_gives_every_trial_its_outcome_alone_bitwise() {
     for (a, t) in again.iter().zip(&together) {
         assert_eq!(bits(a), bits(t), "{}::{}", a.case, a.model);
     }
-    assert_eq!(decodes.load(Ordering::Relaxed), 1);
+    assert_eq!(decodes.load(Ordering::Relaxed), 6);
     // Three jobs at once, fresh cache: the same outcomes and decodes, each
     // reading group started only after the reference work it reads.
     let _ = std::fs::remove_dir_all(root.join("cache"));
@@ -224,7 +227,7 @@ fn a_shared_decode_gives_every_trial_its_outcome_alone_bitwise() {
         assert_eq!((&a.case, &a.model), (&t.case, &t.model));
         assert_eq!(bits(a), bits(t), "{}::{}", a.case, a.model);
     }
-    assert_eq!(decodes.load(Ordering::Relaxed), 4);
+    assert_eq!(decodes.load(Ordering::Relaxed), 6 + 6 + 3 + 6);
     let heard = heard.into_inner().unwrap();
     let first_kld = heard
         .iter()

@@ -570,6 +570,55 @@ impl ReferenceStore {
         self.write_rows(header, &path, n_vocab, fingerprint, rows)
     }
 
+    /// The rows of `header`, read as they are needed from the shipped
+    /// folder's or the cache's intact file (its seal checked over the whole
+    /// file first, its header against `header`, its tokenizer against the
+    /// candidate's), and the file; None when this process holds them in
+    /// memory already, or no intact file does: then [`ReferenceStore::rows`]
+    /// reads or builds them (and says why a file was unusable).
+    pub fn row_stream(
+        &self,
+        header: &CacheHeader,
+        case_path: &Path,
+        (ref_alias, ref_at): (&str, &Location),
+        candidate: Vocab,
+    ) -> Result<Option<(crate::execute::qgref::RowStream, PathBuf)>> {
+        use crate::execute::qgref::RowStream;
+        let (key, path) = self.rows_product(header);
+        if memo_holds(&self.rows, &key) {
+            return Ok(None);
+        }
+        let mut found = None;
+        if let Some(shipped) = self.shipped_path(&path) {
+            match RowStream::open(&shipped, header) {
+                Ok(Some(s)) => found = Some((s, shipped)),
+                Ok(None) => {}
+                Err(why) => self
+                    .shipped_unusable(&shipped, &why)
+                    .map_err(|e| e.context(case_path.display()))?,
+            }
+        }
+        if found.is_none() {
+            // A file that is not intact is left to `rows`, which says so
+            // and rebuilds it (or says why it cannot).
+            found = RowStream::open(&path, header)
+                .ok()
+                .flatten()
+                .map(|s| (s, path.clone()));
+        }
+        let Some((stream, file)) = found else {
+            return Ok(None);
+        };
+        let h = stream.header();
+        let stored = Vocab {
+            alias: ref_alias,
+            n_vocab: h.n_vocab,
+            fingerprint: &h.tokenizer_fingerprint,
+        };
+        same_tokenizer(ref_at, "reference", stored, candidate)?;
+        Ok(Some((stream, file)))
+    }
+
     /// Where the rows of `header` are kept, and the id that names them.
     pub fn rows_product(&self, header: &CacheHeader) -> (String, PathBuf) {
         let key = header.key();

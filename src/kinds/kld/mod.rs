@@ -24,9 +24,9 @@ use crate::execute::RunContext;
 use crate::kinds::perplexity::{
     window_columns, window_metrics, window_plots, windows_used_column, WINDOW_LEGEND,
 };
-use crate::kinds::reference_rows::{LiveBuild, RowsBuild};
+use crate::kinds::reference_rows::{LiveBuild, RowsBuild, StoredFeed};
 use crate::kinds::scored_text::{BootstrapFile, PinnedFile, ScoredText, TextFile, WindowFile};
-use crate::kinds::{Finish, Kind, RefWork, Start};
+use crate::kinds::{FeedSource, Finish, Kind, LiveFeed, RefWork, Start};
 use crate::measure::kld::{self as math, PosKld};
 
 mod metrics;
@@ -522,6 +522,12 @@ impl Kind for Kld {
             let trial = self.trial(case, plan, model.info().n_vocab, refs);
             return Ok(Start::Live(obs, Box::new(trial), feed));
         }
+        // A stored reference is read as the candidate decodes, a pair of
+        // windows at a time, never held whole.
+        if let Some((refs, feed)) = self.stored_feed(cx, case, &*model, &plan)? {
+            let trial = self.trial(case, plan, model.info().n_vocab, refs);
+            return Ok(Start::Live(obs, Box::new(trial), feed));
+        }
         let t_ref = Instant::now();
         let refs = self.reference_rows(cx, case, &src, &*model, &plan)?;
         out.timings.decode += t_ref.elapsed();
@@ -672,7 +678,7 @@ impl Kld {
         src: &str,
         model: &Arc<dyn LoadedModel>,
         plan: &ScoringPlan,
-    ) -> Result<(Refs, crate::kinds::LiveFeed)> {
+    ) -> Result<(Refs, LiveFeed)> {
         let (alias, at) = self
             .reference
             .as_ref()
@@ -689,12 +695,49 @@ impl Kld {
         let producer = Box::new(LiveBuild::new(build, slot.clone()));
         Ok((
             Refs::Live(slot),
-            crate::kinds::LiveFeed {
+            LiveFeed {
                 key,
-                observation,
-                producer,
+                source: FeedSource::Decode {
+                    observation,
+                    producer,
+                },
             },
         ))
+    }
+
+    /// The stored reference rows of `plan`, when the store holds them
+    /// intact in a file (else the caller reads them whole, building them
+    /// if need be), as a feed a candidate (`model`) reads a pair of
+    /// windows at a time.
+    fn stored_feed(
+        &self,
+        cx: &RunContext,
+        case: &Case,
+        model: &dyn LoadedModel,
+        plan: &ScoringPlan,
+    ) -> Result<Option<(Refs, LiveFeed)>> {
+        let (Some((alias, at)), None) = (&self.reference, &self.import) else {
+            return Ok(None);
+        };
+        let ci = model.info();
+        let header = self.rows_header(cx, (alias, at), plan, ci.n_vocab, None)?;
+        let Some((stream, path)) =
+            cx.references
+                .row_stream(&header, &case.path, (alias, at), Vocab::of(ci))?
+        else {
+            return Ok(None);
+        };
+        let (key, _) = cx.references.rows_product(&header);
+        let slot = cx.references.live.slot(&key);
+        let counts = plan.windows.iter().map(|w| w.targets.len()).collect();
+        let feed = StoredFeed::new(stream, path, counts, slot.clone());
+        Ok(Some((
+            Refs::Live(slot),
+            LiveFeed {
+                key,
+                source: FeedSource::Read(Box::new(feed)),
+            },
+        )))
     }
 
     /// The `.qgref` header of the reference's rows of `plan`.
