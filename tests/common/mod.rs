@@ -58,6 +58,16 @@ pub fn fake_root(tag: &str, models: &[(&str, usize)]) -> PathBuf {
     root
 }
 
+/// An outcome's metrics as their bits: equal only when every metric is
+/// bitwise equal.
+#[allow(dead_code)]
+pub fn bits(o: &quantgate::core::Outcome) -> Vec<(String, u64)> {
+    o.metrics
+        .iter()
+        .map(|(k, v)| (k.clone(), v.to_bits()))
+        .collect()
+}
+
 /// Every file under `dir`, with its bytes, sorted by path (a file gone
 /// between listing and reading is not in it).
 pub fn tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {

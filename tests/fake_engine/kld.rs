@@ -711,12 +711,6 @@ fn edited_caches_are_rebuilt_never_believed() {
             .map(|p| quantgate::judge::trial(&r, p, &fx.root.join("goldens")))
             .collect::<Vec<Outcome>>()
     };
-    let bits = |o: &Outcome| -> Vec<(String, u64)> {
-        o.metrics
-            .iter()
-            .map(|(k, v)| (k.clone(), v.to_bits()))
-            .collect()
-    };
     let base = run_all();
     for o in &base {
         assert_eq!(o.status, Status::Pass, "{:?}", o.error);
@@ -751,7 +745,12 @@ fn edited_caches_are_rebuilt_never_believed() {
                     file.display(),
                     a.error
                 );
-                assert_eq!(bits(a), bits(b), "{}: edit {i}", file.display());
+                assert_eq!(
+                    common::bits(a),
+                    common::bits(b),
+                    "{}: edit {i}",
+                    file.display()
+                );
             }
             assert_eq!(
                 std::fs::read(file).unwrap(),
@@ -808,6 +807,16 @@ fn live_fixture(tag: &str, ref_spec: FakeSpec) -> (PathBuf, FakeEngine) {
 
 /// Run the cases `pattern` selects in a fresh context over `engine`.
 fn run_cases(root: &std::path::Path, engine: &FakeEngine, pattern: &str) -> Vec<Outcome> {
+    run_jobs(root, engine, pattern, 1)
+}
+
+/// The same, `jobs` groups at a time.
+fn run_jobs(
+    root: &std::path::Path,
+    engine: &FakeEngine,
+    pattern: &str,
+    jobs: usize,
+) -> Vec<Outcome> {
     let (registry, planned) = plan(&root.join("suites"), &[pattern.to_string()], &[]).unwrap();
     let mut cx = RunContext::new(registry, Arc::new(engine.clone()), 1);
     cx.references.dir = root.join("cache");
@@ -816,18 +825,11 @@ fn run_cases(root: &std::path::Path, engine: &FakeEngine, pattern: &str) -> Vec<
         &planned,
         std::path::Path::new("goldens"),
         false,
-        1,
+        jobs,
         &mut |_, _| {},
         &mut |_| {},
     )
     .0
-}
-
-fn bits(o: &Outcome) -> Vec<(String, u64)> {
-    o.metrics
-        .iter()
-        .map(|(k, v)| (k.clone(), v.to_bits()))
-        .collect()
 }
 
 #[test]
@@ -867,7 +869,7 @@ fn a_live_reference_is_decoded_once_writes_nothing_and_gives_the_stored_numbers(
             s.error
         );
         assert!(l.metrics.contains_key("kld_mean") && l.metrics.contains_key("delta_nll_mean"));
-        assert_eq!(bits(l), bits(s), "{}", l.model);
+        assert_eq!(common::bits(l), common::bits(s), "{}", l.model);
         assert_eq!(l.texts, s.texts);
         assert_eq!(
             format!("{:?}", l.rows.as_ref().map(|r| &r.columns)),
@@ -875,6 +877,22 @@ fn a_live_reference_is_decoded_once_writes_nothing_and_gives_the_stored_numbers(
         );
     }
     assert_eq!(live[0].model, "cand");
+    // Two candidates' groups at once, each reading the stored reference
+    // a pair of windows at a time (slowed so that they overlap): the same
+    // numbers, each group reading its own rows.
+    let slow = |confidence| FakeSpec {
+        confidence,
+        sleep_ms: 3,
+        ..FakeSpec::default()
+    };
+    let together = FakeEngine::new()
+        .with("ref", ref_spec())
+        .with("cand", slow(cand_spec().confidence))
+        .with("cand2", slow(4.0));
+    for (t, s) in run_jobs(&root, &together, "stored", 2).iter().zip(&stored) {
+        assert_eq!(t.status, Status::Pass, "{}: {:?}", t.model, t.error);
+        assert_eq!(common::bits(t), common::bits(s), "{}", t.model);
+    }
     // The first candidate's numbers are the independent computation's
     // (exact same top; KL within the 16-entry store's error).
     let ps = independent();

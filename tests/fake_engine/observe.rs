@@ -84,13 +84,6 @@ fn runner(root: &Path) -> (RunContext, Vec<quantgate::plan::Planned>, Arc<Atomic
     (cx, planned, decodes)
 }
 
-fn bits(o: &Outcome) -> Vec<(String, u64)> {
-    o.metrics
-        .iter()
-        .map(|(k, v)| (k.clone(), v.to_bits()))
-        .collect()
-}
-
 #[test]
 fn one_group_per_model_and_observation_references_first() {
     let root = fixture("observe-groups");
@@ -173,7 +166,7 @@ fn a_shared_decode_gives_every_trial_its_outcome_alone_bitwise() {
         assert_eq!((&a.case, &a.model), (&t.case, &t.model));
         assert_eq!(a.status, Status::Pass, "{}: {:?}", a.case, a.error);
         assert_eq!(t.status, Status::Pass, "{}: {:?}", t.case, t.error);
-        assert_eq!(bits(a), bits(t), "{}::{}", a.case, a.model);
+        assert_eq!(common::bits(a), common::bits(t), "{}::{}", a.case, a.model);
         assert_eq!(a.texts, t.texts);
     }
     // The reference's work ran first, once: both products of `ref`.
@@ -200,7 +193,7 @@ fn a_shared_decode_gives_every_trial_its_outcome_alone_bitwise() {
     );
     assert!(work.is_empty(), "{work:?}");
     for (a, t) in again.iter().zip(&together) {
-        assert_eq!(bits(a), bits(t), "{}::{}", a.case, a.model);
+        assert_eq!(common::bits(a), common::bits(t), "{}::{}", a.case, a.model);
     }
     assert_eq!(decodes.load(Ordering::Relaxed), 6);
     // Three jobs at once, fresh cache: the same outcomes and decodes, each
@@ -225,7 +218,7 @@ fn a_shared_decode_gives_every_trial_its_outcome_alone_bitwise() {
     assert_eq!(work.len(), 1, "{work:?}");
     for (a, t) in parallel.iter().zip(&together) {
         assert_eq!((&a.case, &a.model), (&t.case, &t.model));
-        assert_eq!(bits(a), bits(t), "{}::{}", a.case, a.model);
+        assert_eq!(common::bits(a), common::bits(t), "{}::{}", a.case, a.model);
     }
     assert_eq!(decodes.load(Ordering::Relaxed), 6 + 6 + 3 + 6);
     let heard = heard.into_inner().unwrap();

@@ -69,8 +69,11 @@ impl LiveRows {
     }
 }
 
-/// The live rows of this process, by product key: one slot per reference
-/// product while anyone holds it.
+/// The live rows of this process, by key: one slot per key while anyone
+/// holds it. A key names one feed of one group, which its callers see to
+/// (a kld case's: the product and the case, whose trials are one group;
+/// or the product and the candidate's observation, one group's decode), so
+/// that groups running at once never write where another reads.
 #[derive(Debug, Default)]
 pub struct LiveSlots {
     slots: std::sync::Mutex<std::collections::HashMap<String, Weak<LiveRows>>>,

@@ -518,13 +518,13 @@ impl Kind for Kld {
         }
         let obs = tx.observation(cx, model.clone(), &plan);
         if self.live {
-            let (refs, feed) = self.live_feed(cx, &src, &model, &plan)?;
+            let (refs, feed) = self.live_feed(cx, case, &src, &model, &plan)?;
             let trial = self.trial(case, plan, model.info().n_vocab, refs);
             return Ok(Start::Live(obs, Box::new(trial), feed));
         }
         // A stored reference is read as the candidate decodes, a pair of
         // windows at a time, never held whole.
-        if let Some((refs, feed)) = self.stored_feed(cx, case, &*model, &plan)? {
+        if let Some((refs, feed)) = self.stored_feed(cx, case, &*model, (&plan, obs.key()))? {
             let trial = self.trial(case, plan, model.info().n_vocab, refs);
             return Ok(Start::Live(obs, Box::new(trial), feed));
         }
@@ -670,11 +670,13 @@ impl Kld {
 
     /// The reference model's decode of `plan`'s windows whose rows a
     /// candidate (`model`) reads live, and where it reads them: keyed by
-    /// the product the rows would be kept as, so that every candidate of
-    /// the group reads one decode.
+    /// the product the rows would be kept as and the case (whose trials
+    /// are one group), so that every candidate of the group reads one
+    /// decode and no other group's feed writes where they read.
     fn live_feed(
         &self,
         cx: &RunContext,
+        case: &Case,
         src: &str,
         model: &Arc<dyn LoadedModel>,
         plan: &ScoringPlan,
@@ -688,7 +690,8 @@ impl Kld {
         tx.check_context(&*rmodel)?;
         let rplan = tx.identical_plan(cx, at, src, &*rmodel, &**model, plan)?;
         let header = self.rows_header(cx, (alias, at), &rplan, rmodel.info().n_vocab, None)?;
-        let (key, _) = cx.references.rows_product(&header);
+        let (product, _) = cx.references.rows_product(&header);
+        let key = format!("{product} live for {}", case.path.display());
         let slot = cx.references.live.slot(&key);
         let observation = tx.observation(cx, rmodel.clone(), &rplan);
         let build = self.rows_build(header, &rplan, &*rmodel);
@@ -707,14 +710,17 @@ impl Kld {
 
     /// The stored reference rows of `plan`, when the store holds them
     /// intact in a file (else the caller reads them whole, building them
-    /// if need be), as a feed a candidate (`model`) reads a pair of
-    /// windows at a time.
+    /// if need be), as a feed a candidate (`model`, decoding observation
+    /// `obs`) reads a pair of windows at a time: keyed by the product and
+    /// the candidate's observation (one group's), so that the trials of
+    /// that decode read one feed and no other group's feed writes where
+    /// they read.
     fn stored_feed(
         &self,
         cx: &RunContext,
         case: &Case,
         model: &dyn LoadedModel,
-        plan: &ScoringPlan,
+        (plan, obs): (&ScoringPlan, &str),
     ) -> Result<Option<(Refs, LiveFeed)>> {
         let (Some((alias, at)), None) = (&self.reference, &self.import) else {
             return Ok(None);
@@ -727,7 +733,8 @@ impl Kld {
         else {
             return Ok(None);
         };
-        let (key, _) = cx.references.rows_product(&header);
+        let (product, _) = cx.references.rows_product(&header);
+        let key = format!("{product} read by {obs}");
         let slot = cx.references.live.slot(&key);
         let counts = plan.windows.iter().map(|w| w.targets.len()).collect();
         let feed = StoredFeed::new(stream, path, counts, slot.clone());
