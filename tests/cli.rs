@@ -2516,6 +2516,16 @@ fn the_readme_publisher_commands_gate_a_folder_of_quants() {
         "python3 with pip",
     );
     let cargo_insta = |args: &[&str]| output(in_folder(&insta).args(args));
+    // cargo insta reads `cargo metadata`, which needs every package of the
+    // lock, those of other platforms too (android_system_properties, …),
+    // which no build on this one downloads: fetched first, as a newcomer's
+    // machine has none of them.
+    let (code, _, stderr) = output(
+        in_folder(&cargo)
+            .arg("fetch")
+            .env_remove("CARGO_NET_OFFLINE"),
+    );
+    assert_eq!(code, 0, "cargo fetch: {stderr}");
     let golden = root.join("goldens/release/delta_nll/mine-q8_0.snap");
     let pending = golden.with_extension("snap.new");
 
@@ -2533,7 +2543,7 @@ fn the_readme_publisher_commands_gate_a_folder_of_quants() {
     );
     assert!(pending.is_file() && !golden.exists(), "{stdout}\n{stderr}");
     let (code, listed, stderr) = cargo_insta(&["pending-snapshots"]);
-    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(code, 0, "{listed}\n{stderr}");
     assert!(
         listed.contains("goldens/release/delta_nll/mine-q8_0.snap"),
         "{listed}"
