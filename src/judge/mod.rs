@@ -183,7 +183,9 @@ pub fn trials(
             }),
         }
     }
-    let mut consumers: Vec<(Vec<Box<dyn Finish>>, Vec<Box<dyn RefBuild>>)> = buckets
+    /// A bucket's readers: its trials, its reference work.
+    type Readers = (Vec<Box<dyn Finish>>, Vec<Box<dyn RefBuild>>);
+    let mut consumers: Vec<Readers> = buckets
         .iter()
         .map(|b| {
             let t = b.trials.iter().map(|&i| pending[i].take().expect("once"));
@@ -194,9 +196,7 @@ pub fn trials(
             (t.collect(), r.collect())
         })
         .collect();
-    fn all<'a>(
-        (t, r): &'a mut (Vec<Box<dyn Finish>>, Vec<Box<dyn RefBuild>>),
-    ) -> Vec<&'a mut dyn Consumer> {
+    fn all((t, r): &mut Readers) -> Vec<&mut dyn Consumer> {
         let mut all: Vec<&mut dyn Consumer> = Vec::new();
         for c in t.iter_mut() {
             all.push(&mut **c);
