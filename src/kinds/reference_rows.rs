@@ -161,23 +161,20 @@ impl Consumer for RowsBuild {
 }
 
 impl RefBuild for RowsBuild {
-    fn finish(mut self: Box<Self>, cx: &RunContext) -> Result<()> {
-        match self.sink.take() {
-            Some((path, writer)) => {
-                self.all_taken()?;
-                let w = match writer {
-                    Some(w) => w,
-                    // No position at all: an empty file of the header.
-                    None => RowWriter::create(&path, self.kept_header())?,
-                };
-                w.finish()
-            }
-            None => {
-                let header = self.header.clone();
-                let (n_vocab, fingerprint, rows) = self.rows()?;
-                cx.references.put_rows(&header, n_vocab, fingerprint, rows)
-            }
-        }
+    /// Seal the file the rows went to ([`RowsBuild::work`] names it).
+    fn finish(mut self: Box<Self>, _cx: &RunContext) -> Result<()> {
+        let Some((path, writer)) = self.sink.take() else {
+            return Err(Error::harness(
+                "reference rows built as reference work without their file",
+            ));
+        };
+        self.all_taken()?;
+        let w = match writer {
+            Some(w) => w,
+            // No position at all: an empty file of the header.
+            None => RowWriter::create(&path, self.kept_header())?,
+        };
+        w.finish()
     }
 }
 

@@ -820,6 +820,8 @@ fn run_jobs(
     let (registry, planned) = plan(&root.join("suites"), &[pattern.to_string()], &[]).unwrap();
     let mut cx = RunContext::new(registry, Arc::new(engine.clone()), 1);
     cx.references.dir = root.join("cache");
+    // Every stored reference read a pair of windows at a time.
+    cx.references.whole_bytes = 0;
     quantgate::schedule::run_plan(
         &cx,
         &planned,

@@ -74,7 +74,18 @@ pub struct ReferenceStore {
     kept: Memo<dyn std::any::Any + Send + Sync>,
     /// Rows read live, never kept ([`live`]).
     pub live: LiveSlots,
+    /// Bytes up to which a stored reference is read whole into memory
+    /// (one read, one decode call per candidate) rather than a pair of
+    /// windows at a time ([`ReferenceStore::row_stream`]): each decode call
+    /// sets up its llama.cpp contexts, which measured 3–15% of a
+    /// candidate's decode in pairs (`cargo bench --bench ladder`), so only
+    /// a reference larger than this is streamed. Default
+    /// [`WHOLE_REFERENCE_BYTES`].
+    pub whole_bytes: u64,
 }
+
+/// [`ReferenceStore::whole_bytes`] by default: 1 GiB.
+pub const WHOLE_REFERENCE_BYTES: u64 = 1 << 30;
 
 /// A kept product's file: the id it was computed for, and the value.
 #[derive(serde::Deserialize)]
@@ -161,6 +172,7 @@ impl ReferenceStore {
             rows: Mutex::new(HashMap::new()),
             kept: Mutex::new(HashMap::new()),
             live: LiveSlots::default(),
+            whole_bytes: WHOLE_REFERENCE_BYTES,
         }
     }
 
@@ -570,7 +582,8 @@ impl ReferenceStore {
         self.write_rows(header, &path, n_vocab, fingerprint, rows)
     }
 
-    /// The rows of `header`, read as they are needed from the shipped
+    /// The rows of `header` when they would take more than
+    /// [`ReferenceStore::whole_bytes`] in memory, read as they are needed from the shipped
     /// folder's or the cache's intact file (its seal checked over the whole
     /// file first, its header against `header`, its tokenizer against the
     /// candidate's), and the file; None when this process holds them in
@@ -585,7 +598,10 @@ impl ReferenceStore {
     ) -> Result<Option<(crate::execute::qgref::RowStream, PathBuf)>> {
         use crate::execute::qgref::RowStream;
         let (key, path) = self.rows_product(header);
-        if memo_holds(&self.rows, &key) {
+        // What the rows take in memory: a byte per vocabulary entry and
+        // the kept entries.
+        let whole = header.positions as u64 * (header.n_vocab as u64 + 8 * header.max_kept as u64);
+        if memo_holds(&self.rows, &key) || whole <= self.whole_bytes {
             return Ok(None);
         }
         let mut found = None;
@@ -624,22 +640,6 @@ impl ReferenceStore {
         let key = header.key();
         let path = self.dir.join(format!("{key}.qgref"));
         (key, path)
-    }
-
-    /// Put rows a shared decode computed into the store (file and memo);
-    /// `header` gets the reference's vocabulary size and fingerprint. The
-    /// caller holds the product's lock.
-    pub fn put_rows(
-        &self,
-        header: &CacheHeader,
-        n_vocab: usize,
-        fingerprint: String,
-        rows: Vec<RefPosition>,
-    ) -> Result<()> {
-        let (key, path) = self.rows_product(header);
-        let rows = self.write_rows(header, &path, n_vocab, fingerprint, rows)?;
-        memo_put(&self.rows, &key, rows);
-        Ok(())
     }
 
     fn write_rows(
