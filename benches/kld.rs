@@ -189,10 +189,10 @@ fn vocabulary(
             tokenizer_fingerprint: String::new(),
         };
         let t = Instant::now();
-        let file = encode(&h, &ref_default);
+        let file = encode(&h, &ref_default, quantgate::core::auth::Seal::Plain);
         coding.0 += t.elapsed();
         let t = Instant::now();
-        let (_, back) = read_store(&file, &h).unwrap();
+        let (_, back) = read_store(&file, &h, quantgate::core::auth::Seal::Plain).unwrap();
         coding.1 += t.elapsed();
         assert!(back == ref_default, "the store reads back what it wrote");
         store_bytes += file.len();

@@ -101,6 +101,18 @@ fn build(ctx: &Ctx, select: &Select, out: &PathBuf) -> Result<Conclusion, Error>
     // The products go to --out, whatever the environment ships.
     runner.references =
         quantgate::execute::reference::ReferenceStore::with_shipped(out.clone(), Ok(None));
+    // Sealed for other machines: keyed with the signing key when one is
+    // set (the shards then refuse any edit), else plain (and each shard
+    // names every file it reads as unauthenticated).
+    runner.references.seal = quantgate::core::auth::Seal::shipped();
+    if !runner.references.seal.keyed() {
+        eprintln!(
+            "quantgate: warning: no signing key is set ({}): the products in {} are sealed with \
+             plain sha256, and every shard will name them as unauthenticated",
+            quantgate::core::auth::KEY_ENV,
+            out.display()
+        );
+    }
     let t = std::time::Instant::now();
     let work = quantgate::judge::build_references(&runner, &planned, &ctx.default_goldens());
     for f in &work.failed {

@@ -169,6 +169,128 @@ fn local_key(path: &Path) -> std::result::Result<Key, String> {
     read(path)
 }
 
+/// How the trailing 32 bytes of a sealed file ([`crate::core::fsutil::seal`])
+/// are made and checked: a plain sha256 of the contents detects accidents
+/// only; a keyed seal (HMAC-SHA256 with a [`Key`]) also detects an edit
+/// sealed again, which anyone who can write the file can do to a plain one.
+#[derive(Debug, Clone, Copy)]
+pub enum Seal {
+    /// sha256 of the contents: intact, not authenticated.
+    Plain,
+    /// HMAC-SHA256 of the contents under the key.
+    Keyed(&'static Key),
+}
+
+/// What a keyed seal's MAC covers before the contents (so that it is never
+/// the MAC of some other quantgate file's bytes).
+const SEAL_DOMAIN: &[u8] = b"quantgate sealed file v1\n";
+
+impl Seal {
+    /// The seal of reference products kept in the local cache: keyed with
+    /// the result-cache key (the signing key, else this user's own), as
+    /// result-cache entries are; plain only when no key can be had.
+    pub fn local() -> Seal {
+        result_cache_key().map_or(Seal::Plain, Seal::Keyed)
+    }
+
+    /// The seal of products that cross to other machines (a shipped
+    /// reference folder): keyed with the signing key when one is set, else
+    /// plain (another machine has no key of this user's to check it by).
+    pub fn shipped() -> Seal {
+        signing_key().map_or(Seal::Plain, Seal::Keyed)
+    }
+
+    /// Whether this seal authenticates (a key).
+    pub fn keyed(&self) -> bool {
+        matches!(self, Seal::Keyed(_))
+    }
+
+    /// A hasher of contents for this seal, fed as they are written or read.
+    pub fn hasher(&self) -> SealHasher {
+        match self {
+            Seal::Plain => SealHasher::Plain(<Sha256 as sha2::Digest>::new()),
+            Seal::Keyed(k) => {
+                let mut m = Hmac::<Sha256>::new_from_slice(&k.bytes).expect("HMAC takes any key");
+                m.update(SEAL_DOMAIN);
+                SealHasher::Keyed(Box::new(m))
+            }
+        }
+    }
+
+    /// The 32-byte seal of `body`.
+    pub fn tag(&self, body: &[u8]) -> [u8; 32] {
+        let mut h = self.hasher();
+        h.update(body);
+        h.finish()
+    }
+
+    /// `body` when `tag` is its seal; else why not, in words that tell an
+    /// accident from an edit sealed again where they can.
+    pub fn check<'b>(&self, body: &'b [u8], tag: &[u8]) -> std::result::Result<&'b [u8], String> {
+        let mut h = self.hasher();
+        h.update(body);
+        h.verify(tag).map_err(|why| match self {
+            Seal::Keyed(k) if Seal::Plain.tag(body).as_slice() == tag => format!(
+                "{why} ({}); it carries a plain sha256 seal instead: it was edited and sealed \
+                 again, or written without the key",
+                k.source
+            ),
+            Seal::Keyed(k) => format!("{why} ({})", k.source),
+            Seal::Plain => why,
+        })?;
+        Ok(body)
+    }
+}
+
+/// A running seal ([`Seal::hasher`]).
+pub enum SealHasher {
+    /// sha256.
+    Plain(Sha256),
+    /// HMAC-SHA256.
+    Keyed(Box<Hmac<Sha256>>),
+}
+
+impl SealHasher {
+    /// Feed contents.
+    pub fn update(&mut self, bytes: &[u8]) {
+        match self {
+            SealHasher::Plain(h) => sha2::Digest::update(h, bytes),
+            SealHasher::Keyed(m) => m.update(bytes),
+        }
+    }
+
+    /// The seal of everything fed.
+    pub fn finish(self) -> [u8; 32] {
+        match self {
+            SealHasher::Plain(h) => sha2::Digest::finalize(h).into(),
+            SealHasher::Keyed(m) => m.finalize().into_bytes().into(),
+        }
+    }
+
+    /// Ok when `tag` is the seal of everything fed (a MAC compared in
+    /// constant time); else why not.
+    pub fn verify(self, tag: &[u8]) -> std::result::Result<(), String> {
+        match self {
+            SealHasher::Plain(h) => {
+                if sha2::Digest::finalize(h).as_slice() == tag {
+                    Ok(())
+                } else {
+                    Err(
+                        "its trailing sha256 does not match its contents: truncated or \
+                         corrupted on disk"
+                            .into(),
+                    )
+                }
+            }
+            SealHasher::Keyed(m) => m.verify_slice(tag).map_err(|_| {
+                "its keyed seal (HMAC-SHA256) does not verify with the key: the file was \
+                 edited, truncated, or written under another key"
+                    .to_string()
+            }),
+        }
+    }
+}
+
 /// The canonical bytes a MAC covers: the JSON value with its `mac` field
 /// left out, keys sorted (serde_json's map is ordered), numbers printed
 /// shortest-exact.

@@ -1,6 +1,7 @@
 //! File helpers shared by every stage that writes: atomic writes (temp file in
 //! the same directory, fsync, rename, directory fsync) and streaming sha256.
 
+use crate::core::auth::Seal;
 use crate::core::error::{Error, Result};
 use sha2::{Digest, Sha256};
 use std::fs::{self, File};
@@ -196,26 +197,32 @@ pub fn clean_stale_temps(dir: &Path) -> usize {
 
 /// Seal `bytes` for reading back: append the sha256 of everything before it
 /// (32 raw bytes). Every file quantgate writes and later reads back (caches,
-/// result entries, `.qgref` rows) is sealed, and unsealed before use.
-pub fn seal(mut bytes: Vec<u8>) -> Vec<u8> {
-    let digest = Sha256::digest(&bytes);
-    bytes.extend_from_slice(&digest);
+/// result entries, `.qgref` rows) is sealed, and unsealed before use;
+/// reference products are sealed with a key ([`seal_with`]).
+pub fn seal(bytes: Vec<u8>) -> Vec<u8> {
+    seal_with(bytes, Seal::Plain)
+}
+
+/// Seal `bytes` with `seal`: its 32-byte tag of everything before it appended.
+pub fn seal_with(mut bytes: Vec<u8>, seal: Seal) -> Vec<u8> {
+    let tag = seal.tag(&bytes);
+    bytes.extend_from_slice(&tag);
     bytes
 }
 
 /// The contents of sealed `bytes`, or why they are not intact.
 pub fn unseal(bytes: &[u8]) -> std::result::Result<&[u8], String> {
+    unseal_with(bytes, Seal::Plain)
+}
+
+/// The contents of `bytes` sealed with `seal`, or why they are not intact
+/// (or, with a key, not authentic).
+pub fn unseal_with(bytes: &[u8], seal: Seal) -> std::result::Result<&[u8], String> {
     if bytes.len() < 32 {
         return Err("shorter than its seal: truncated".into());
     }
-    let (body, digest) = bytes.split_at(bytes.len() - 32);
-    if Sha256::digest(body).as_slice() != digest {
-        return Err(
-            "its trailing sha256 does not match its contents: truncated or corrupted on disk"
-                .into(),
-        );
-    }
-    Ok(body)
+    let (body, tag) = bytes.split_at(bytes.len() - 32);
+    seal.check(body, tag)
 }
 
 /// Write `bytes` sealed ([`seal`]) to `dest` atomically.
@@ -223,14 +230,24 @@ pub fn write_sealed(dest: &Path, bytes: Vec<u8>) -> Result<()> {
     write_atomic(dest, &seal(bytes))
 }
 
+/// Write `bytes` sealed with `seal` to `dest` atomically.
+pub fn write_sealed_with(dest: &Path, bytes: Vec<u8>, seal: Seal) -> Result<()> {
+    write_atomic(dest, &seal_with(bytes, seal))
+}
+
 /// The contents of a sealed file: `Ok(None)` when there is none, `Err(why)`
 /// when it cannot be read or is not intact — never contents that were not
 /// written whole by quantgate.
 pub fn read_sealed(path: &Path) -> std::result::Result<Option<Vec<u8>>, String> {
+    read_sealed_with(path, Seal::Plain)
+}
+
+/// [`read_sealed`] for a file sealed with `seal`.
+pub fn read_sealed_with(path: &Path, seal: Seal) -> std::result::Result<Option<Vec<u8>>, String> {
     match fs::read(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e.to_string()),
-        Ok(bytes) => unseal(&bytes).map(|b| Some(b.to_vec())),
+        Ok(bytes) => unseal_with(&bytes, seal).map(|b| Some(b.to_vec())),
     }
 }
 

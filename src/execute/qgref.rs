@@ -19,7 +19,8 @@
 //! Contract: a file that fails any check is an error naming the file and
 //! the offset or field, never a partial result.
 
-use crate::core::fsutil::{seal, sha256_bytes, unseal};
+use crate::core::auth::{Seal, SealHasher};
+use crate::core::fsutil::{seal_with, sha256_bytes, unseal_with};
 use crate::execute::rans;
 use crate::execute::windows::ScoringPlan;
 use crate::measure::kld::{order_key, RefPosition, KEPT, LEVELS};
@@ -74,15 +75,15 @@ impl CacheHeader {
     }
 }
 
-/// Serialize a cache.
-pub fn encode(header: &CacheHeader, rows: &[RefPosition]) -> Vec<u8> {
+/// Serialize a cache, sealed with `seal`.
+pub fn encode(header: &CacheHeader, rows: &[RefPosition], seal: Seal) -> Vec<u8> {
     let entries: usize = rows.iter().map(|r| r.entries.len()).sum();
     let mut out = Vec::with_capacity(256 + rows.len() * (32 + 4 * LEVELS) + entries * 8);
     encode_head(&mut out, header);
     for r in rows {
         encode_row(&mut out, r);
     }
-    seal(out)
+    seal_with(out, seal)
 }
 
 /// The magic, version and header.
@@ -137,7 +138,7 @@ fn encode_row(out: &mut Vec<u8>, r: &RefPosition) {
 /// every position was written; dropped before, the temp file goes.
 pub struct RowWriter {
     file: std::io::BufWriter<tempfile::NamedTempFile>,
-    hash: sha2::Sha256,
+    hash: SealHasher,
     dest: std::path::PathBuf,
     header: CacheHeader,
     written: usize,
@@ -146,12 +147,16 @@ pub struct RowWriter {
 
 impl RowWriter {
     /// Start the cache of `header` (its `n_vocab` and fingerprint filled)
-    /// at `dest`.
-    pub fn create(dest: &std::path::Path, header: CacheHeader) -> crate::core::error::Result<Self> {
+    /// at `dest`, to be sealed with `seal`.
+    pub fn create(
+        dest: &std::path::Path,
+        header: CacheHeader,
+        seal: Seal,
+    ) -> crate::core::error::Result<Self> {
         let tmp = crate::core::fsutil::temp_beside(dest)?;
         let mut w = RowWriter {
             file: std::io::BufWriter::with_capacity(1 << 20, tmp),
-            hash: sha2::Sha256::default(),
+            hash: seal.hasher(),
             dest: dest.to_path_buf(),
             header,
             written: 0,
@@ -164,7 +169,6 @@ impl RowWriter {
     }
 
     fn write(&mut self, bytes: Vec<u8>) -> crate::core::error::Result<()> {
-        use sha2::Digest;
         use std::io::Write;
         self.hash.update(&bytes);
         let r = self.file.write_all(&bytes);
@@ -184,7 +188,6 @@ impl RowWriter {
     /// Seal the file and move it into place; an error unless it holds
     /// exactly the header's positions.
     pub fn finish(self) -> crate::core::error::Result<()> {
-        use sha2::Digest;
         use std::io::Write;
         if self.written != self.header.positions {
             return Err(crate::core::error::Error::harness(format!(
@@ -194,7 +197,7 @@ impl RowWriter {
                 self.header.positions
             )));
         }
-        let digest = self.hash.finalize();
+        let digest = self.hash.finish();
         let mut file = self.file;
         file.write_all(&digest)
             .and_then(|()| file.flush())
@@ -313,10 +316,13 @@ pub struct RowStream {
 
 impl RowStream {
     /// The cache at `path` checked against `expect` as [`decode`] checks
-    /// it (its seal, magic, version and header here; its rows as they are
+    /// it (its `seal`, magic, version and header here; its rows as they are
     /// read): None when there is no file, the reason when it is unusable.
-    pub fn open(path: &std::path::Path, expect: &CacheHeader) -> Result<Option<RowStream>, String> {
-        use sha2::Digest;
+    pub fn open(
+        path: &std::path::Path,
+        expect: &CacheHeader,
+        seal: Seal,
+    ) -> Result<Option<RowStream>, String> {
         use std::io::{Read, Seek};
         let mut file = match std::fs::File::open(path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -330,7 +336,7 @@ impl RowStream {
         }
         let end = len - 32;
         file.rewind().map_err(|e| e.to_string())?;
-        let mut h = sha2::Sha256::default();
+        let mut h = seal.hasher();
         let mut buf = vec![0u8; 1 << 20];
         let mut left = end;
         while left > 0 {
@@ -341,12 +347,10 @@ impl RowStream {
         }
         let mut digest = [0u8; 32];
         file.read_exact(&mut digest).map_err(|e| e.to_string())?;
-        if h.finalize().as_slice() != digest {
-            return Err(
-                "its trailing sha256 does not match its contents: truncated or corrupted on disk"
-                    .into(),
-            );
-        }
+        h.verify(&digest).map_err(|why| match seal {
+            Seal::Keyed(k) => format!("{why} ({})", k.source),
+            Seal::Plain => why,
+        })?;
         file.seek(std::io::SeekFrom::Start(8))
             .map_err(|e| e.to_string())?;
         let mut src = FileSource {
@@ -401,11 +405,12 @@ impl RowStream {
 pub fn decode(
     bytes: &[u8],
     expect: &CacheHeader,
+    seal: Seal,
 ) -> Result<(CacheHeader, Vec<RefPosition>), String> {
     if bytes.len() < 8 + 32 || &bytes[..8] != MAGIC {
         return Err("not a quantgate reference cache (magic `QGKLDREF` missing)".into());
     }
-    let body = unseal(bytes)?;
+    let body = unseal_with(bytes, seal)?;
     let mut r = Reader { b: body, at: 8 };
     let header = read_head(&mut r, expect)?;
     let mut rows = Vec::with_capacity(header.positions);
@@ -740,29 +745,29 @@ mod tests {
     #[test]
     fn a_cache_round_trips_and_every_corruption_is_caught() {
         let h = header();
-        let bytes = encode(&h, &rows());
-        let (back, r) = decode(&bytes, &h).unwrap();
+        let bytes = encode(&h, &rows(), Seal::Plain);
+        let (back, r) = decode(&bytes, &h, Seal::Plain).unwrap();
         assert_eq!(back, h);
         assert_eq!(r, rows());
         // Any single flipped byte, any truncation, any trailing byte.
         for i in 0..bytes.len() {
             let mut b = bytes.clone();
             b[i] ^= 0x40;
-            assert!(decode(&b, &h).is_err(), "flip at {i} accepted");
+            assert!(decode(&b, &h, Seal::Plain).is_err(), "flip at {i} accepted");
         }
         for n in 0..bytes.len() {
             assert!(
-                decode(&bytes[..n], &h).is_err(),
+                decode(&bytes[..n], &h, Seal::Plain).is_err(),
                 "truncation to {n} accepted"
             );
         }
         let mut b = bytes.clone();
         b.push(0);
-        assert!(decode(&b, &h).is_err());
+        assert!(decode(&b, &h, Seal::Plain).is_err());
         // Another case's header: refused, naming the difference.
         let mut other = h.clone();
         other.token_stream_sha256 = "c".repeat(64);
-        let e = decode(&bytes, &other).unwrap_err();
+        let e = decode(&bytes, &other, Seal::Plain).unwrap_err();
         assert!(e.contains("header does not match"), "{e}");
     }
 
@@ -776,7 +781,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("x.qgref");
         let h = header();
-        let mut w = RowWriter::create(&path, h.clone()).unwrap();
+        let mut w = RowWriter::create(&path, h.clone(), Seal::Plain).unwrap();
         for r in &rows()[..rows().len() - 1] {
             w.push(r).unwrap();
         }
@@ -784,15 +789,15 @@ mod tests {
         let e = w.finish().unwrap_err();
         assert!(e.message.contains("positions written"), "{}", e.message);
         assert!(!path.exists());
-        let mut w = RowWriter::create(&path, h.clone()).unwrap();
+        let mut w = RowWriter::create(&path, h.clone(), Seal::Plain).unwrap();
         for r in &rows() {
             w.push(r).unwrap();
         }
         w.finish().unwrap();
         let bytes = std::fs::read(&path).unwrap();
-        assert_eq!(bytes, encode(&h, &rows()));
+        assert_eq!(bytes, encode(&h, &rows(), Seal::Plain));
         let read_all = |p: &std::path::Path| -> Result<Vec<RefPosition>, String> {
-            let mut s = RowStream::open(p, &h)?.ok_or("no file")?;
+            let mut s = RowStream::open(p, &h, Seal::Plain)?.ok_or("no file")?;
             let mut out = Vec::new();
             for _ in 0..h.positions {
                 out.push(s.next_row()?);
@@ -802,7 +807,7 @@ mod tests {
             Ok(out)
         };
         assert_eq!(read_all(&path).unwrap(), rows());
-        let mut partial = RowStream::open(&path, &h).unwrap().unwrap();
+        let mut partial = RowStream::open(&path, &h, Seal::Plain).unwrap().unwrap();
         partial.next_row().unwrap();
         assert!(partial.finish().is_err(), "finished with rows left");
         let bad = dir.join("bad.qgref");
@@ -810,24 +815,27 @@ mod tests {
             let mut b = bytes.clone();
             b[i] ^= 0x40;
             std::fs::write(&bad, &b).unwrap();
-            assert!(RowStream::open(&bad, &h).is_err(), "flip at {i} accepted");
+            assert!(
+                RowStream::open(&bad, &h, Seal::Plain).is_err(),
+                "flip at {i} accepted"
+            );
         }
         for n in 0..bytes.len() {
             std::fs::write(&bad, &bytes[..n]).unwrap();
             assert!(
-                RowStream::open(&bad, &h).is_err(),
+                RowStream::open(&bad, &h, Seal::Plain).is_err(),
                 "truncation to {n} accepted"
             );
         }
         let mut b = bytes.clone();
         b.push(0);
         std::fs::write(&bad, &b).unwrap();
-        assert!(RowStream::open(&bad, &h).is_err());
+        assert!(RowStream::open(&bad, &h, Seal::Plain).is_err());
         let mut other = h.clone();
         other.token_stream_sha256 = "c".repeat(64);
-        let e = RowStream::open(&path, &other).err().unwrap();
+        let e = RowStream::open(&path, &other, Seal::Plain).err().unwrap();
         assert!(e.contains("header does not match"), "{e}");
-        assert!(RowStream::open(&dir.join("none.qgref"), &h)
+        assert!(RowStream::open(&dir.join("none.qgref"), &h, Seal::Plain)
             .unwrap()
             .is_none());
         let _ = std::fs::remove_dir_all(&dir);

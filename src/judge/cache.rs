@@ -20,8 +20,10 @@ pub fn enabled() -> bool {
 }
 
 /// The entry of a trial: keyed by this executable, the case's bytes (its
-/// pins cover texts, token files and reference files), the model's and the
-/// reference's pinned sha256, the engine and the threads; a trial that
+/// pins cover texts, token files and reference files; its windowing, batch,
+/// context and seeds are written in it), the model's and the reference's
+/// pinned sha256, the engine build, the threads and every engine option
+/// that changes numbers ([`engine_key`]); a trial that
 /// measures speed also by the machine ([`RunContext::machine`]), so a speed
 /// result is given again only where it was measured. None when the trial
 /// has no key (an unpinned model, or speed on a machine that cannot be told
@@ -56,7 +58,7 @@ fn entry(runner: &RunContext, p: &Planned) -> Option<PathBuf> {
             case.content_sha256,
             p.model,
             runner.engine().identity(),
-            runner.threads
+            engine_key(runner)
         )
         .as_bytes(),
     );
@@ -86,11 +88,72 @@ pub fn holds(runner: &RunContext, p: &Planned) -> bool {
     lookup(runner, p).is_some()
 }
 
+/// The engine settings of this run that change numbers and no case file
+/// states: the threads, flash attention, the KV cache type and the GPU
+/// layers (the build is keyed by the engine's identity beside it).
+fn engine_key(runner: &RunContext) -> String {
+    let o = crate::core::settings::EngineOptions::current();
+    format!(
+        "threads={} flash_attn={} kv={} n_gpu_layers={}",
+        runner.threads,
+        o.flash_attn,
+        o.kv_type,
+        o.n_gpu_layers
+            .map_or("default".to_string(), |n| n.to_string())
+    )
+}
+
+/// Why an outcome read back was not made under this run's engine settings
+/// and build (a key that collides, or an entry copied under another
+/// name, never serves a result made otherwise); None when it was.
+pub fn settings_problem(runner: &RunContext, o: &Outcome) -> Option<String> {
+    let build = runner.build_label();
+    if o.build.label() != build {
+        return Some(format!(
+            "it was made by another engine build ({}, this run's is {build})",
+            o.build.label()
+        ));
+    }
+    let s = o.settings.as_ref()?;
+    let want = crate::core::settings::EngineOptions::current();
+    let differ: Vec<String> = [
+        ("threads", s.threads.to_string(), runner.threads.to_string()),
+        (
+            "flash_attn",
+            s.flash_attn.to_string(),
+            want.flash_attn.to_string(),
+        ),
+        ("kv_type", s.kv_type.clone(), want.kv_type.clone()),
+        (
+            "n_gpu_layers",
+            format!("{:?}", s.n_gpu_layers),
+            format!("{:?}", want.n_gpu_layers),
+        ),
+    ]
+    .into_iter()
+    .filter(|(_, got, want)| got != want)
+    .map(|(k, got, want)| format!("{k} {got}, this run's {want}"))
+    .collect();
+    (!differ.is_empty()).then(|| {
+        format!(
+            "it was made under other engine settings ({})",
+            differ.join("; ")
+        )
+    })
+}
+
 fn lookup(runner: &RunContext, p: &Planned) -> Option<(PathBuf, Outcome)> {
     let path = entry(runner, p)?;
     let o =
         read_entry(&path).filter(|o| o.case == split_test_name(&p.name).0 && o.model == p.model)?;
     let parsed = p.case.as_ref().ok()?;
+    if let Some(why) = settings_problem(runner, &o) {
+        eprintln!(
+            "quantgate: result cache entry {} is unusable ({why}); running the trial",
+            path.display()
+        );
+        return None;
+    }
     if let Err(why) = parsed.kind.recheck(&o) {
         eprintln!(
             "quantgate: result cache entry {} is unusable ({why}); running the trial",
@@ -198,7 +261,8 @@ pub fn latest(runner: &RunContext, p: &Planned) -> Option<Outcome> {
             && o.case_sha256.as_deref() == Some(case.content_sha256.as_str())
             && o.model_sha256.as_deref() == Some(model_sha.as_str())
             && o.reference == reference
-            && o.reference_sha256 == reference_sha;
+            && o.reference_sha256 == reference_sha
+            && settings_problem(runner, &o).is_none();
         let when = e.metadata().and_then(|m| m.modified()).ok()?;
         if same && best.as_ref().is_none_or(|(t, _)| when > *t) {
             best = Some((when, o));

@@ -32,7 +32,11 @@ pub struct RowsBuild {
     taken: usize,
     /// As reference work: the file the rows go to as they come, never
     /// held whole (made at the first row).
-    sink: Option<(std::path::PathBuf, Option<RowWriter>)>,
+    sink: Option<(
+        std::path::PathBuf,
+        Option<RowWriter>,
+        crate::core::auth::Seal,
+    )>,
     n_vocab: usize,
     fingerprint: String,
 }
@@ -102,7 +106,7 @@ impl RowsBuild {
         if cx.references.holds(&key, &path) {
             return None;
         }
-        self.sink = Some((path.clone(), None));
+        self.sink = Some((path.clone(), None, cx.references.seal));
         Some(RefWork {
             key,
             path,
@@ -147,10 +151,10 @@ impl Consumer for RowsBuild {
             let header = self.kept_header();
             match &mut self.sink {
                 None => self.rows.push(row),
-                Some((path, writer)) => {
+                Some((path, writer, seal)) => {
                     let w = match writer {
                         Some(w) => w,
-                        None => writer.insert(RowWriter::create(path, header)?),
+                        None => writer.insert(RowWriter::create(path, header, *seal)?),
                     };
                     w.push(&row)?;
                 }
@@ -163,7 +167,7 @@ impl Consumer for RowsBuild {
 impl RefBuild for RowsBuild {
     /// Seal the file the rows went to ([`RowsBuild::work`] names it).
     fn finish(mut self: Box<Self>, _cx: &RunContext) -> Result<()> {
-        let Some((path, writer)) = self.sink.take() else {
+        let Some((path, writer, seal)) = self.sink.take() else {
             return Err(Error::harness(
                 "reference rows built as reference work without their file",
             ));
@@ -172,7 +176,7 @@ impl RefBuild for RowsBuild {
         let w = match writer {
             Some(w) => w,
             // No position at all: an empty file of the header.
-            None => RowWriter::create(&path, self.kept_header())?,
+            None => RowWriter::create(&path, self.kept_header(), seal)?,
         };
         w.finish()
     }

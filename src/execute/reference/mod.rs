@@ -21,8 +21,9 @@
 //! is not available is an error naming both, never a partial result. A
 //! shipped folder is never written.
 
+use crate::core::auth::Seal;
 use crate::core::error::{Error, Result};
-use crate::core::fsutil::{read_sealed, write_sealed};
+use crate::core::fsutil::{read_sealed_with, write_sealed_with};
 use crate::core::{Location, Settings};
 use crate::engine::ModelInfo;
 use crate::execute::qgref::CacheHeader;
@@ -82,6 +83,17 @@ pub struct ReferenceStore {
     /// a reference larger than this is streamed. Default
     /// [`WHOLE_REFERENCE_BYTES`].
     pub whole_bytes: u64,
+    /// How the products this store writes into [`ReferenceStore::dir`] are
+    /// sealed, and how those it reads there must be: keyed
+    /// ([`Seal::local`]) in the local cache, so that a product edited and
+    /// sealed again is never read back; [`Seal::shipped`] in a folder built
+    /// for other machines.
+    pub seal: Seal,
+    /// How a shipped folder's products must be sealed: keyed with the
+    /// signing key when one is set ([`Seal::shipped`]).
+    pub shipped_seal: Seal,
+    /// Shipped files already named as unauthenticated (said once each).
+    warned: Mutex<std::collections::BTreeSet<PathBuf>>,
 }
 
 /// [`ReferenceStore::whole_bytes`] by default: 1 GiB.
@@ -173,7 +185,28 @@ impl ReferenceStore {
             kept: Mutex::new(HashMap::new()),
             live: LiveSlots::default(),
             whole_bytes: WHOLE_REFERENCE_BYTES,
+            seal: Seal::local(),
+            shipped_seal: Seal::shipped(),
+            warned: Mutex::new(Default::default()),
         }
+    }
+
+    /// The seal a shipped folder's file at `path` must carry: keyed with
+    /// the signing key when one is set (a file without its MAC is refused);
+    /// without one, plain, and the file is named as unauthenticated (once).
+    fn shipped_seal(&self, path: &Path) -> Seal {
+        let seal = self.shipped_seal;
+        if !seal.keyed()
+            && path.is_file()
+            && self
+                .warned
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(path.to_path_buf())
+        {
+            eprintln!("{}", unauthenticated_warning(path));
+        }
+        seal
     }
 
     /// The shipped folder, when one is in use.
@@ -290,7 +323,7 @@ impl ReferenceStore {
             return Ok(s);
         }
         let (header, scored) = score()?;
-        Self::write_scores(key, &path, &header, &scored)?;
+        self.write_scores(key, &path, &header, &scored)?;
         Ok(self.remember_scores(&id, &header, scored))
     }
 
@@ -307,7 +340,7 @@ impl ReferenceStore {
             return Ok(Some(s));
         }
         if let Some(shipped) = self.shipped_path(path) {
-            match Self::load_scores(key, &shipped) {
+            match Self::load_scores(key, &shipped, self.shipped_seal(&shipped)) {
                 Ok(Some((h, s))) => return Ok(Some(self.remember_scores(id, &h, s))),
                 Ok(None) => {}
                 Err(why) => self.shipped_unusable(&shipped, &why)?,
@@ -351,12 +384,13 @@ impl ReferenceStore {
         scored: Scored,
     ) -> Result<Arc<Scored>> {
         let (id, path) = self.scores_file(key);
-        Self::write_scores(key, &path, header, &scored)?;
+        self.write_scores(key, &path, header, &scored)?;
         Ok(self.remember_scores(&id, header, scored).scored.clone())
     }
 
     /// Write a scores file, its header naming the settings that scored it.
     fn write_scores(
+        &self,
         key: &ScoresKey,
         path: &Path,
         header: &RecordHeader,
@@ -366,7 +400,11 @@ impl ReferenceStore {
             settings: Some(key.settings.describe()),
             ..header.clone()
         };
-        write_sealed(path, record_jsonl(&header, key.plan, scored).into_bytes())
+        write_sealed_with(
+            path,
+            record_jsonl(&header, key.plan, scored).into_bytes(),
+            self.seal,
+        )
     }
 
     /// A scores file: None when absent, the reason when it is not intact
@@ -374,8 +412,9 @@ impl ReferenceStore {
     fn load_scores(
         key: &ScoresKey,
         path: &Path,
+        seal: Seal,
     ) -> std::result::Result<Option<(RecordHeader, Scored)>, String> {
-        let Some(bytes) = read_sealed(path)? else {
+        let Some(bytes) = read_sealed_with(path, seal)? else {
             return Ok(None);
         };
         let text = String::from_utf8(bytes).map_err(|e| e.to_string())?;
@@ -399,7 +438,7 @@ impl ReferenceStore {
     /// The local scores file of `key`, when it is intact and for `key`
     /// (said on stderr when it is not: it is scored again).
     fn read_scores(&self, key: &ScoresKey, id: &str, path: &Path) -> Option<Arc<StoredScores>> {
-        match Self::load_scores(key, path) {
+        match Self::load_scores(key, path, self.seal) {
             Ok(Some((h, s))) => Some(self.remember_scores(id, &h, s)),
             Ok(None) => None,
             Err(why) => {
@@ -445,14 +484,14 @@ impl ReferenceStore {
                 .downcast::<T>()
                 .expect("one id, one type")
         };
-        if let Some(v) = read_kept::<T>(id, &path) {
+        if let Some(v) = read_kept::<T>(id, &path, self.seal) {
             return Ok(remember(v));
         }
         let _lock = self.lock(id)?;
         if let Some(v) = memo() {
             return Ok(v);
         }
-        if let Some(v) = read_kept::<T>(id, &path) {
+        if let Some(v) = read_kept::<T>(id, &path, self.seal) {
             return Ok(remember(v));
         }
         let v = compute()?;
@@ -464,7 +503,7 @@ impl ReferenceStore {
             };
             let bytes = serde_json::to_vec(&out)
                 .map_err(|e| Error::harness(format!("{}: {e}", path.display())))?;
-            write_sealed(&path, bytes)?;
+            write_sealed_with(&path, bytes, self.seal)?;
         }
         Ok(remember(v))
     }
@@ -482,7 +521,7 @@ impl ReferenceStore {
             "{}.{ext}",
             crate::core::fsutil::sha256_bytes(id.as_bytes())
         ));
-        let v: T = read_kept(id, &path)?;
+        let v: T = read_kept(id, &path, self.seal)?;
         let any: Arc<dyn std::any::Any + Send + Sync> = Arc::new(v);
         memo_put(&self.kept, id, any).downcast::<T>().ok()
     }
@@ -553,7 +592,7 @@ impl ReferenceStore {
         build: &dyn Fn() -> Result<(usize, String, Vec<RefPosition>)>,
     ) -> Result<Arc<RefRows>> {
         let (key, path) = self.rows_product(header);
-        let read = |path: &Path| match Self::read_rows(header, path) {
+        let read = |path: &Path, seal: Seal| match Self::read_rows(header, path, seal) {
             Ok(r) => r,
             Err(why) => {
                 eprintln!(
@@ -563,10 +602,13 @@ impl ReferenceStore {
                 None
             }
         };
-        let shipped = || self.shipped_path(&path).and_then(|p| read(&p));
+        let shipped = || {
+            self.shipped_path(&path)
+                .and_then(|p| read(&p, self.shipped_seal(&p)))
+        };
         if let Some(r) = memo_get(&self.rows, &key)
             .or_else(shipped)
-            .or_else(|| read(&path))
+            .or_else(|| read(&path, self.seal))
         {
             return Ok(r);
         }
@@ -575,7 +617,7 @@ impl ReferenceStore {
             &path,
         )?;
         let _lock = self.lock(&key)?;
-        if let Ok(Some(r)) = Self::read_rows(header, &path) {
+        if let Ok(Some(r)) = Self::read_rows(header, &path, self.seal) {
             return Ok(r);
         }
         let (n_vocab, fingerprint, rows) = build()?;
@@ -606,7 +648,7 @@ impl ReferenceStore {
         }
         let mut found = None;
         if let Some(shipped) = self.shipped_path(&path) {
-            match RowStream::open(&shipped, header) {
+            match RowStream::open(&shipped, header, self.shipped_seal(&shipped)) {
                 Ok(Some(s)) => found = Some((s, shipped)),
                 Ok(None) => {}
                 Err(why) => self
@@ -617,7 +659,7 @@ impl ReferenceStore {
         if found.is_none() {
             // A file that is not intact is left to `rows`, which says so
             // and rebuilds it (or says why it cannot).
-            found = RowStream::open(&path, header)
+            found = RowStream::open(&path, header, self.seal)
                 .ok()
                 .flatten()
                 .map(|s| (s, path.clone()));
@@ -654,7 +696,10 @@ impl ReferenceStore {
         h.n_vocab = n_vocab;
         h.tokenizer_fingerprint = fingerprint;
         std::fs::create_dir_all(&self.dir).map_err(|e| Error::io(&self.dir, e))?;
-        crate::core::fsutil::write_atomic(path, &crate::execute::qgref::encode(&h, &rows))?;
+        crate::core::fsutil::write_atomic(
+            path,
+            &crate::execute::qgref::encode(&h, &rows, self.seal),
+        )?;
         Ok(Arc::new(RefRows {
             rows,
             n_vocab: h.n_vocab,
@@ -667,11 +712,12 @@ impl ReferenceStore {
     fn read_rows(
         header: &CacheHeader,
         path: &Path,
+        seal: Seal,
     ) -> std::result::Result<Option<Arc<RefRows>>, String> {
         match std::fs::read(path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e.to_string()),
-            Ok(bytes) => crate::execute::qgref::decode(&bytes, header).map(|(h, rows)| {
+            Ok(bytes) => crate::execute::qgref::decode(&bytes, header, seal).map(|(h, rows)| {
                 Some(Arc::new(RefRows {
                     rows,
                     n_vocab: h.n_vocab,
@@ -693,7 +739,7 @@ impl ReferenceStore {
             return Ok(r);
         }
         if let Some(shipped) = self.shipped_path(&path) {
-            match Self::read_rows(header, &shipped) {
+            match Self::read_rows(header, &shipped, self.shipped_seal(&shipped)) {
                 Ok(Some(rows)) => return Ok(memo_put(&self.rows, &key, rows)),
                 Ok(None) => {}
                 Err(why) => self
@@ -701,7 +747,7 @@ impl ReferenceStore {
                     .map_err(|e| e.context(case_path.display()))?,
             }
         }
-        let mut corrupt = match Self::read_rows(header, &path) {
+        let mut corrupt = match Self::read_rows(header, &path, self.seal) {
             Ok(Some(rows)) => return Ok(memo_put(&self.rows, &key, rows)),
             Ok(None) => None,
             Err(why) => Some(why),
@@ -718,7 +764,7 @@ impl ReferenceStore {
         if let Some(r) = memo_get(&self.rows, &key) {
             return Ok(r);
         }
-        match Self::read_rows(header, &path) {
+        match Self::read_rows(header, &path, self.seal) {
             Ok(Some(rows)) => return Ok(memo_put(&self.rows, &key, rows)),
             Ok(None) => {}
             Err(why) => corrupt = Some(why),
@@ -746,8 +792,8 @@ impl ReferenceStore {
 
 /// The value of a kept product's file when it is intact and for `id`;
 /// None when there is none, or (said on stderr) when it is unusable.
-fn read_kept<T: serde::de::DeserializeOwned>(id: &str, path: &Path) -> Option<T> {
-    let why = match read_sealed(path) {
+fn read_kept<T: serde::de::DeserializeOwned>(id: &str, path: &Path, seal: Seal) -> Option<T> {
+    let why = match read_sealed_with(path, seal) {
         Ok(None) => return None,
         Err(why) => why,
         Ok(Some(bytes)) => match serde_json::from_slice::<KeptFile<T>>(&bytes) {
@@ -764,6 +810,19 @@ fn read_kept<T: serde::de::DeserializeOwned>(id: &str, path: &Path) -> Option<T>
         path.display()
     );
     None
+}
+
+/// What is said of a shipped product read without a signing key: it is
+/// intact (its sha256 seal holds) but nothing shows who wrote it.
+pub fn unauthenticated_warning(path: &Path) -> String {
+    format!(
+        "quantgate: warning: shipped reference {} is unauthenticated: no signing key is set \
+         ({}), so only its sha256 seal is checked, and anyone who could write the folder could \
+         have edited it and sealed it again; build and read shipped references with a signing \
+         key to authenticate them",
+        path.display(),
+        crate::core::auth::KEY_ENV
+    )
 }
 
 /// Whether `id` is in a memo.

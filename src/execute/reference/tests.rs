@@ -43,14 +43,9 @@ fn fetch(store: &ReferenceStore, built: &std::cell::Cell<u32>) -> Result<Arc<Ref
     )
 }
 
-/// A scores file is read only for the settings that scored it: one
-/// copied under the name of the same product with flash attention on
-/// (it was accepted, and moved ΔNLL) is unusable and scored again.
-#[test]
-fn a_scores_file_copied_under_another_settings_name_is_refused() {
+/// A plan of two 64-token windows, its windowing and a record header.
+fn scores_fixture() -> (crate::execute::windows::ScoringPlan, String, RecordHeader) {
     use crate::execute::windows::{plan_windows, Windowing};
-    let d = tempfile::tempdir().unwrap();
-    let store = ReferenceStore::with_shipped(d.path().to_path_buf(), Ok(None));
     let ids: Vec<crate::engine::TokenId> = (0..300).map(|i| (i % 50) as _).collect();
     let w = Windowing::LlamaPerplexity {
         n_ctx: 64,
@@ -58,23 +53,6 @@ fn a_scores_file_copied_under_another_settings_name_is_refused() {
         skip: 0,
     };
     let plan = plan_windows(&ids, &w, Some(1)).unwrap();
-    let n = plan.targets();
-    let scored = || Scored {
-        windows: vec![
-            crate::measure::WindowNll {
-                nll_sum: 1.5 * (n / 2) as f64,
-                nll_sq_sum: 2.25 * (n / 2) as f64,
-                count: n / 2,
-                top1: 0,
-            };
-            2
-        ],
-        token_nll: vec![1.5; n],
-        token_top1: vec![false; n],
-        token_argmax: vec![0; n],
-        decode: std::time::Duration::ZERO,
-        measure: std::time::Duration::ZERO,
-    };
     let header = RecordHeader {
         quantgate_reference_record: 1,
         model: "ref".into(),
@@ -84,10 +62,43 @@ fn a_scores_file_copied_under_another_settings_name_is_refused() {
         tokenizer_fingerprint: "fp".into(),
         mode: "llama-perplexity".into(),
         windows: 2,
-        targets: n,
+        targets: plan.targets(),
         token_stream_sha256: plan.token_stream_sha256.clone(),
         settings: None,
     };
+    (plan, format!("{w:?}"), header)
+}
+
+/// Scores of `plan` with NLL `v` at every target.
+fn scored_at(plan: &crate::execute::windows::ScoringPlan, v: f64) -> Scored {
+    let n = plan.targets();
+    Scored {
+        windows: vec![
+            crate::measure::WindowNll {
+                nll_sum: v * (n / 2) as f64,
+                nll_sq_sum: v * v * (n / 2) as f64,
+                count: n / 2,
+                top1: 0,
+            };
+            2
+        ],
+        token_nll: vec![v; n],
+        token_top1: vec![false; n],
+        token_argmax: vec![0; n],
+        decode: std::time::Duration::ZERO,
+        measure: std::time::Duration::ZERO,
+    }
+}
+
+/// A scores file is read only for the settings that scored it: one
+/// copied under the name of the same product with flash attention on
+/// (it was accepted, and moved ΔNLL) is unusable and scored again.
+#[test]
+fn a_scores_file_copied_under_another_settings_name_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let store = ReferenceStore::with_shipped(d.path().to_path_buf(), Ok(None));
+    let (plan, windowing, header) = scores_fixture();
+    let scored = || scored_at(&plan, 1.5);
     let off = Settings::new(64, 1);
     let on = Settings {
         flash_attn: true,
@@ -99,17 +110,19 @@ fn a_scores_file_copied_under_another_settings_name_is_refused() {
         plan: &plan,
         settings,
         build: "build",
-        windowing: format!("{w:?}"),
+        windowing: windowing.clone(),
     };
     store.put_scores(&key(&off), &header, scored()).unwrap();
     let (_, off_file) = store.scores_file(&key(&off));
     let (_, on_file) = store.scores_file(&key(&on));
     assert_ne!(off_file, on_file);
-    assert!(ReferenceStore::load_scores(&key(&off), &off_file)
-        .unwrap()
-        .is_some());
+    assert!(
+        ReferenceStore::load_scores(&key(&off), &off_file, Seal::local())
+            .unwrap()
+            .is_some()
+    );
     std::fs::copy(&off_file, &on_file).unwrap();
-    let e = ReferenceStore::load_scores(&key(&on), &on_file).unwrap_err();
+    let e = ReferenceStore::load_scores(&key(&on), &on_file, Seal::local()).unwrap_err();
     assert!(e.contains("scored under other settings"), "{e}");
 }
 
@@ -123,7 +136,8 @@ fn a_shipped_reference_folder_is_read_only_and_complete_or_refused() {
     let built = std::cell::Cell::new(0);
     // Build the artifact as `quantgate reference build` does.
     let art = root.join("artifact");
-    let builder = ReferenceStore::with_shipped(art.clone(), Ok(None));
+    let mut builder = ReferenceStore::with_shipped(art.clone(), Ok(None));
+    builder.seal = Seal::shipped();
     let made = fetch(&builder, &built).unwrap();
     assert_eq!(built.get(), 1);
     let (_, file) = builder.rows_product(&header());
@@ -261,7 +275,7 @@ fn a_kept_product_is_computed_once_and_never_read_back_wrong() {
     assert_eq!(*get(&fresh(), "a", &value), value);
     assert_eq!(made.get(), 4);
     let other = br#"{"quantgate_kept":2,"id":"a","value":[[0.0]]}"#.to_vec();
-    write_sealed(&path_of("a"), other).unwrap();
+    write_sealed_with(&path_of("a"), other, Seal::local()).unwrap();
     assert_eq!(*get(&fresh(), "a", &value), value);
     assert_eq!(made.get(), 5);
     // Refused by `keep`: returned, not written.
@@ -278,4 +292,178 @@ fn a_kept_product_is_computed_once_and_never_read_back_wrong() {
     assert!(v[0][0].is_nan());
     assert!(!path_of("c").exists());
     let _ = std::fs::remove_dir_all(&root);
+}
+
+/// A test key, as the signing key would be.
+fn test_key(name: &str) -> &'static crate::core::auth::Key {
+    Box::leak(Box::new(
+        crate::core::auth::Key::new(format!("{name}-0123456789abcdef").into_bytes(), name).unwrap(),
+    ))
+}
+
+/// Flip one byte inside the body of a sealed file and seal it again with
+/// plain sha256, as anyone who can write the folder can.
+fn forge(path: &Path, at: usize) -> Vec<u8> {
+    let bytes = std::fs::read(path).unwrap();
+    let mut body = bytes[..bytes.len() - 32].to_vec();
+    body[at] ^= 0x01;
+    let forged = crate::core::fsutil::seal(body);
+    std::fs::write(path, &forged).unwrap();
+    forged
+}
+
+/// Every reference product (rows `.qgref`, scores `.qgscores`, a kept
+/// product such as `.qgmc`) edited and sealed again with sha256: under a
+/// key it is never read back (the local cache computes it again; a
+/// shipped folder is an error naming the file and the plain seal); a
+/// product of another key is refused too. Without a key a shipped copy
+/// is read (its sha256 holds), and the store says so.
+#[test]
+fn a_product_edited_and_sealed_again_is_never_read_back_under_a_key() {
+    let d = tempfile::tempdir().unwrap();
+    let key = test_key("signing");
+    let keyed = |dir: &Path, shipped: Option<&Path>| {
+        let mut s = ReferenceStore::with_shipped(
+            dir.to_path_buf(),
+            Ok(shipped.map(|p| Shipped {
+                dir: p.to_path_buf(),
+                missing: Missing::Error,
+            })),
+        );
+        s.seal = Seal::Keyed(key);
+        s.shipped_seal = Seal::Keyed(key);
+        s
+    };
+    // Rows: built into a folder for shards under the key.
+    let art = d.path().join("art");
+    let built = std::cell::Cell::new(0);
+    fetch(&keyed(&art, None), &built).unwrap();
+    let (_, rows_file) = keyed(&art, None).rows_product(&header());
+    let good = std::fs::read(&rows_file).unwrap();
+    assert!(fetch(&keyed(&d.path().join("c1"), Some(&art)), &built).is_ok());
+    assert_eq!(built.get(), 1, "read from the shipped folder");
+    // Edited in its header's JSON (past the magic) and sealed again.
+    forge(&rows_file, 20);
+    let e = fetch(&keyed(&d.path().join("c2"), Some(&art)), &built).unwrap_err();
+    assert!(
+        e.message.contains(&rows_file.display().to_string()),
+        "{}",
+        e.message
+    );
+    assert!(e.message.contains("plain sha256 seal"), "{}", e.message);
+    assert_eq!(e.kind, crate::core::ErrorKind::Input);
+    assert_eq!(built.get(), 1, "nothing computed, nothing read");
+    // Another key's file: refused, naming the key it was checked with.
+    std::fs::write(&rows_file, &good).unwrap();
+    let mut other = keyed(&d.path().join("c3"), Some(&art));
+    other.shipped_seal = Seal::Keyed(test_key("another"));
+    let e = fetch(&other, &built).unwrap_err();
+    assert!(e.message.contains("does not verify"), "{}", e.message);
+    // The local cache: a forged copy is computed again, never read.
+    let local = d.path().join("local");
+    fetch(&keyed(&local, None), &built).unwrap();
+    assert_eq!(built.get(), 2);
+    forge(&keyed(&local, None).rows_product(&header()).1, 20);
+    fetch(&keyed(&local, None), &built).unwrap();
+    assert_eq!(built.get(), 3, "rebuilt, not read");
+    // Without a key: a plain shipped copy is read (and named
+    // unauthenticated on stderr); a keyed one cannot be checked and is
+    // refused.
+    let plain_art = d.path().join("plain");
+    let mut plain_builder = ReferenceStore::with_shipped(plain_art.clone(), Ok(None));
+    plain_builder.seal = Seal::Plain;
+    fetch(&plain_builder, &built).unwrap();
+    let unkeyed = |dir: &Path| {
+        let mut s = ReferenceStore::with_shipped(
+            d.path().join("c4"),
+            Ok(Some(Shipped {
+                dir: dir.to_path_buf(),
+                missing: Missing::Error,
+            })),
+        );
+        s.shipped_seal = Seal::Plain;
+        s
+    };
+    let n = built.get();
+    assert!(fetch(&unkeyed(&plain_art), &built).is_ok());
+    assert_eq!(built.get(), n);
+    assert!(unauthenticated_warning(&rows_file).contains("is unauthenticated"));
+    assert!(fetch(&unkeyed(&art), &built).is_err());
+
+    // Scores.
+    let (plan, windowing, header) = scores_fixture();
+    let settings = Settings::new(64, 1);
+    let skey = ScoresKey {
+        alias: "ref",
+        model_sha256: &header.model_sha256,
+        plan: &plan,
+        settings: &settings,
+        build: "build",
+        windowing,
+    };
+    let scored = |v: f64| scored_at(&plan, v);
+    let scores_art = d.path().join("scores");
+    keyed(&scores_art, None)
+        .put_scores(&skey, &header, scored(1.5))
+        .unwrap();
+    let (_, scores_file) = keyed(&scores_art, None).scores_product(&skey);
+    let shard = keyed(&d.path().join("c5"), Some(&scores_art));
+    let got = shard
+        .scores(&skey, &"case.toml", &|| panic!("computed"))
+        .unwrap();
+    assert_eq!(got.scored.token_nll[0], 1.5);
+    // A lower reference NLL written in: every candidate's ΔNLL would rise
+    // or fall by it. Sealed again with sha256: refused, naming the file.
+    let bytes = std::fs::read(&scores_file).unwrap();
+    let body = &bytes[..bytes.len() - 32];
+    let edited = String::from_utf8_lossy(body).replace("-1.5", "-0.5");
+    assert_ne!(edited.as_bytes(), body);
+    std::fs::write(&scores_file, crate::core::fsutil::seal(edited.into_bytes())).unwrap();
+    let shard = keyed(&d.path().join("c6"), Some(&scores_art));
+    let e = match shard.scores(&skey, &"case.toml", &|| panic!("computed")) {
+        Err(e) => e,
+        Ok(_) => panic!("a forged scores file was read"),
+    };
+    assert!(
+        e.message.contains(&scores_file.display().to_string()),
+        "{}",
+        e.message
+    );
+    assert!(e.message.contains("plain sha256 seal"), "{}", e.message);
+    // In the local cache: scored again.
+    let local = keyed(&scores_art, None);
+    let again = std::cell::Cell::new(0);
+    local
+        .scores(&skey, &"case.toml", &|| {
+            again.set(again.get() + 1);
+            Ok((header.clone(), scored(1.5)))
+        })
+        .unwrap();
+    assert_eq!(again.get(), 1, "rescored, not read");
+
+    // A kept product (multiple-choice scores are kept so).
+    let kept_dir = d.path().join("kept");
+    let made = std::cell::Cell::new(0);
+    let get = |store: &ReferenceStore| {
+        store
+            .kept("mc", "qgmc", &|_: &Vec<f64>| true, &|| {
+                made.set(made.get() + 1);
+                Ok(vec![-0.25, -3.0])
+            })
+            .unwrap()
+    };
+    get(&keyed(&kept_dir, None));
+    let kept_file = std::fs::read_dir(&kept_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "qgmc"))
+        .unwrap();
+    let text = std::fs::read(&kept_file).unwrap();
+    let body = String::from_utf8_lossy(&text[..text.len() - 32]).replace("-3.0", "-0.1");
+    std::fs::write(&kept_file, crate::core::fsutil::seal(body.into_bytes())).unwrap();
+    assert_eq!(*get(&keyed(&kept_dir, None)), vec![-0.25, -3.0]);
+    assert_eq!(made.get(), 2, "computed again, not read");
+    assert!(keyed(&kept_dir, None)
+        .kept_only::<Vec<f64>>("none", "qgmc")
+        .is_none());
 }
