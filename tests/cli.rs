@@ -3,6 +3,8 @@
 //! and key, and the `--json` objects.
 
 mod common;
+#[path = "cli/robustness.rs"]
+mod robustness;
 
 use quantgate::engine::llama::LlamaEngine;
 use quantgate::engine::Engine;
