@@ -136,10 +136,10 @@ pub struct RunArgs {
     #[arg(long)]
     pub timings: bool,
     /// llama.cpp threads of each job (default: the cores, shared by the jobs).
-    #[arg(long)]
+    #[arg(long, value_parser = at_least_one::<u32>)]
     pub threads: Option<u32>,
-    /// Groups of cases (one decode each) run at once (default 1).
-    #[arg(long, default_value_t = 1)]
+    /// Groups of cases (one decode each) run at once (default 1; at least 1).
+    #[arg(long, default_value_t = 1, value_parser = at_least_one::<usize>)]
     pub jobs: usize,
     /// The goldens directory a preregistered case's history is checked
     /// against (default: `goldens` beside the suites directory).
@@ -302,4 +302,14 @@ pub struct TokenizeArgs {
     /// At most this many ids.
     #[arg(long)]
     pub limit: Option<usize>,
+}
+
+/// A whole number of at least 1 (`--jobs`, `--threads`): 0 would run
+/// nothing, or mean something other than what was typed.
+fn at_least_one<T: std::str::FromStr + PartialOrd + From<u8>>(v: &str) -> Result<T, String> {
+    match v.parse::<T>() {
+        Ok(n) if n >= T::from(1) => Ok(n),
+        Ok(_) => Err(format!("`{v}` is less than 1; give at least 1")),
+        Err(_) => Err(format!("`{v}` is not a whole number")),
+    }
 }

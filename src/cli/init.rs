@@ -62,6 +62,33 @@ pub fn run(a: InitArgs) -> Result<Conclusion, Error> {
         }
     };
     let candidates: Vec<&PathBuf> = files.iter().filter(|f| **f != reference).collect();
+    // A copy of the reference under another name would compare the
+    // reference with itself: every gate passes vacuously.
+    let reference_bytes = size(&reference);
+    let mut reference_sha: Option<String> = None;
+    for c in &candidates {
+        if size(c) != reference_bytes {
+            continue;
+        }
+        let sha = |f: &Path| {
+            quantgate::core::fsutil::sha256_file(f, |_| {})
+                .map(|(s, _)| s)
+                .map_err(|e| e.context("--model"))
+        };
+        if reference_sha.is_none() {
+            reference_sha = Some(sha(&reference)?);
+        }
+        if reference_sha.as_deref() == Some(sha(c)?.as_str()) {
+            return Err(Error::input(format!(
+                "--model {}: the same bytes as the reference {} (sha256 {}): a model compared \
+                 with itself passes every gate vacuously; leave the copy out, or name another \
+                 reference",
+                c.display(),
+                reference.display(),
+                reference_sha.as_deref().unwrap_or("")
+            )));
+        }
+    }
     if candidates.is_empty() {
         return Err(Error::input(format!(
             "--model: no file besides the reference {}: name the quants to release",
@@ -88,8 +115,15 @@ pub fn run(a: InitArgs) -> Result<Conclusion, Error> {
         ),
         None => ("wikitext-2-test.txt".to_string(), WIKITEXT.to_vec()),
     };
-    if std::str::from_utf8(&text).is_err() {
-        return Err(Error::input(format!("--text {text_name}: not UTF-8 text")));
+    match std::str::from_utf8(&text) {
+        Err(_) => return Err(Error::input(format!("--text {text_name}: not UTF-8 text"))),
+        Ok(t) if t.trim().is_empty() => {
+            return Err(Error::input(format!(
+                "--text {text_name}: empty (no text to score); give a corpus, or leave --text \
+                 out for WikiText-2 test"
+            )))
+        }
+        Ok(_) => {}
     }
     let text_sha = sha256_bytes(&text);
     let text_path = format!("suites/data/{text_name}");

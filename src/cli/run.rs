@@ -112,7 +112,13 @@ pub fn run(ctx: &Ctx, a: RunArgs) -> Result<Conclusion, Error> {
     // model (QUANTGATE_ISOLATION=off: in this one). Rows are not kept in
     // the result cache: --out runs everything.
     let cache = !no_cache && out.is_none() && config.result_cache;
-    let groups = quantgate::plan::groups::groups(&planned, &vec![true; planned.len()], true);
+    // QUANTGATE_ISOLATION=test: one worker per test, nothing shared (as
+    // the harness does), so no decode is shared either.
+    let groups = quantgate::plan::groups::groups(
+        &planned,
+        &vec![true; planned.len()],
+        isolation != quantgate::core::config::Isolation::Test,
+    );
     let selection = Arc::new(Selection {
         suites: ctx.suites.clone(),
         goldens: goldens.clone(),

@@ -125,6 +125,36 @@ pub fn user_key() -> Option<&'static Key> {
         .as_ref()
 }
 
+/// Ok when the key file at `path` is private, as ssh asks of a private
+/// key: a regular file (not a symlink, which another user could point
+/// elsewhere) that neither its group nor others can read or write; else
+/// why not, naming the mode and the fix.
+pub fn private_key_file(path: &Path) -> std::result::Result<(), String> {
+    let meta = std::fs::symlink_metadata(path).map_err(|e| e.to_string())?;
+    if meta.file_type().is_symlink() {
+        return Err(
+            "is a symlink; a key file must be a regular file (copy the key there, mode 0600)"
+                .into(),
+        );
+    }
+    if !meta.is_file() {
+        return Err("is not a regular file".into());
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(format!(
+                "mode {mode:04o} lets its group or others read or write the key; a key file \
+                 must be private: `chmod 600 {}`",
+                path.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// `$XDG_CONFIG_HOME/quantgate/result-cache.key`, else under `~/.config`.
 fn local_key_path() -> Option<PathBuf> {
     crate::core::config::Config::current()
@@ -139,6 +169,7 @@ fn local_key_path() -> Option<PathBuf> {
 fn local_key(path: &Path) -> std::result::Result<Key, String> {
     use std::io::{Read, Write};
     let read = |p: &Path| -> std::result::Result<Key, String> {
+        private_key_file(p)?;
         let bytes = std::fs::read(p).map_err(|e| e.to_string())?;
         Key::new(bytes, &p.display().to_string()).map_err(|e| e.message)
     };
@@ -401,5 +432,22 @@ mod tests {
         }
         std::fs::write(&path, b"short").unwrap();
         assert!(local_key(&path).unwrap_err().contains("too short"));
+        // Readable by its group, or a symlink: refused, naming the mode.
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::write(&path, [7u8; 32]).unwrap();
+            assert!(local_key(&path).is_ok());
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+            let e = local_key(&path).unwrap_err();
+            assert!(e.contains("mode 0640") && e.contains("chmod 600"), "{e}");
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o604)).unwrap();
+            assert!(local_key(&path).unwrap_err().contains("mode 0604"));
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+            let link = d.path().join("q/link.key");
+            std::os::unix::fs::symlink(&path, &link).unwrap();
+            assert!(private_key_file(&link).unwrap_err().contains("symlink"));
+            assert!(private_key_file(&path).is_ok());
+        }
     }
 }

@@ -256,6 +256,9 @@ impl Config {
             (Some(t), None) => Some(Key::new(t.trim().as_bytes().to_vec(), KEY_ENV)?),
             (None, Some(f)) => {
                 let f = PathBuf::from(f);
+                crate::core::auth::private_key_file(&f).map_err(|why| {
+                    Error::input(format!("{KEY_FILE_ENV}={}: {why}", f.display()))
+                })?;
                 let bytes = std::fs::read(&f)
                     .map_err(|e| Error::input(format!("{KEY_FILE_ENV}={}: {e}", f.display())))?;
                 let trimmed = String::from_utf8_lossy(&bytes).trim().as_bytes().to_vec();
@@ -317,6 +320,17 @@ impl Config {
             )));
         }
         Ok(now)
+    }
+
+    /// This process's config: the one installed, else the environment's,
+    /// or the error that names its first bad variable (never a panic:
+    /// what the public library calls that read the environment use).
+    pub fn try_current() -> Result<&'static Config> {
+        if let Some(c) = CURRENT.get() {
+            return Ok(c);
+        }
+        let c = Config::from_env([None, None, None])?;
+        Ok(CURRENT.get_or_init(|| c))
     }
 
     /// This process's config: the one installed, else the environment's.
@@ -439,6 +453,37 @@ mod tests {
             with(&[("XDG_CACHE_HOME", "/x")]).unwrap().cache,
             PathBuf::from("/x/quantgate")
         );
+    }
+
+    /// A signing key file that its group or others can read, or that is a
+    /// symlink, is refused naming the variable and the mode; a private one
+    /// is the key.
+    #[cfg(unix)]
+    #[test]
+    fn a_key_file_others_can_read_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("key");
+        std::fs::write(&f, "0123456789abcdef0123456789abcdef\n").unwrap();
+        let path = f.to_str().unwrap().to_string();
+        for mode in [0o644, 0o640, 0o660, 0o606] {
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
+            let e = with(&[("QUANTGATE_SIGNING_KEY_FILE", &path)]).unwrap_err();
+            assert_eq!(e.kind, crate::core::ErrorKind::Input);
+            assert!(
+                e.message.contains("QUANTGATE_SIGNING_KEY_FILE")
+                    && e.message.contains(&format!("mode {mode:04o}")),
+                "{}",
+                e.message
+            );
+        }
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let c = with(&[("QUANTGATE_SIGNING_KEY_FILE", &path)]).unwrap();
+        assert!(c.signing_key.is_some());
+        let link = d.path().join("link");
+        std::os::unix::fs::symlink(&f, &link).unwrap();
+        let e = with(&[("QUANTGATE_SIGNING_KEY_FILE", link.to_str().unwrap())]).unwrap_err();
+        assert!(e.message.contains("symlink"), "{}", e.message);
     }
 
     /// Every bad value is an input error naming its variable.

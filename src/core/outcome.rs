@@ -306,6 +306,12 @@ pub struct Outcome {
     /// words them (not in goldens).
     #[serde(skip)]
     pub notes: Vec<String>,
+    /// Why an outcome read back (`merge`, `report --json`) is not
+    /// authenticated: it came without a MAC because no signing key is set,
+    /// so anyone who could write its file could have edited it. None for
+    /// an outcome made in this run or verified with the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unauthenticated: Option<String>,
 }
 
 /// Metrics from JSON, where serde_json writes a NaN as `null`.
@@ -344,6 +350,7 @@ impl Outcome {
             artifacts: Vec::new(),
             headline: Vec::new(),
             notes: Vec::new(),
+            unauthenticated: None,
         }
     }
 

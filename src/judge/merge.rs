@@ -48,7 +48,9 @@ pub fn read_outcomes(sources: &[PathBuf]) -> Result<Vec<(PathBuf, Outcome)>> {
             }
         }
     }
-    let key = crate::core::auth::signing_key();
+    let key = crate::core::config::Config::try_current()?
+        .signing_key
+        .as_ref();
     let mut out = Vec::new();
     for f in files {
         let text = std::fs::read_to_string(&f).map_err(|e| Error::io(&f, e))?;
@@ -60,18 +62,31 @@ pub fn read_outcomes(sources: &[PathBuf]) -> Result<Vec<(PathBuf, Outcome)>> {
         };
         for (i, mut v) in items.into_iter().enumerate() {
             // With a signing key, only outcomes written under it are taken.
+            let mut unauthenticated = None;
             if let Some(key) = key {
                 crate::core::auth::verify(&mut v, key)
                     .map_err(|why| Error::input(format!("{}: item {i}: {why}", f.display())))?;
             } else if let serde_json::Value::Object(m) = &mut v {
-                m.remove(crate::core::auth::MAC_FIELD);
+                let had_mac = m.remove(crate::core::auth::MAC_FIELD).is_some();
+                unauthenticated = Some(format!(
+                    "{} item {i} {}, and no signing key is set ({}): anyone who could write \
+                     the file could have edited its numbers",
+                    f.display(),
+                    if had_mac {
+                        "carries a MAC that cannot be checked here"
+                    } else {
+                        "carries no MAC"
+                    },
+                    crate::core::auth::KEY_ENV
+                ));
             }
-            let o: Outcome = serde_json::from_value(v).map_err(|e| {
+            let mut o: Outcome = serde_json::from_value(v).map_err(|e| {
                 Error::input(format!(
                     "{}: item {i}: not a quantgate outcome: {e}",
                     f.display()
                 ))
             })?;
+            o.unauthenticated = unauthenticated;
             out.push((f.clone(), o));
         }
     }
@@ -210,17 +225,21 @@ pub fn merge(
             if let Err(why) = parsed.kind.recheck(&o) {
                 problems.push(format!("{} ({}): {why}", p.name, file.display()));
             }
-            if let (Some(want), Some(got)) = (pinned(&p.model), o.model_sha256.as_deref()) {
-                if want != got {
+            if let Some(want) = pinned(&p.model) {
+                if o.model_sha256.as_deref() != Some(want.as_str()) {
                     problems.push(format!(
-                        "{} ({}) ran another file of `{}` (sha256 {got}, pinned {want})",
+                        "{} ({}) ran another file of `{}` (sha256 {}, pinned {want})",
                         p.name,
                         file.display(),
-                        p.model
+                        p.model,
+                        o.model_sha256.as_deref().unwrap_or("not recorded")
                     ));
                 }
             }
             crate::judge::rejudge(parsed, &mut o);
+        }
+        if let Some(why) = &o.unauthenticated {
+            o.notes.push(format!("unauthenticated: {why}"));
         }
         merged.push(o);
     }

@@ -94,7 +94,26 @@ fn shards_merge_into_the_unsharded_run_or_are_refused() {
         assert_eq!(m.metrics, o.metrics);
         assert_eq!(m.gates, o.gates);
         assert!(!m.headline.is_empty(), "judged again: the table's metrics");
+        // Keyless: every row says it is unauthenticated, in the table too.
+        let why = m.unauthenticated.as_deref().expect("unauthenticated");
+        assert!(why.contains("carries no MAC"), "{why}");
+        assert!(m.notes.iter().any(|n| n.starts_with("unauthenticated: ")));
+        assert!(crate::report::table(std::slice::from_ref(m)).contains("unauthenticated"));
     }
+    // A shard whose outcome records no model sha256, where the registry
+    // pins one: refused, never taken as the pinned file.
+    let mut unrecorded = out[1].clone();
+    unrecorded.model_sha256 = None;
+    let blank = root.join("blank");
+    crate::report::write_outcome_json(&blank, &unrecorded).unwrap();
+    let found = merge::read_outcomes(&[dirs[0].clone(), blank]).unwrap();
+    let pin = |m: &str| (m == planned[1].model).then(|| "2".repeat(64));
+    let e = merge::merge(&planned, found, &pin).unwrap_err();
+    assert!(
+        e.message.contains("ran another file of") && e.message.contains("not recorded"),
+        "{}",
+        e.message
+    );
     // One shard gone: the missing test named.
     let e = merge_of(&dirs[..1]).unwrap_err();
     assert!(

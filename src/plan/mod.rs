@@ -112,11 +112,29 @@ fn plan_models(registry: &Registry, models: &[String], parsed: &Parsed, out: &mu
         let checked = registry
             .entry(alias)
             .map_err(|e| e.context(format!("{at}: models")))
-            .and_then(|_| match &case.reference {
+            .and_then(|m| match &case.reference {
                 Some((r, rat)) => registry
                     .entry(r)
-                    .map(|_| ())
-                    .map_err(|e| e.context(format!("{rat}: reference"))),
+                    .map_err(|e| e.context(format!("{rat}: reference")))
+                    .and_then(|re| {
+                        let same_file = m.sha256.is_some() && m.sha256 == re.sha256;
+                        if r != alias && !same_file {
+                            return Ok(());
+                        }
+                        Err(Error::input(format!(
+                            "{rat}: reference `{r}` is the candidate `{alias}` itself ({}): a \
+                             model compared with itself passes every gate vacuously; name \
+                             another reference, or leave `{alias}` out of this case's models",
+                            if r == alias {
+                                "the same alias".to_string()
+                            } else {
+                                format!(
+                                    "the same file, sha256 {}",
+                                    re.sha256.as_deref().unwrap_or("")
+                                )
+                            }
+                        )))
+                    }),
                 None => Ok(()),
             });
         out.push(Planned {

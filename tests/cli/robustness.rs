@@ -231,3 +231,164 @@ fn a_shipped_reference_edited_and_sealed_again_is_refused_under_a_key() {
     assert_eq!(code, 2, "{stdout}\n{stderr}");
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// `init` refuses a candidate with the reference's bytes under another
+/// name and an empty `--text`; `run` refuses a case whose reference is
+/// its candidate (by alias or by file): each a vacuous pass otherwise,
+/// exit 2 naming what is wrong, nothing written.
+#[test]
+fn a_model_compared_with_itself_and_an_empty_text_are_refused() {
+    let root = fresh_dir("self-compare");
+    std::fs::create_dir_all(root.join("lm")).unwrap();
+    std::fs::write(root.join("lm/m-f16.gguf"), common::gguf(2048)).unwrap();
+    std::fs::write(root.join("lm/m-copy.gguf"), common::gguf(2048)).unwrap();
+    std::fs::write(root.join("lm/m-q8_0.gguf"), common::gguf(1024)).unwrap();
+    std::fs::write(root.join("empty.txt"), " \n").unwrap();
+    let init = |args: &[&str]| {
+        output(
+            Command::new(env!("CARGO_BIN_EXE_quantgate"))
+                .current_dir(&root)
+                .arg("init")
+                .args(args),
+        )
+    };
+    let (code, _, stderr) = init(&["--model", "lm/*.gguf", "--reference", "lm/m-f16.gguf"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("m-copy.gguf") && stderr.contains("the same bytes as the reference"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = init(&[
+        "--model",
+        "lm/m-f16.gguf",
+        "--model",
+        "lm/m-q8_0.gguf",
+        "--text",
+        "empty.txt",
+    ]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("--text empty.txt: empty"), "{stderr}");
+    assert!(!root.join("suites").exists(), "nothing written");
+    // run: the reference as a candidate, by alias and by another alias of
+    // the same pinned file.
+    let suites = suites("self-run");
+    let sha = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
+    let reg = std::fs::read_to_string(suites.join("models.toml")).unwrap();
+    std::fs::write(
+        suites.join("models.toml"),
+        format!("{reg}\n{}", reg.replace("[tiny]", "[twin]")),
+    )
+    .unwrap();
+    for (name, models) in [("alias", "[\"tiny\"]"), ("file", "[\"twin\"]")] {
+        std::fs::write(
+            suites.join(format!("ppl/{name}.toml")),
+            case(128, "").replace(
+                "models = [\"tiny\"]\n",
+                &format!("models = {models}\nreference = \"tiny\"\n"),
+            ),
+        )
+        .unwrap();
+    }
+    let (code, stdout, stderr) = run(&suites, &[]);
+    assert_eq!(code, 2, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("reference `tiny` is the candidate `tiny` itself (the same alias)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!(
+            "reference `tiny` is the candidate `twin` itself (the same file, sha256 {sha})"
+        )),
+        "{stdout}"
+    );
+    let _ = std::fs::remove_dir_all(&root);
+    let _ = std::fs::remove_dir_all(&suites);
+}
+
+/// `--jobs 0` and `--threads 0` are usage errors (exit 2) naming the
+/// flag, not a run that does something else.
+#[test]
+fn zero_jobs_or_threads_are_refused() {
+    let root = suites("zero-jobs");
+    std::fs::write(root.join("ppl/ok.toml"), case(128, "")).unwrap();
+    for flag in ["--jobs", "--threads"] {
+        let (code, stdout, stderr) = quantgate(&root, &["run", flag, "0"]);
+        assert_eq!(code, 2, "{flag}: {stdout}\n{stderr}");
+        assert!(
+            stderr.contains(flag) && stderr.contains("less than 1"),
+            "{stderr}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// QUANTGATE_ISOLATION=test means one worker per test in `quantgate run`
+/// too: two cases that would share one decode run apart, and give the
+/// same numbers as when they share it.
+#[test]
+fn isolation_test_shares_no_decode_in_run() {
+    let (suites, _link) = reference_suites("isolation-test");
+    let root = suites.parent().unwrap().to_path_buf();
+    let json = |n: &str| root.join(n).to_str().unwrap().to_string();
+    let cache = json("cache");
+    let (shared, apart) = (json("shared.json"), json("apart.json"));
+    let common_env = [
+        ("QUANTGATE_CACHE", cache.as_str()),
+        ("QUANTGATE_RESULT_CACHE", "off"),
+    ];
+    let (code, stdout, stderr) = quantgate_with(
+        &suites,
+        &common_env,
+        &["run", "--threads", "1", "--json", &shared],
+    );
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stderr.contains("(one decode)"), "{stderr}");
+    let env = [
+        common_env[0],
+        common_env[1],
+        ("QUANTGATE_ISOLATION", "test"),
+    ];
+    let (code, stdout, stderr) =
+        quantgate_with(&suites, &env, &["run", "--threads", "1", "--json", &apart]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(!stderr.contains("(one decode)"), "{stderr}");
+    assert!(
+        stderr.contains("running kld/k::cand\n") && stderr.contains("running ppl/d::cand\n"),
+        "{stderr}"
+    );
+    assert_eq!(
+        json_metrics(Path::new(&apart)),
+        json_metrics(Path::new(&shared))
+    );
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// The library's public calls that read the environment return an error
+/// naming a bad variable, never a panic (`merge::read_outcomes` under a
+/// bad signing key), checked in a child process whose environment is bad.
+#[test]
+fn the_library_returns_an_error_on_a_bad_variable() {
+    const CHILD: &str = "QG_TEST_BAD_VARIABLE_CHILD";
+    if let Some(dir) = std::env::var_os(CHILD) {
+        let r = std::panic::catch_unwind(|| {
+            quantgate::judge::merge::read_outcomes(&[PathBuf::from(dir)])
+        });
+        let e = r.expect("no panic").expect_err("an error");
+        assert!(e.message.contains("QUANTGATE_SIGNING_KEY"), "{}", e.message);
+        return;
+    }
+    let dir = fresh_dir("bad-variable");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (code, stdout, stderr) = output(
+        Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "robustness::the_library_returns_an_error_on_a_bad_variable",
+            ])
+            .env(CHILD, &dir)
+            .env("QUANTGATE_SIGNING_KEY", "short"),
+    );
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stdout.contains("1 passed"), "{stdout}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
