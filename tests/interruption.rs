@@ -28,9 +28,13 @@ fn engine() -> FakeEngine {
         .ok()
         .and_then(|c| c.parse().ok())
         .unwrap_or(4.0);
+    let sleep_ms = std::env::var("QG_SLEEP_MS")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(60);
     let spec = FakeSpec {
         confidence,
-        sleep_ms: 60,
+        sleep_ms,
         ..FakeSpec::default()
     };
     FakeEngine::new()
@@ -307,6 +311,94 @@ fn a_killed_run_resumes_from_the_result_cache() -> Result<(), Failed> {
     Ok(())
 }
 
+/// Processes of process group `pgid` still alive (zombies left out).
+fn group_members(pgid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid pgrp …`: comm may hold spaces.
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+            continue;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        if f.len() > 3 && f[0] != "Z" && f[2] == pgid.to_string() {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Workers die with their parent: the harness alone killed (SIGKILL, its
+/// workers not signalled) leaves no worker decoding or writing results
+/// after a second; the next run sweeps what they left half-written and
+/// completes.
+fn workers_die_with_their_parent() -> Result<(), Failed> {
+    let root = fixture("orphans");
+    let results = root.join("qgcache/results");
+    let count = || {
+        common::tree(&results)
+            .iter()
+            .filter(|(p, _)| p.extension().is_some_and(|e| e == "qgresult"))
+            .count()
+    };
+    // Slow windows: a group decodes for seconds, as a real model's does.
+    let mut child = harness(&root, "4.0", "always")
+        .env("QG_SLEEP_MS", "1500")
+        .spawn()
+        .unwrap();
+    let pgid = child.id();
+    let start = std::time::Instant::now();
+    while group_members(pgid).len() < 2 && start.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Mid-decode: the workers have loaded and started their first windows.
+    std::thread::sleep(Duration::from_millis(800));
+    let workers = group_members(pgid).len() - 1;
+    if workers == 0 {
+        return Err(fail("no worker process was started".into()));
+    }
+    Command::new("kill")
+        .args(["-KILL", &pgid.to_string()])
+        .status()
+        .unwrap();
+    let _ = child.wait();
+    let killed = std::time::Instant::now();
+    while !group_members(pgid).is_empty() && killed.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let gone_after = killed.elapsed();
+    let left = group_members(pgid);
+    if !left.is_empty() {
+        return Err(fail(format!(
+            "{} of {workers} workers still running 5 s after their parent was killed: {left:?}",
+            left.len()
+        )));
+    }
+    if gone_after > Duration::from_secs(1) {
+        return Err(fail(format!(
+            "the workers took {gone_after:?} to stop after their parent was killed"
+        )));
+    }
+    let done = count();
+    std::thread::sleep(Duration::from_millis(500));
+    if count() != done {
+        return Err(fail(
+            "results were written after every worker was gone".into(),
+        ));
+    }
+    let out = harness(&root, "4.0", "always").status().unwrap();
+    if !out.success() {
+        return Err(fail(format!("the next run failed: {out}")));
+    }
+    let _ = std::fs::remove_dir_all(&root);
+    Ok(())
+}
+
 /// libtest's `0 passed` for a filter that matches no test reads like a green
 /// gate: the harness's summary says nothing ran.
 fn a_filter_selecting_nothing_says_so() -> Result<(), Failed> {
@@ -402,6 +494,10 @@ fn main() -> ExitCode {
         Trial::test(
             "a_filter_selecting_nothing_says_so",
             a_filter_selecting_nothing_says_so,
+        ),
+        Trial::test(
+            "workers_die_with_their_parent",
+            workers_die_with_their_parent,
         ),
     ];
     libtest_mimic::run(&args, trials).exit_code()

@@ -123,6 +123,36 @@ pub fn run_here(
     GroupRun { outcomes, work }
 }
 
+/// The variable that tells a worker its parent's process id.
+const PARENT_ENV: &str = "QUANTGATE_WORKER_PARENT";
+
+/// A worker dies with its parent: a thread checks every 100 ms that the
+/// process that started it (its pid in [`PARENT_ENV`]) is still its
+/// parent, and ends the process at once when it is not (the parent was
+/// killed: nobody reads what the worker would write, and a decode left
+/// running would hold the cores and write to the cache for seconds). What
+/// it was writing stays a temp file (never under a final name), which the
+/// next run sweeps.
+fn watch_parent() {
+    #[cfg(unix)]
+    {
+        let Some(parent) = std::env::var(PARENT_ENV)
+            .ok()
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            return;
+        };
+        std::thread::spawn(move || loop {
+            // Nothing is said: the parent read this worker's stderr, and a
+            // write to a pipe nobody reads fails (eprintln! would panic).
+            if std::os::unix::process::parent_id() != parent {
+                std::process::exit(3);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        });
+    }
+}
+
 /// Worker mode: plan what the parent planned (its selection, else
 /// `fallback`'s suites), then run the jobs that arrive on stdin, answering
 /// each trial with a result line and each job with a work and a done line.
@@ -138,6 +168,7 @@ pub fn serve(fallback: &Selection, engine: Arc<dyn Engine>, alias: &str) -> Exit
         },
         Err(_) => fallback.clone(),
     };
+    watch_parent();
     // The parent's config (its environment, engine flags included).
     let config = crate::core::config::Config::from_env([None, None, None]);
     if let Err(e) = config.and_then(|c| c.install()) {
@@ -261,6 +292,7 @@ impl Worker {
         cmd.env(WORKER_ENV, &self.alias)
             .env(PLAN_ENV, plan)
             .env("QUANTGATE_WORKER_THREADS", threads.to_string())
+            .env(PARENT_ENV, std::process::id().to_string())
             .envs(EngineOptions::current().to_env())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
