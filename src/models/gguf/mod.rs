@@ -452,6 +452,16 @@ fn hyperparameters(
     let kv_heads = int("attention.head_count_kv");
     let width = int("embedding_length");
     let key_length = int("attention.key_length");
+    let [context, value_length, vocab, ffn, rope, experts, experts_used] = [
+        "context_length",
+        "attention.value_length",
+        "vocab_size",
+        "feed_forward_length",
+        "rope.dimension_count",
+        "expert_count",
+        "expert_used_count",
+    ]
+    .map(&mut int);
     for k in [
         "attention.layer_norm_rms_epsilon",
         "attention.layer_norm_epsilon",
@@ -494,6 +504,54 @@ fn hyperparameters(
     }
     if let Some(w) = width.filter(|w| *w < 1) {
         problems.push(format!("`{}` = {w}: not a width", key("embedding_length")));
+    }
+    // Lengths llama.cpp sizes tensors and contexts by: at least 1 where
+    // given (a feed-forward width only in a model with attention heads:
+    // some recurrent architectures have none).
+    let positive = [
+        ("context_length", context),
+        ("attention.key_length", key_length),
+        ("attention.value_length", value_length),
+        ("vocab_size", vocab),
+        (
+            "feed_forward_length",
+            ffn.filter(|_| heads.is_some_and(|h| h >= 1)),
+        ),
+    ];
+    for (k, v) in positive {
+        if let Some(v) = v.filter(|v| *v < 1) {
+            problems.push(format!("`{}` = {v}: must be at least 1", key(k)));
+        }
+    }
+    if let Some(v) = ffn.filter(|v| *v < 0) {
+        problems.push(format!(
+            "`{}` = {v}: a width cannot be negative",
+            key("feed_forward_length")
+        ));
+    }
+    // Rotary embeddings turn pairs of a head's dimensions.
+    let head_width = key_length.or(match (width, heads) {
+        (Some(w), Some(h)) if w >= 1 && h >= 1 => Some(w / h),
+        _ => None,
+    });
+    if let Some(r) = rope {
+        if r < 1 || r % 2 != 0 || head_width.is_some_and(|hw| r > hw) {
+            problems.push(format!(
+                "`{}` = {r}: rotary embeddings need an even number of dimensions from 2 to the \
+                 head width{}",
+                key("rope.dimension_count"),
+                head_width.map(|hw| format!(" ({hw})")).unwrap_or_default()
+            ));
+        }
+    }
+    if let (Some(n), Some(used)) = (experts, experts_used) {
+        if n < 0 || used < 0 || used > n {
+            problems.push(format!(
+                "`{}` = {used} of `{}` = {n}: a token cannot use more experts than there are",
+                key("expert_used_count"),
+                key("expert_count")
+            ));
+        }
     }
     if let (Some(w), Some(h), None) = (width, heads, key_length) {
         if w >= 1 && h >= 1 && w % h != 0 {

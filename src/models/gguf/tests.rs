@@ -99,6 +99,11 @@ fn hyperparameters_llama_cpp_aborts_on_are_input_errors() {
         ("llama.attention.head_count", 'u', "9"),
         ("llama.attention.head_count_kv", 'u', "3"),
         ("llama.attention.layer_norm_rms_epsilon", 'f', "0.00001"),
+        ("llama.context_length", 'u', "8192"),
+        ("llama.feed_forward_length", 'u', "1536"),
+        ("llama.rope.dimension_count", 'u', "64"),
+        ("llama.expert_count", 'u', "0"),
+        ("llama.expert_used_count", 'u', "0"),
     ];
     preflight_bytes(&header_typed(&good)).unwrap();
     let with = |key: &str, t: char, val: &'static str| {
@@ -144,6 +149,19 @@ fn hyperparameters_llama_cpp_aborts_on_are_input_errors() {
         ("llama.attention.head_count_kv", 'u', "2", "does not divide"),
         ("llama.embedding_length", 'u', "577", "not a multiple"),
         ("llama.block_count", 'i', "-3", "1 to 512 blocks"),
+        ("llama.context_length", 'i', "-1", "must be at least 1"),
+        ("llama.context_length", 'u', "0", "must be at least 1"),
+        ("llama.feed_forward_length", 'u', "0", "must be at least 1"),
+        ("llama.feed_forward_length", 'i', "-5", "must be at least 1"),
+        ("llama.rope.dimension_count", 'u', "0", "an even number"),
+        ("llama.rope.dimension_count", 'u', "63", "an even number"),
+        ("llama.rope.dimension_count", 'u', "128", "head width (64)"),
+        (
+            "llama.expert_used_count",
+            'u',
+            "2",
+            "more experts than there are",
+        ),
     ] {
         let e = with(key, t, val);
         assert!(
@@ -157,6 +175,7 @@ fn hyperparameters_llama_cpp_aborts_on_are_input_errors() {
     gemma[3] = ("llama.attention.head_count", 'u', "4");
     gemma[4] = ("llama.attention.head_count_kv", 'u', "1");
     gemma.push(("llama.attention.key_length", 'u', "256"));
+    gemma[8] = ("llama.rope.dimension_count", 'u', "256");
     preflight_bytes(&header_typed(&gemma)).unwrap();
     // Split numbering.
     let part = |no: &'static str, count: &'static str| {
