@@ -1038,7 +1038,8 @@ fn weak_inputs_are_refused_before_running_naming_what_is_wrong() {
         "{stdout}\n{stderr}"
     );
     std::fs::remove_file(root.join("ppl/mc.toml")).unwrap();
-    // A model that is its own reference: said, not silently a pass.
+    // A model that is its own only candidate's reference: refused (it
+    // was a warning and a vacuous pass), exit 2 naming the reference.
     std::fs::write(
         root.join("ppl/self.toml"),
         case(128, "").replace(
@@ -1048,10 +1049,10 @@ fn weak_inputs_are_refused_before_running_naming_what_is_wrong() {
     )
     .unwrap();
     let (code, stdout, stderr) = run(&root, &["ppl/self.toml"]);
-    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert_eq!(code, 2, "{stdout}\n{stderr}");
     assert!(
-        stderr.contains("ppl/self::tiny: `tiny` is its own reference"),
-        "{stderr}"
+        stdout.contains("self.toml:3:13: reference `tiny` is the candidate `tiny` itself"),
+        "{stdout}"
     );
     std::fs::remove_file(root.join("ppl/self.toml")).unwrap();
     // A split file whose parts 2 and 3 swapped names: an input error

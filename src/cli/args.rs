@@ -136,7 +136,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub timings: bool,
     /// llama.cpp threads of each job (default: the cores, shared by the jobs).
-    #[arg(long, value_parser = at_least_one::<u32>)]
+    #[arg(long)]
     pub threads: Option<u32>,
     /// Groups of cases (one decode each) run at once (default 1; at least 1).
     #[arg(long, default_value_t = 1, value_parser = at_least_one::<usize>)]
@@ -304,8 +304,9 @@ pub struct TokenizeArgs {
     pub limit: Option<usize>,
 }
 
-/// A whole number of at least 1 (`--jobs`, `--threads`): 0 would run
-/// nothing, or mean something other than what was typed.
+/// A whole number of at least 1 (`--jobs`): 0 would run nothing, or
+/// mean something other than what was typed (`--threads 0` is refused
+/// where the threads are chosen).
 fn at_least_one<T: std::str::FromStr + PartialOrd + From<u8>>(v: &str) -> Result<T, String> {
     match v.parse::<T>() {
         Ok(n) if n >= T::from(1) => Ok(n),

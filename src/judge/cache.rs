@@ -105,8 +105,11 @@ fn engine_key(runner: &RunContext) -> String {
 
 /// Why an outcome read back was not made under this run's engine settings
 /// and build (a key that collides, or an entry copied under another
-/// name, never serves a result made otherwise); None when it was.
-pub fn settings_problem(runner: &RunContext, o: &Outcome) -> Option<String> {
+/// name, never serves a result made otherwise); None when it was. The
+/// threads count only where `threads` says (the result cache keys them;
+/// llama.cpp's CPU logits do not change with them, so a report may show a
+/// result made with other threads).
+pub fn settings_problem(runner: &RunContext, o: &Outcome, threads: bool) -> Option<String> {
     let build = runner.build_label();
     if o.build.label() != build {
         return Some(format!(
@@ -131,7 +134,7 @@ pub fn settings_problem(runner: &RunContext, o: &Outcome) -> Option<String> {
         ),
     ]
     .into_iter()
-    .filter(|(_, got, want)| got != want)
+    .filter(|(k, got, want)| got != want && (threads || *k != "threads"))
     .map(|(k, got, want)| format!("{k} {got}, this run's {want}"))
     .collect();
     (!differ.is_empty()).then(|| {
@@ -147,7 +150,7 @@ fn lookup(runner: &RunContext, p: &Planned) -> Option<(PathBuf, Outcome)> {
     let o =
         read_entry(&path).filter(|o| o.case == split_test_name(&p.name).0 && o.model == p.model)?;
     let parsed = p.case.as_ref().ok()?;
-    if let Some(why) = settings_problem(runner, &o) {
+    if let Some(why) = settings_problem(runner, &o, true) {
         eprintln!(
             "quantgate: result cache entry {} is unusable ({why}); running the trial",
             path.display()
@@ -262,7 +265,7 @@ pub fn latest(runner: &RunContext, p: &Planned) -> Option<Outcome> {
             && o.model_sha256.as_deref() == Some(model_sha.as_str())
             && o.reference == reference
             && o.reference_sha256 == reference_sha
-            && settings_problem(runner, &o).is_none();
+            && settings_problem(runner, &o, false).is_none();
         let when = e.metadata().and_then(|m| m.modified()).ok()?;
         if same && best.as_ref().is_none_or(|(t, _)| when > *t) {
             best = Some((when, o));

@@ -460,6 +460,14 @@ pub fn rejudge(parsed: &crate::kinds::Parsed, out: &mut Outcome) {
     out.kind = parsed.case.kind.to_string();
     out.gates = judge(&parsed.case.gates, &out.metrics);
     out.notes = parsed.kind.notes(out);
+    // The reference among the candidates: its gates compare it with itself.
+    if out.reference_sha256.is_some() && out.reference_sha256 == out.model_sha256 {
+        out.notes.push(
+            "baseline: this is the reference itself (the same file); its gates compare it with \
+             itself, and say nothing of a candidate"
+                .into(),
+        );
+    }
     // A sequential case: what decided each gate, and when.
     if parsed.case.decide.is_some() {
         if let Some(d) = out.texts.get("decided") {

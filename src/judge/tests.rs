@@ -15,10 +15,15 @@ fn suite(tag: &str, case_extra: &str) -> PathBuf {
     let gguf = crate::models::gguf::tests::tiny_header();
     std::fs::write(root.join("m.gguf"), &gguf).unwrap();
     let sha = crate::core::fsutil::sha256_bytes(&gguf);
+    // `sharp` is a file of its own: a case compares it with `good`, and a
+    // model is never compared with its own file.
+    let sharp: Vec<u8> = gguf.iter().copied().chain(*b"sharp").collect();
+    std::fs::write(root.join("s.gguf"), &sharp).unwrap();
+    let ssha = crate::core::fsutil::sha256_bytes(&sharp);
     std::fs::write(
         root.join("models.toml"),
         format!(
-            "[good]\nsha256 = \"{sha}\"\nbytes = {}\npath = \"m.gguf\"\n\n[sharp]\nsha256 = \"{sha}\"\npath = \"m.gguf\"\n",
+            "[good]\nsha256 = \"{sha}\"\nbytes = {}\npath = \"m.gguf\"\n\n[sharp]\nsha256 = \"{ssha}\"\npath = \"s.gguf\"\n",
             gguf.len()
         ),
     )

@@ -164,6 +164,19 @@ impl Lock {
                 }
             }
         }
+        // One alias per file: two would make one model two candidates (or a
+        // candidate its own reference) under different names.
+        let mut by_file: BTreeMap<&Path, &str> = BTreeMap::new();
+        for (alias, p) in &entries {
+            if let Some(first) = by_file.insert(&p.path, alias) {
+                errors.push(Error::input(format!(
+                    "{}: [{first}] and [{alias}] both pin {}: one alias per file (the lock is \
+                     written by quantgate; remove the entry written by hand)",
+                    path.display(),
+                    p.path.display()
+                )));
+            }
+        }
         if !errors.is_empty() {
             return Err(crate::core::error::join(errors));
         }
@@ -646,6 +659,22 @@ mod tests {
         assert_eq!(
             pin(&there.join("suites/models.toml"), &[], &a, false).unwrap(),
             ["a"]
+        );
+        // A second alias for one file, written into the lock by hand:
+        // refused, naming both aliases and the file.
+        let lock = here.join("suites").join(LOCK_FILE);
+        let text = std::fs::read_to_string(&lock).unwrap();
+        let entry = text[text.find("[a]").unwrap()..]
+            .split("\n\n")
+            .next()
+            .unwrap()
+            .replace("[a]", "[a-twin]");
+        std::fs::write(&lock, format!("{text}\n{entry}\n")).unwrap();
+        let e = Lock::beside(&reg).unwrap_err();
+        assert!(
+            e.message.contains("[a] and [a-twin] both pin") && e.message.contains("a.gguf"),
+            "{}",
+            e.message
         );
     }
 

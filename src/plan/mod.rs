@@ -117,14 +117,26 @@ fn plan_models(registry: &Registry, models: &[String], parsed: &Parsed, out: &mu
                     .entry(r)
                     .map_err(|e| e.context(format!("{rat}: reference")))
                     .and_then(|re| {
+                        // The reference among several candidates is their
+                        // baseline row (a publisher's folder holds it); as
+                        // the only candidate it would pass every gate
+                        // vacuously, and that is refused.
+                        let is_self = |a: &str| {
+                            a == r
+                                || registry
+                                    .entry(a)
+                                    .is_ok_and(|e| e.sha256.is_some() && e.sha256 == re.sha256)
+                        };
                         let same_file = m.sha256.is_some() && m.sha256 == re.sha256;
-                        if r != alias && !same_file {
+                        if (r != alias && !same_file)
+                            || !case.models.iter().all(|(a, _)| is_self(a))
+                        {
                             return Ok(());
                         }
                         Err(Error::input(format!(
-                            "{rat}: reference `{r}` is the candidate `{alias}` itself ({}): a \
-                             model compared with itself passes every gate vacuously; name \
-                             another reference, or leave `{alias}` out of this case's models",
+                            "{rat}: reference `{r}` is the candidate `{alias}` itself ({}), and \
+                             the case has no other candidate: a model compared with itself passes \
+                             every gate vacuously; name another reference, or another model",
                             if r == alias {
                                 "the same alias".to_string()
                             } else {

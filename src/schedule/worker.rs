@@ -279,6 +279,15 @@ impl Worker {
         let mut ran = GroupRun::default();
         if let Err(why) = self.run_inner(job, threads, &mut ran) {
             let answered = ran.outcomes.len();
+            // Reference work alone has no trial to carry the death: it is
+            // said as failed work (the trials that need it then build it
+            // themselves, or fail saying why).
+            if answered >= job.run.len() && !job.provide.is_empty() {
+                ran.work.failed.push(why.replace(
+                    "{name}",
+                    &format!("the reference work of {}", job.provide.join(", ")),
+                ));
+            }
             ran.outcomes
                 .extend(unanswered(job, answered, &self.build, &why));
         }

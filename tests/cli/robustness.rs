@@ -315,7 +315,7 @@ fn zero_jobs_or_threads_are_refused() {
         let (code, stdout, stderr) = quantgate(&root, &["run", flag, "0"]);
         assert_eq!(code, 2, "{flag}: {stdout}\n{stderr}");
         assert!(
-            stderr.contains(flag) && stderr.contains("less than 1"),
+            stderr.contains(flag) && stderr.contains("give at least 1"),
             "{stderr}"
         );
     }
