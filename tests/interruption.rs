@@ -243,15 +243,17 @@ fn writes_hitting_the_size_limit_leave_nothing() -> Result<(), Failed> {
     Ok(())
 }
 
+/// How many results the result cache under `root` holds.
+fn results_recorded(root: &Path) -> usize {
+    common::tree(&root.join("qgcache/results"))
+        .iter()
+        .filter(|(p, _)| p.extension().is_some_and(|e| e == "qgresult"))
+        .count()
+}
+
 fn a_killed_run_resumes_from_the_result_cache() -> Result<(), Failed> {
     let root = fixture("resume");
-    let results = root.join("qgcache/results");
-    let count = || {
-        common::tree(&results)
-            .iter()
-            .filter(|(p, _)| p.extension().is_some_and(|e| e == "qgresult"))
-            .count()
-    };
+    let count = || results_recorded(&root);
     let mut child = harness(&root, "4.0", "always").spawn().unwrap();
     // Kill it once two results are recorded (polling: machines differ).
     let start = std::time::Instant::now();
@@ -339,13 +341,7 @@ fn group_members(pgid: u32) -> Vec<u32> {
 /// completes.
 fn workers_die_with_their_parent() -> Result<(), Failed> {
     let root = fixture("orphans");
-    let results = root.join("qgcache/results");
-    let count = || {
-        common::tree(&results)
-            .iter()
-            .filter(|(p, _)| p.extension().is_some_and(|e| e == "qgresult"))
-            .count()
-    };
+    let count = || results_recorded(&root);
     // Slow windows: a group decodes for seconds, as a real model's does.
     let mut child = harness(&root, "4.0", "always")
         .env("QG_SLEEP_MS", "1500")
@@ -360,6 +356,8 @@ fn workers_die_with_their_parent() -> Result<(), Failed> {
     std::thread::sleep(Duration::from_millis(800));
     let workers = group_members(pgid).len() - 1;
     if workers == 0 {
+        let _ = child.kill();
+        let _ = child.wait();
         return Err(fail("no worker process was started".into()));
     }
     Command::new("kill")
@@ -394,6 +392,74 @@ fn workers_die_with_their_parent() -> Result<(), Failed> {
     let out = harness(&root, "4.0", "always").status().unwrap();
     if !out.success() {
         return Err(fail(format!("the next run failed: {out}")));
+    }
+    let _ = std::fs::remove_dir_all(&root);
+    Ok(())
+}
+
+/// A worker killed from outside (SIGKILL, as the OOM killer sends it) while
+/// it decodes: the run goes on, and the tests it was running fail naming
+/// the model, the signal and the test, in the harness's output and in
+/// each test's outcome JSON (`QUANTGATE_OUT`, what a shard hands `merge`).
+fn a_worker_killed_from_outside_is_named_in_the_output() -> Result<(), Failed> {
+    let root = fixture("sigkill");
+    let out = root.join("out");
+    let mut child = harness(&root, "4.0", "always")
+        .env("QG_SLEEP_MS", "400")
+        .env("QUANTGATE_OUT", &out)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pgid = child.id();
+    let start = std::time::Instant::now();
+    let worker = loop {
+        let w: Vec<u32> = group_members(pgid)
+            .into_iter()
+            .filter(|p| *p != pgid)
+            .collect();
+        if let Some(&w) = w.first() {
+            break w;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(fail("no worker process was started".into()));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    std::thread::sleep(Duration::from_millis(600));
+    Command::new("kill")
+        .args(["-KILL", &worker.to_string()])
+        .status()
+        .unwrap();
+    let done = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&done.stdout).into_owned();
+    if done.status.success() {
+        return Err(fail(format!("a killed worker's tests passed:\n{stdout}")));
+    }
+    let named = stdout
+        .lines()
+        .find(|l| l.contains("was killed by signal 9 (SIGKILL)"))
+        .ok_or_else(|| fail(format!("no test names the signal:\n{stdout}")))?;
+    if !(named.contains("the worker process for model `m") && named.contains("while running `c")) {
+        return Err(fail(format!("the model or the test is not named: {named}")));
+    }
+    let mut in_json = 0;
+    for (path, bytes) in common::tree(&out) {
+        if path.extension().is_some_and(|x| x == "json") {
+            let v: serde_json::Value = serde_json::from_slice(&bytes)
+                .map_err(|e| fail(format!("{}: {e}", path.display())))?;
+            let e = v["error"].as_str().unwrap_or_default();
+            if e.contains("killed by signal 9 (SIGKILL)") {
+                if v["status"] != "error" {
+                    return Err(fail(format!("{}: {}", path.display(), v["status"])));
+                }
+                in_json += 1;
+            }
+        }
+    }
+    if in_json == 0 {
+        return Err(fail("no outcome JSON names the signal".into()));
     }
     let _ = std::fs::remove_dir_all(&root);
     Ok(())
@@ -498,6 +564,10 @@ fn main() -> ExitCode {
         Trial::test(
             "workers_die_with_their_parent",
             workers_die_with_their_parent,
+        ),
+        Trial::test(
+            "a_worker_killed_from_outside_is_named_in_the_output",
+            a_worker_killed_from_outside_is_named_in_the_output,
         ),
     ];
     libtest_mimic::run(&args, trials).exit_code()

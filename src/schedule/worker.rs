@@ -288,8 +288,17 @@ impl Worker {
                     &format!("the reference work of {}", job.provide.join(", ")),
                 ));
             }
-            ran.outcomes
-                .extend(unanswered(job, answered, &self.build, &why));
+            // The tests it did not answer are errors that say why, written
+            // where the worker would have written them (a shard's outcomes:
+            // `merge` then names the death, not a missing test).
+            for (o, mut unwritten) in unanswered(job, answered, &self.build, &why) {
+                if let Some(dir) = &job.outcomes {
+                    if let Err(e) = crate::report::write_outcome_json(dir, &o) {
+                        unwritten.push(e.message);
+                    }
+                }
+                ran.outcomes.push((o, unwritten));
+            }
         }
         ran
     }
