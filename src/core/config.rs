@@ -30,10 +30,19 @@
 
 use crate::core::auth::{Key, KEY_ENV, KEY_FILE_ENV};
 use crate::core::error::{Error, Result};
-use crate::core::progress::TERMINAL_ENV;
 use crate::core::settings::EngineOptions;
 use std::path::PathBuf;
 use std::sync::OnceLock;
+
+/// Set by a parent whose stderr is a terminal, for its worker processes.
+pub const TERMINAL_ENV: &str = "QUANTGATE_PROGRESS_TERMINAL";
+
+impl EngineOptions {
+    /// This process's options: its config's ([`Config`]).
+    pub fn current() -> &'static EngineOptions {
+        &Config::current().engine
+    }
+}
 
 /// What to do with a changed or missing golden (insta's modes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -66,11 +66,11 @@ pub fn lock_file(path: &Path) -> Result<File> {
 pub const TEMP_MARK: &str = ".quantgate-tmp-";
 
 /// The owner tag of a temp file for `name` made by process `pid`: 16 hex
-/// digits of a MAC with this user's key ([`crate::core::auth::user_key`]),
+/// digits of a MAC with this user's key ([`crate::core::keys::user_key`]),
 /// so that a sweep removes only files it can prove quantgate wrote; `none`
 /// without a key (such a file is never swept).
 fn temp_tag(name: &str, pid: u32) -> String {
-    match crate::core::auth::user_key() {
+    match crate::core::keys::user_key() {
         Some(k) => k.mac(format!("quantgate-temp|{name}|{pid}").as_bytes())
             [crate::core::auth::MAC_PREFIX.len()..][..16]
             .to_string(),

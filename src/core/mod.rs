@@ -7,6 +7,7 @@ pub mod case;
 pub mod config;
 pub mod error;
 pub mod fsutil;
+pub mod keys;
 pub mod machine;
 pub mod outcome;
 pub mod parse;

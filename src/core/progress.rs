@@ -7,8 +7,7 @@
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle, TermLike};
 use std::io::Write;
 
-/// Set by a parent whose stderr is a terminal, for its worker processes.
-pub const TERMINAL_ENV: &str = "QUANTGATE_PROGRESS_TERMINAL";
+pub use crate::core::config::TERMINAL_ENV;
 
 /// Whether this process's stderr is a terminal.
 pub fn stderr_is_terminal() -> bool {

@@ -125,11 +125,6 @@ impl EngineOptions {
             ),
         ]
     }
-
-    /// This process's options: its config's ([`crate::core::config::Config`]).
-    pub fn current() -> &'static EngineOptions {
-        &crate::core::config::Config::current().engine
-    }
 }
 
 /// Engine settings that change numbers; recorded with every result.

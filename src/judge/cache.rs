@@ -171,7 +171,7 @@ fn lookup(runner: &RunContext, p: &Planned) -> Option<(PathBuf, Outcome)> {
 /// Record a trial's outcome (what its kind measured). Best effort: a result
 /// that cannot be cached is still a result.
 pub fn write(runner: &RunContext, p: &Planned, o: &Outcome) {
-    let (Some(path), Some(key)) = (entry(runner, p), auth::result_cache_key()) else {
+    let (Some(path), Some(key)) = (entry(runner, p), crate::core::keys::result_cache_key()) else {
         return;
     };
     if let Ok(mut value) = serde_json::to_value(o) {
@@ -204,7 +204,7 @@ fn read_entry(path: &std::path::Path) -> Option<Outcome> {
 /// The outcome an entry holds: Ok(None) when there is no entry (or no key
 /// to authenticate one); Err(why) when it is damaged, forged or unreadable.
 fn authentic(path: &std::path::Path) -> Result<Option<Outcome>, String> {
-    let Some(key) = auth::result_cache_key() else {
+    let Some(key) = crate::core::keys::result_cache_key() else {
         return Ok(None);
     };
     let Some(bytes) = crate::core::fsutil::read_sealed(path)? else {
@@ -293,7 +293,7 @@ mod tests {
         o.status = Status::Pass;
         o.metrics.insert("ppl".into(), 31.25);
         o.metrics.insert("windows".into(), 16.0);
-        let key = auth::result_cache_key().expect("a result-cache key");
+        let key = crate::core::keys::result_cache_key().expect("a result-cache key");
         let mut value = serde_json::to_value(&o).unwrap();
         auth::sign(&mut value, key);
         let json = serde_json::to_vec(&value).unwrap();

@@ -10,6 +10,9 @@ pub mod forecast;
 
 pub mod kld;
 
+pub mod perplexity;
+pub use perplexity::{paired_metrics, perplexity_metrics};
+
 pub mod sequential;
 
 pub mod stats;

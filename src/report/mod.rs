@@ -253,7 +253,7 @@ pub fn peak_rss_kib() -> Option<u64> {
 pub fn write_json(path: &Path, outcomes: &[Outcome]) -> Result<()> {
     let values = outcomes
         .iter()
-        .map(crate::core::auth::outcome_json)
+        .map(crate::core::keys::outcome_json)
         .collect::<Result<Vec<_>>>()?;
     let body = serde_json::to_string_pretty(&values)
         .map_err(|e| crate::core::error::Error::harness(format!("serialising results: {e}")))?;
@@ -268,7 +268,7 @@ pub fn outcome_json_path(dir: &Path, o: &Outcome) -> std::path::PathBuf {
 
 /// Write one outcome as its own JSON file ([`outcome_json_path`]).
 pub fn write_outcome_json(dir: &Path, o: &Outcome) -> Result<()> {
-    let body = serde_json::to_string_pretty(&crate::core::auth::outcome_json(o)?)
+    let body = serde_json::to_string_pretty(&crate::core::keys::outcome_json(o)?)
         .map_err(|e| crate::core::error::Error::harness(format!("serialising results: {e}")))?;
     crate::core::fsutil::write_atomic(&outcome_json_path(dir, o), format!("{body}\n").as_bytes())
 }

@@ -9,9 +9,11 @@
 //! panics in this process or whose worker dies fails its own trials (an
 //! error outcome that says why) and every other group still runs.
 
+pub mod executor;
 pub mod worker;
 
-pub use worker::{executors, Executor, Isolation, Job, Selection, WORKER_ENV};
+pub use executor::{executors, Executor, Isolation};
+pub use worker::{Job, Selection, WORKER_ENV};
 
 use crate::core::Outcome;
 use crate::execute::RunContext;

@@ -1,4 +1,6 @@
 use super::*;
+use crate::execute::record::RecordHeader;
+use crate::execute::windows::Scored;
 use crate::measure::kld::compress_row;
 
 fn header() -> CacheHeader {

@@ -19,8 +19,8 @@ use crate::execute::windows::{
     parse_token_ids, plan_windows, PlanScorer, Scored, ScoringPlan, Windowing,
 };
 use crate::execute::RunContext;
-use crate::kinds::perplexity::paired_metrics;
 use crate::kinds::{RefBuild, RefWork};
+use crate::measure::paired_metrics;
 use serde::Deserialize;
 use std::sync::Arc;
 use std::time::Instant;

@@ -1,0 +1,162 @@
+//! The keys of this process's config: the signing key, the result-cache
+//! key (the signing key, else this user's own, made on first use outside
+//! the cache folder), and the seals they give the files quantgate keeps
+//! ([`Seal::local`]) and ships ([`Seal::shipped`]). [`crate::core::auth`]
+//! holds the keyed arithmetic; this module says which key a file gets.
+
+use crate::core::auth::{private_key_file, sign, Key, Seal, KEY_ENV};
+use crate::core::error::{Error, Result};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// The signing key of this process's config (`QUANTGATE_SIGNING_KEY`, or
+/// `QUANTGATE_SIGNING_KEY_FILE`): None when neither is set. A bad value is
+/// an error of the config, checked at the edge before anything runs.
+pub fn signing_key() -> Option<&'static Key> {
+    crate::core::config::Config::current().signing_key.as_ref()
+}
+
+/// The key result-cache entries are MACed with: the signing key, else this
+/// user's own key (made on first use, mode 0600, outside the cache folder).
+/// None when neither can be had: the result cache is then not used (a
+/// cached result that cannot be authenticated is not a result).
+pub fn result_cache_key() -> Option<&'static Key> {
+    signing_key().or_else(user_key)
+}
+
+/// This user's own key (made on first use, mode 0600, outside the cache
+/// folder): what the result cache uses without a signing key, and what
+/// tags quantgate's temp files as its own. None (said once) when it can be
+/// neither read nor made.
+pub fn user_key() -> Option<&'static Key> {
+    static LOCAL: OnceLock<Option<Key>> = OnceLock::new();
+    LOCAL
+        .get_or_init(|| {
+            let path = local_key_path()?;
+            match local_key(&path) {
+                Ok(k) => Some(k),
+                Err(why) => {
+                    eprintln!(
+                        "quantgate: the result cache is off: no key to authenticate its entries \
+                         ({}: {why}); set {KEY_ENV} to use it",
+                        path.display()
+                    );
+                    None
+                }
+            }
+        })
+        .as_ref()
+}
+
+/// `$XDG_CONFIG_HOME/quantgate/result-cache.key`, else under `~/.config`.
+fn local_key_path() -> Option<PathBuf> {
+    crate::core::config::Config::current()
+        .config_home
+        .as_ref()
+        .map(|d| d.join("result-cache.key"))
+}
+
+/// The key at `path`, made there first when there is none: 32 bytes from
+/// the system's random source, written whole under another name and linked
+/// into place (two processes making it at once agree on one).
+fn local_key(path: &Path) -> std::result::Result<Key, String> {
+    use std::io::{Read, Write};
+    let read = |p: &Path| -> std::result::Result<Key, String> {
+        private_key_file(p)?;
+        let bytes = std::fs::read(p).map_err(|e| e.to_string())?;
+        Key::new(bytes, &p.display().to_string()).map_err(|e| e.message)
+    };
+    if path.exists() {
+        return read(path);
+    }
+    let dir = path.parent().expect("a file in a folder");
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| format!("/dev/urandom: {e}"))?;
+    let tmp = dir.join(format!(".result-cache.key.{}", std::process::id()));
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    let written = opts
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(&bytes).and_then(|()| f.sync_all()));
+    let linked = written.and_then(|()| std::fs::hard_link(&tmp, path));
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e.to_string()),
+    }
+    read(path)
+}
+
+impl Seal {
+    /// The seal of reference products kept in the local cache: keyed with
+    /// the result-cache key (the signing key, else this user's own), as
+    /// result-cache entries are; plain only when no key can be had.
+    pub fn local() -> Seal {
+        result_cache_key().map_or(Seal::Plain, Seal::Keyed)
+    }
+
+    /// The seal of products that cross to other machines (a shipped
+    /// reference folder): keyed with the signing key when one is set, else
+    /// plain (another machine has no key of this user's to check it by).
+    pub fn shipped() -> Seal {
+        signing_key().map_or(Seal::Plain, Seal::Keyed)
+    }
+}
+
+/// An outcome as the JSON that `--json` and shards write: signed with the
+/// signing key when one is set.
+pub fn outcome_json(o: &crate::core::Outcome) -> Result<serde_json::Value> {
+    let mut v =
+        serde_json::to_value(o).map_err(|e| Error::harness(format!("serialising results: {e}")))?;
+    if let Some(key) = signing_key() {
+        sign(&mut v, key);
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The local key is made once, 0600, and read back the same.
+    #[test]
+    fn the_local_key_is_made_once_and_kept_private() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("q/result-cache.key");
+        let a = local_key(&path).unwrap();
+        let b = local_key(&path).unwrap();
+        assert_eq!(a.bytes, b.bytes);
+        assert_eq!(a.bytes.len(), 32);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o077, 0, "mode {mode:o}");
+        }
+        std::fs::write(&path, b"short").unwrap();
+        assert!(local_key(&path).unwrap_err().contains("too short"));
+        // Readable by its group, or a symlink: refused, naming the mode.
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::write(&path, [7u8; 32]).unwrap();
+            assert!(local_key(&path).is_ok());
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+            let e = local_key(&path).unwrap_err();
+            assert!(e.contains("mode 0640") && e.contains("chmod 600"), "{e}");
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o604)).unwrap();
+            assert!(local_key(&path).unwrap_err().contains("mode 0604"));
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+            let link = d.path().join("q/link.key");
+            std::os::unix::fs::symlink(&path, &link).unwrap();
+            assert!(private_key_file(&link).unwrap_err().contains("symlink"));
+            assert!(private_key_file(&path).is_ok());
+        }
+    }
+}

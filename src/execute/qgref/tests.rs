@@ -1,0 +1,125 @@
+use super::*;
+use crate::measure::row_stats;
+
+fn header() -> CacheHeader {
+    CacheHeader {
+        reference_sha256: "a".repeat(64),
+        token_stream_sha256: "b".repeat(64),
+        windowing: "llama-perplexity n_ctx=8".into(),
+        settings: "s".into(),
+        build: "b".into(),
+        tail: 1e-6,
+        max_kept: 4,
+        positions: 3,
+        n_vocab: 10,
+        tokenizer_fingerprint: "fp".into(),
+    }
+}
+
+fn rows() -> Vec<RefPosition> {
+    (0..3)
+        .map(|i| {
+            let row: Vec<f32> = (0..10).map(|j| ((j * 7 + i * 3) % 11) as f32).collect();
+            crate::measure::kld::compress_row(&row, &row_stats(&row), 2, 1e-6, 4)
+        })
+        .collect()
+}
+
+#[test]
+fn a_cache_round_trips_and_every_corruption_is_caught() {
+    let h = header();
+    let bytes = encode(&h, &rows(), Seal::Plain);
+    let (back, r) = decode(&bytes, &h, Seal::Plain).unwrap();
+    assert_eq!(back, h);
+    assert_eq!(r, rows());
+    // Any single flipped byte, any truncation, any trailing byte.
+    for i in 0..bytes.len() {
+        let mut b = bytes.clone();
+        b[i] ^= 0x40;
+        assert!(decode(&b, &h, Seal::Plain).is_err(), "flip at {i} accepted");
+    }
+    for n in 0..bytes.len() {
+        assert!(
+            decode(&bytes[..n], &h, Seal::Plain).is_err(),
+            "truncation to {n} accepted"
+        );
+    }
+    let mut b = bytes.clone();
+    b.push(0);
+    assert!(decode(&b, &h, Seal::Plain).is_err());
+    // Another case's header: refused, naming the difference.
+    let mut other = h.clone();
+    other.token_stream_sha256 = "c".repeat(64);
+    let e = decode(&bytes, &other, Seal::Plain).unwrap_err();
+    assert!(e.contains("header does not match"), "{e}");
+}
+
+/// A cache written row by row is byte for byte the one `encode`
+/// writes; read row by row it gives the same rows, and every flipped
+/// byte, truncation or trailing byte is refused before a row is read.
+#[test]
+fn a_cache_written_and_read_row_by_row_is_the_whole_one() {
+    let dir = std::env::temp_dir().join(format!("qg-qgref-stream-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("x.qgref");
+    let h = header();
+    let mut w = RowWriter::create(&path, h.clone(), Seal::Plain).unwrap();
+    for r in &rows()[..rows().len() - 1] {
+        w.push(r).unwrap();
+    }
+    // One short: refused, nothing written.
+    let e = w.finish().unwrap_err();
+    assert!(e.message.contains("positions written"), "{}", e.message);
+    assert!(!path.exists());
+    let mut w = RowWriter::create(&path, h.clone(), Seal::Plain).unwrap();
+    for r in &rows() {
+        w.push(r).unwrap();
+    }
+    w.finish().unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    assert_eq!(bytes, encode(&h, &rows(), Seal::Plain));
+    let read_all = |p: &std::path::Path| -> Result<Vec<RefPosition>, String> {
+        let mut s = RowStream::open(p, &h, Seal::Plain)?.ok_or("no file")?;
+        let mut out = Vec::new();
+        for _ in 0..h.positions {
+            out.push(s.next_row()?);
+        }
+        assert!(s.next_row().is_err(), "a row past the last");
+        s.finish()?;
+        Ok(out)
+    };
+    assert_eq!(read_all(&path).unwrap(), rows());
+    let mut partial = RowStream::open(&path, &h, Seal::Plain).unwrap().unwrap();
+    partial.next_row().unwrap();
+    assert!(partial.finish().is_err(), "finished with rows left");
+    let bad = dir.join("bad.qgref");
+    for i in 0..bytes.len() {
+        let mut b = bytes.clone();
+        b[i] ^= 0x40;
+        std::fs::write(&bad, &b).unwrap();
+        assert!(
+            RowStream::open(&bad, &h, Seal::Plain).is_err(),
+            "flip at {i} accepted"
+        );
+    }
+    for n in 0..bytes.len() {
+        std::fs::write(&bad, &bytes[..n]).unwrap();
+        assert!(
+            RowStream::open(&bad, &h, Seal::Plain).is_err(),
+            "truncation to {n} accepted"
+        );
+    }
+    let mut b = bytes.clone();
+    b.push(0);
+    std::fs::write(&bad, &b).unwrap();
+    assert!(RowStream::open(&bad, &h, Seal::Plain).is_err());
+    let mut other = h.clone();
+    other.token_stream_sha256 = "c".repeat(64);
+    let e = RowStream::open(&path, &other, Seal::Plain).err().unwrap();
+    assert!(e.contains("header does not match"), "{e}");
+    assert!(RowStream::open(&dir.join("none.qgref"), &h, Seal::Plain)
+        .unwrap()
+        .is_none());
+    let _ = std::fs::remove_dir_all(&dir);
+}
