@@ -15,7 +15,7 @@ use quantgate::execute::record::RecordHeader;
 use quantgate::execute::reference::{ReferenceStore, ScoresKey};
 use quantgate::execute::windows::Windowing;
 use quantgate::execute::windows::{plan_windows, score_plan};
-use quantgate::kinds::perplexity::perplexity_metrics;
+use quantgate::measure::perplexity_metrics;
 use quantgate::models::{ensure, Registry};
 use std::path::Path;
 use std::process::Command;
