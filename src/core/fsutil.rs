@@ -28,6 +28,19 @@ pub fn sha256_bytes(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
 }
 
+/// The executable this process runs, as the kernel holds it: on Linux
+/// `/proc/self/exe`, which stays this very build when the file it was
+/// started from is rebuilt or removed mid-run (`cargo build` during a long
+/// `cargo test`), so a worker started from it is its parent's build and a
+/// hash of it is this build's; elsewhere [`std::env::current_exe`].
+pub fn running_exe() -> std::io::Result<std::path::PathBuf> {
+    let held = Path::new("/proc/self/exe");
+    if cfg!(target_os = "linux") && held.exists() {
+        return Ok(held.to_path_buf());
+    }
+    std::env::current_exe()
+}
+
 /// sha256 and size of a file, read in 1 MiB blocks; `progress` gets bytes read.
 pub fn sha256_file(path: &Path, mut progress: impl FnMut(u64)) -> Result<(String, u64)> {
     let mut file = File::open(path).map_err(|e| Error::io(path, e))?;

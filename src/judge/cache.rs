@@ -39,7 +39,7 @@ fn entry(runner: &RunContext, p: &Planned) -> Option<PathBuf> {
     let case = &parsed.case;
     let exe = EXE
         .get_or_init(|| {
-            let exe = std::env::current_exe().ok()?;
+            let exe = crate::core::fsutil::running_exe().ok()?;
             crate::core::fsutil::sha256_file(&exe, |_| {})
                 .ok()
                 .map(|(s, _)| s)

@@ -304,9 +304,15 @@ impl Worker {
     }
 
     fn start(&mut self, threads: u32) -> Result<(), String> {
-        let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+        // The running build itself, even if its file was rebuilt or
+        // removed since it started (named as it was started, for `ps`).
+        let exe = crate::core::fsutil::running_exe().map_err(|e| format!("current_exe: {e}"))?;
         let plan = serde_json::to_string(&*self.selection).expect("a selection serialises");
         let mut cmd = Command::new(exe);
+        #[cfg(unix)]
+        if let Ok(named) = std::env::current_exe() {
+            std::os::unix::process::CommandExt::arg0(&mut cmd, named);
+        }
         cmd.env(WORKER_ENV, &self.alias)
             .env(PLAN_ENV, plan)
             .env("QUANTGATE_WORKER_THREADS", threads.to_string())

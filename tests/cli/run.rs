@@ -796,3 +796,46 @@ fn a_case_names_local_files_by_path() {
     );
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// A run whose executable is rebuilt or removed while it runs (a `cargo
+/// build` during a long `cargo test`) still starts its workers: a worker is
+/// the running build itself (`/proc/self/exe`), not whatever the path holds
+/// now. Before, every worker failed to start ("No such file or directory").
+#[cfg(target_os = "linux")]
+#[test]
+fn workers_start_from_the_running_build_when_its_file_is_gone() {
+    let root = suites("exe-gone");
+    std::fs::write(
+        root.join("ppl/ok.toml"),
+        case(128, "[[gate]]\nmetric = \"ppl\"\nmax = 1000\n"),
+    )
+    .unwrap();
+    let bin = fresh_dir("exe-gone-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let exe = bin.join("quantgate");
+    std::fs::copy(env!("CARGO_BIN_EXE_quantgate"), &exe).unwrap();
+    let child = Command::new(&exe)
+        .arg("--suites")
+        .arg(&root)
+        .args(["run", "--threads", "1"])
+        .env("QUANTGATE_ISOLATION", "group")
+        .env("QUANTGATE_RESULT_CACHE", "off")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // spawn returns once the child has exec'd; its workers start after it
+    // has planned and hashed the model, long after the file is gone.
+    std::fs::remove_file(&exe).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("ppl/ok::tiny") && stdout.contains("pass"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("starting the worker"), "{stdout}");
+}
