@@ -91,3 +91,16 @@ pub fn bar(len: u64, msg: &str, unit: &str) -> ProgressBar {
     bar.set_message(msg.to_string());
     bar
 }
+
+/// A spinner for a step whose length is unknown (quantizing a model):
+/// `{what} {msg}` and the time elapsed, ticking until it is finished.
+pub fn spinner(what: &str, msg: &str) -> ProgressBar {
+    let spinner = ProgressBar::with_draw_target(None, target());
+    spinner.set_style(
+        ProgressStyle::with_template(&format!("{{spinner}} {what} {{msg}} {{elapsed}}"))
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    spinner.set_message(msg.to_string());
+    spinner.enable_steady_tick(std::time::Duration::from_millis(200));
+    spinner
+}

@@ -6,7 +6,6 @@
 use super::{Fetch, Quantizer};
 use crate::core::error::{Error, Result};
 use crate::core::fsutil;
-use indicatif::{ProgressBar, ProgressStyle};
 use std::fs;
 use std::io::{Read, Write};
 use std::path::Path;
@@ -119,13 +118,7 @@ pub(super) fn derive(
         src.display()
     );
     let tmp = fsutil::temp_beside(dest)?;
-    let spinner = ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
-    spinner.set_style(
-        ProgressStyle::with_template("{spinner} quantizing {msg} {elapsed}")
-            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
-    );
-    spinner.set_message(format!("{alias} ({quant})"));
-    spinner.enable_steady_tick(std::time::Duration::from_millis(200));
+    let spinner = crate::core::progress::spinner("quantizing", &format!("{alias} ({quant})"));
     let result = quantize(src, tmp.path(), quant);
     spinner.finish_and_clear();
     result.map_err(|e| e.context(format!("deriving model `{alias}`")))?;
