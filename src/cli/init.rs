@@ -266,7 +266,7 @@ const REGISTRY: &str = "\
 # Model registry. The release's files are named by path in the cases
 # (`path:…`) and pinned by sha256 in models.lock (by `quantgate init`): a changed
 # file then fails until `quantgate models pin` pins it again. Aliases for
-# other files go here (see quantgate's README, \"Models\").
+# other files go here (see quantgate's book, \"Models\": docs/src/models.md).
 ";
 
 const LIB_RS: &str = "\

@@ -7,6 +7,7 @@ use crate::core::error::Result;
 use crate::core::{Outcome, Status};
 
 pub mod ladder;
+pub mod metrics_doc;
 pub mod parquet;
 pub mod prereg;
 pub(crate) mod svg;

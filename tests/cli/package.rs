@@ -95,3 +95,27 @@ fn included_files(text: &str) -> Vec<String> {
     }
     out
 }
+
+#[test]
+fn the_books_metrics_tables_are_the_kinds_declarations() {
+    use quantgate::report::metrics_doc::{metrics_reference, BLESS};
+    let made = metrics_reference(&repo().join("suites")).unwrap();
+    let path = repo().join("docs/src/metrics.md");
+    if std::env::var_os("QUANTGATE_BLESS_DOCS").is_some() {
+        std::fs::write(&path, &made).unwrap();
+    }
+    let kept = std::fs::read_to_string(&path).unwrap_or_default();
+    for kind in quantgate::kinds::names() {
+        assert!(
+            made.contains(&format!("## `{kind}`")),
+            "no section for {kind}"
+        );
+    }
+    assert!(made.lines().filter(|l| l.starts_with("| `")).count() >= 40);
+    assert!(
+        kept == made,
+        "{} is not what the kinds declare; rewrite it with `{BLESS}` and review the diff:\n{}",
+        path.display(),
+        similar::TextDiff::from_lines(&kept, &made).unified_diff()
+    );
+}
