@@ -9,9 +9,10 @@ use std::path::PathBuf;
     about = "Evaluate GGUF models and their quants against gates and goldens"
 )]
 pub struct Cli {
-    /// The suites directory (holds models.toml and the cases).
-    #[arg(long, global = true, default_value = "suites")]
-    pub suites: PathBuf,
+    /// The suites directory (holds models.toml and the cases); default:
+    /// `QUANTGATE_SUITES` when set, else `suites` (in the working directory).
+    #[arg(long, global = true)]
+    pub suites: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }

@@ -254,10 +254,14 @@ pub fn dispatch(cli: Cli) -> Result<Conclusion, Error> {
         ],
         _ => [None; 3],
     };
-    quantgate::core::config::Config::from_env(flags)?.install()?;
+    let config = quantgate::core::config::Config::for_command_line(flags)?;
+    // One source for the suites folder: the flag, else the config's
+    // (`QUANTGATE_SUITES`, else `suites`).
+    let suites = cli.suites.unwrap_or_else(|| config.suites.clone());
+    config.install()?;
     quantgate::models::clean_stale_temps();
     let ctx = Ctx {
-        suites: cli.suites,
+        suites,
         engine: std::sync::Arc::new(LlamaEngine::new()),
     };
     match cli.command {

@@ -159,6 +159,28 @@ impl Config {
         Config::from_lookup(&env_var, engine_flags)
     }
 
+    /// The command line's config: [`Config::from_env`] with the working
+    /// directory as its root (a `CARGO_MANIFEST_DIR` it inherits from
+    /// `cargo test` or `cargo run` names some crate, not where the user
+    /// stands), and `suites`/`goldens` as given (`QUANTGATE_SUITES`,
+    /// `QUANTGATE_GOLDENS`) or, unset, `suites` and `goldens` relative to
+    /// it, as messages show them. A `--suites` flag overrides `suites`.
+    pub fn for_command_line(engine_flags: [Option<&str>; 3]) -> Result<Config> {
+        let var = |k: &str| match k {
+            "CARGO_MANIFEST_DIR" => None,
+            k => env_var(k),
+        };
+        let mut c = Config::from_lookup(&var, engine_flags)?;
+        let unset = |k: &str| var(k).is_none_or(|v| v.is_empty());
+        if unset("QUANTGATE_SUITES") {
+            c.suites = PathBuf::from("suites");
+        }
+        if unset("QUANTGATE_GOLDENS") {
+            c.goldens = PathBuf::from("goldens");
+        }
+        Ok(c)
+    }
+
     /// The config `var` gives (a variable's value, None when unset; an
     /// empty value counts as unset): every value checked, an error naming
     /// the first bad one.

@@ -839,3 +839,57 @@ fn workers_start_from_the_running_build_when_its_file_is_gone() {
     );
     assert!(!stdout.contains("starting the worker"), "{stdout}");
 }
+
+/// One source for the suites folder: `--suites`, else `QUANTGATE_SUITES`
+/// (the variable `gate!()` reads), else `suites` in the working directory.
+/// Before, the command line ignored the variable.
+#[test]
+fn the_suites_folder_is_the_flag_else_the_variable() {
+    let root = suites("suites-var");
+    std::fs::write(
+        root.join("ppl/ok.toml"),
+        case(128, "[[gate]]\nmetric = \"ppl\"\nmax = 1000\n"),
+    )
+    .unwrap();
+    let elsewhere = fresh_dir("suites-var-cwd");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let bin = || {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_quantgate"));
+        c.current_dir(&elsewhere);
+        c
+    };
+    // The variable alone names the folder.
+    let (code, stdout, stderr) = output(
+        bin()
+            .args(["run", "--threads", "1"])
+            .env("QUANTGATE_SUITES", &root),
+    );
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stdout.contains("ppl/ok::tiny"), "{stdout}");
+    // The flag wins over the variable (here a folder with no cases).
+    let (code, stdout, stderr) = output(
+        bin()
+            .arg("--suites")
+            .arg(&root)
+            .args(["run", "--threads", "1"])
+            .env("QUANTGATE_SUITES", &elsewhere),
+    );
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stdout.contains("ppl/ok::tiny"), "{stdout}");
+    // Neither: `suites` in the working directory, which holds none here.
+    let (code, _, stderr) = output(
+        bin()
+            .args(["run", "--threads", "1"])
+            .env_remove("QUANTGATE_SUITES"),
+    );
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("suites"), "{stderr}");
+    // A variable naming no folder is refused, named.
+    let (code, _, stderr) = output(
+        bin()
+            .args(["run", "--threads", "1"])
+            .env("QUANTGATE_SUITES", elsewhere.join("nothing")),
+    );
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("QUANTGATE_SUITES"), "{stderr}");
+}
