@@ -36,7 +36,7 @@ pub fn user_key() -> Option<&'static Key> {
             match local_key(&path) {
                 Ok(k) => Some(k),
                 Err(why) => {
-                    eprintln!(
+                    crate::core::progress::say!(
                         "quantgate: the result cache is off: no key to authenticate its entries \
                          ({}: {why}); set {KEY_ENV} to use it",
                         path.display()

@@ -104,3 +104,61 @@ pub fn spinner(what: &str, msg: &str) -> ProgressBar {
     spinner.enable_steady_tick(std::time::Duration::from_millis(200));
     spinner
 }
+
+/// Where the library's notes go (a file pinned, a cache entry refused, a
+/// reference read unauthenticated, a model derived): stderr, unless the
+/// program that embeds quantgate takes them ([`set_sink`]). The library
+/// writes no other way to stderr (`tests/cli/package.rs` checks).
+pub trait Sink: Send + Sync {
+    /// One note, a line or a few, without its trailing newline.
+    fn note(&self, line: &str);
+}
+
+static SINK: std::sync::OnceLock<Box<dyn Sink>> = std::sync::OnceLock::new();
+
+/// Take the library's notes from now on (once per process: false, and
+/// `sink` unused, when one is set already).
+pub fn set_sink(sink: Box<dyn Sink>) -> bool {
+    SINK.set(sink).is_ok()
+}
+
+/// Pass one note on: to the sink, else to stderr.
+pub fn note(line: &str) {
+    match SINK.get() {
+        Some(s) => s.note(line),
+        None => eprintln!("{line}"),
+    }
+}
+
+/// `say!("…", args)`: a note, formatted as `format!` does ([`note`]).
+macro_rules! say {
+    ($($t:tt)*) => {
+        $crate::core::progress::note(&format!($($t)*))
+    };
+}
+pub(crate) use say;
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    struct Keep(Arc<Mutex<Vec<String>>>);
+    impl super::Sink for Keep {
+        fn note(&self, line: &str) {
+            self.0.lock().unwrap().push(line.to_string());
+        }
+    }
+
+    #[test]
+    fn notes_go_to_the_sink_a_program_sets() {
+        let kept = Arc::new(Mutex::new(Vec::new()));
+        assert!(super::set_sink(Box::new(Keep(kept.clone()))));
+        assert!(!super::set_sink(Box::new(Keep(kept.clone()))), "set once");
+        super::say!("quantgate: pinned `{}` ({} bytes)", "a", 3);
+        let kept = kept.lock().unwrap();
+        assert!(
+            kept.iter().any(|l| l == "quantgate: pinned `a` (3 bytes)"),
+            "{kept:?}"
+        );
+    }
+}

@@ -74,7 +74,7 @@ fn entry(runner: &RunContext, p: &Planned) -> Option<PathBuf> {
 /// never answered from the cache: the trial runs and reports it).
 pub fn read(runner: &RunContext, p: &Planned) -> Option<Outcome> {
     let (path, o) = lookup(runner, p)?;
-    eprintln!(
+    crate::core::progress::say!(
         "quantgate: {}: result from the result cache ({})",
         p.name,
         path.display()
@@ -151,14 +151,14 @@ fn lookup(runner: &RunContext, p: &Planned) -> Option<(PathBuf, Outcome)> {
         read_entry(&path).filter(|o| o.case == split_test_name(&p.name).0 && o.model == p.model)?;
     let parsed = p.case.as_ref().ok()?;
     if let Some(why) = settings_problem(runner, &o, true) {
-        eprintln!(
+        crate::core::progress::say!(
             "quantgate: result cache entry {} is unusable ({why}); running the trial",
             path.display()
         );
         return None;
     }
     if let Err(why) = parsed.kind.recheck(&o) {
-        eprintln!(
+        crate::core::progress::say!(
             "quantgate: result cache entry {} is unusable ({why}); running the trial",
             path.display()
         );
@@ -187,7 +187,7 @@ pub fn write(runner: &RunContext, p: &Planned, o: &Outcome) {
 /// entry is reported and the trial runs again.
 fn read_entry(path: &std::path::Path) -> Option<Outcome> {
     let unusable = |why: String| {
-        eprintln!(
+        crate::core::progress::say!(
             "quantgate: result cache entry {} is unusable ({why}); running the trial",
             path.display()
         );
@@ -252,7 +252,7 @@ pub fn latest(runner: &RunContext, p: &Planned) -> Option<Outcome> {
             continue;
         };
         if let Err(why) = parsed.kind.recheck(&o) {
-            eprintln!(
+            crate::core::progress::say!(
                 "quantgate: result cache entry {} is unusable ({why}); not reported",
                 path.display()
             );

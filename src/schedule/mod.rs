@@ -139,7 +139,7 @@ pub fn run_groups(
         } = exec(g, &run, &provides);
         let mut b = board.lock().unwrap_or_else(|p| p.into_inner());
         for f in &work.failed {
-            eprintln!("quantgate: reference work failed: {f}");
+            crate::core::progress::say!("quantgate: reference work failed: {f}");
         }
         if !work.built.is_empty() {
             b.reference_work.push((

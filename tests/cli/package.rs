@@ -119,3 +119,50 @@ fn the_books_metrics_tables_are_the_kinds_declarations() {
         similar::TextDiff::from_lines(&kept, &made).unified_diff()
     );
 }
+
+/// The library says what it says through `core::progress` (a program that
+/// embeds it can take its notes); only the edges write to stderr: the
+/// command line, the harness, a worker's own failure, and the fake engine's
+/// imitation of llama.cpp's last words before an abort.
+#[test]
+fn only_the_edges_write_to_stderr() {
+    let edges = [
+        "src/cli/",
+        "src/harness/",
+        "src/main.rs",
+        "src/core/progress.rs",
+        "src/engine/fake.rs",
+        "src/schedule/worker.rs",
+    ];
+    let mut found = Vec::new();
+    for e in walkdir::WalkDir::new(repo().join("src")) {
+        let e = e.unwrap();
+        let rel = e
+            .path()
+            .strip_prefix(repo())
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        if !rel.ends_with(".rs") || edges.iter().any(|x| rel.starts_with(x)) {
+            continue;
+        }
+        let text = std::fs::read_to_string(e.path()).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            if code.contains("eprintln!(") || code.contains("eprint!(") {
+                found.push(format!("{rel}:{}: {}", n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "the library writes to stderr itself (use core::progress::say!):\n{}",
+        found.join("\n")
+    );
+    let worker = std::fs::read_to_string(repo().join("src/schedule/worker.rs")).unwrap();
+    assert_eq!(
+        worker.matches("eprintln!(").count(),
+        1,
+        "a worker's own failure only"
+    );
+}

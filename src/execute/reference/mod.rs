@@ -175,7 +175,7 @@ impl ReferenceStore {
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(path.to_path_buf())
         {
-            eprintln!("{}", unauthenticated_warning(path));
+            crate::core::progress::say!("{}", unauthenticated_warning(path));
         }
         seal
     }
@@ -241,7 +241,7 @@ impl ReferenceStore {
         if self.forbidding()?.is_some() {
             return Err(Error::input(msg));
         }
-        eprintln!("quantgate: {msg}; computing it here");
+        crate::core::progress::say!("quantgate: {msg}; computing it here");
         Ok(())
     }
 
@@ -388,7 +388,7 @@ impl ReferenceStore {
         let read = |path: &Path, seal: Seal| match Self::read_rows(header, path, seal) {
             Ok(r) => r,
             Err(why) => {
-                eprintln!(
+                crate::core::progress::say!(
                     "quantgate: reference cache {} is unusable ({why}); rebuilding it from `{ref_alias}`",
                     path.display()
                 );
@@ -563,7 +563,7 @@ impl ReferenceStore {
             Err(why) => corrupt = Some(why),
         }
         if let Some(why) = &corrupt {
-            eprintln!(
+            crate::core::progress::say!(
                 "quantgate: reference cache {} is unusable ({why}); rebuilding it from `{ref_alias}`",
                 path.display()
             );
@@ -598,7 +598,7 @@ fn read_kept<T: serde::de::DeserializeOwned>(id: &str, path: &Path, seal: Seal) 
             Err(e) => e.to_string(),
         },
     };
-    eprintln!(
+    crate::core::progress::say!(
         "quantgate: reference cache {} is unusable ({why}); computing it again",
         path.display()
     );

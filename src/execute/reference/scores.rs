@@ -209,7 +209,7 @@ impl ReferenceStore {
             Ok(Some((h, s))) => Some(self.remember_scores(id, &h, s)),
             Ok(None) => None,
             Err(why) => {
-                eprintln!(
+                crate::core::progress::say!(
                     "quantgate: reference cache {} is unusable ({why}); rescoring `{}`",
                     path.display(),
                     key.alias

@@ -105,7 +105,7 @@ impl ScoresBuild {
         }
         let kept = scored.clone();
         cx.references.put_scores(&key, header, scored).or_else(|e| {
-            eprintln!(
+            crate::core::progress::say!(
                 "quantgate: the scores of `{alias}` could not be kept ({}); later runs decode them again",
                 e.message
             );
