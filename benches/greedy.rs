@@ -40,7 +40,8 @@ fn main() {
         "model", "drafted ms/t", "undrafted ms/t", "1-token ms/t", "undr/dr", "dr/1-tok"
     );
     for alias in ["smollm2-q4_1", "smollm2-f16", "gemma3-270m-q4_k_m"] {
-        let v = ensure(&reg, alias, &label, &q).expect("model");
+        let v =
+            ensure(&quantgate::Config::load().unwrap(), &reg, alias, &label, &q).expect("model");
         let m = pool.get(&v.file).expect("load");
         let u = plain.get(&v.file).expect("load");
         let prompt: Vec<i32> = m

@@ -74,7 +74,12 @@ fn main() -> ExitCode {
     let only = std::env::var("QG_BENCH_VOCAB").ok();
     let registry = Registry::load(&repo.join("suites/models.toml")).unwrap();
     let threads = quantgate::execute::threads_per_trial(1);
-    let runner = RunContext::new(registry, Arc::new(LlamaEngine::new()), threads);
+    let runner = RunContext::new(
+        &quantgate::Config::load().unwrap(),
+        registry,
+        Arc::new(LlamaEngine::new()),
+        threads,
+    );
     let text = std::fs::read_to_string(repo.join("suites/data/wikitext-2-test.txt")).unwrap();
     let mut ok = true;
     for &(name, reference, candidates) in VOCABULARIES {
@@ -155,11 +160,19 @@ fn vocabulary(
         };
         let mut ref_rows: Vec<Vec<f32>> = Vec::new();
         let mut ref_default = Vec::new();
-        score_plan_with(reference.clone(), &sub, 512, threads, false, &mut |r| {
-            ref_rows.push(r.row.to_vec());
-            ref_default.push(compress_row(r.row, r.stats, r.target, tail0, k0));
-            Ok(())
-        })
+        score_plan_with(
+            reference.clone(),
+            &sub,
+            512,
+            threads,
+            &Default::default(),
+            false,
+            &mut |r| {
+                ref_rows.push(r.row.to_vec());
+                ref_default.push(compress_row(r.row, r.stats, r.target, tail0, k0));
+                Ok(())
+            },
+        )
         .unwrap();
         positions += ref_rows.len();
         let sorted: Vec<(Vec<usize>, Vec<f64>)> =
@@ -204,30 +217,39 @@ fn vocabulary(
                 &sub.windows[0].targets,
             );
             let mut buf = Vec::new();
-            let scored = score_plan_with(model.clone(), &sub, 512, threads, true, &mut |r| {
-                // Timed part: exactly what a kld case does per position.
-                // (row_stats runs once per row for NLL anyway; timed here too.)
-                let t = Instant::now();
-                let st = std::hint::black_box(quantgate::measure::row_stats_exps(r.row, &mut buf));
-                let p = compare(
-                    &ref_default[r.index],
-                    r.row,
-                    &st,
-                    &buf,
-                    r.target,
-                    copy[r.index],
-                );
-                measure += t.elapsed();
-                let (ex, ex_rev) = exact_both(&ref_rows[r.index], r.row);
-                store_err[c].push((p.kl - ex).abs());
-                store_rev_err[c].push((p.kl_rev - ex_rev).abs());
-                default_pos[c].push(p);
-                llama_err[c].push((common::tool_kl(&ref_rows[r.index], r.row) - ex).abs());
-                for (f, g) in grouped.iter().enumerate() {
-                    frontier[f].1[c].push((g[r.index].kl(r.row) - ex).abs());
-                }
-                Ok(())
-            })
+            let scored = score_plan_with(
+                model.clone(),
+                &sub,
+                512,
+                threads,
+                &Default::default(),
+                true,
+                &mut |r| {
+                    // Timed part: exactly what a kld case does per position.
+                    // (row_stats runs once per row for NLL anyway; timed here too.)
+                    let t = Instant::now();
+                    let st =
+                        std::hint::black_box(quantgate::measure::row_stats_exps(r.row, &mut buf));
+                    let p = compare(
+                        &ref_default[r.index],
+                        r.row,
+                        &st,
+                        &buf,
+                        r.target,
+                        copy[r.index],
+                    );
+                    measure += t.elapsed();
+                    let (ex, ex_rev) = exact_both(&ref_rows[r.index], r.row);
+                    store_err[c].push((p.kl - ex).abs());
+                    store_rev_err[c].push((p.kl_rev - ex_rev).abs());
+                    default_pos[c].push(p);
+                    llama_err[c].push((common::tool_kl(&ref_rows[r.index], r.row) - ex).abs());
+                    for (f, g) in grouped.iter().enumerate() {
+                        frontier[f].1[c].push((g[r.index].kl(r.row) - ex).abs());
+                    }
+                    Ok(())
+                },
+            )
             .unwrap();
             decode += scored.decode;
         }

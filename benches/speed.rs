@@ -60,7 +60,10 @@ fn main() -> ExitCode {
     std::fs::copy(repo.join("suites/models.toml"), suites.join("models.toml")).unwrap();
     let mut failed = false;
     for alias in &models {
-        let path = ensure(&reg, alias, &label, &q).unwrap().file.path;
+        let path = ensure(&quantgate::Config::load().unwrap(), &reg, alias, &label, &q)
+            .unwrap()
+            .file
+            .path;
         std::fs::write(
             suites.join("speed/one.toml"),
             format!(

@@ -34,7 +34,7 @@ pub mod report;
 #[doc(hidden)]
 pub mod schedule;
 
-pub use crate::core::config::{Config, Isolation, Missing, Shipped, UpdateMode};
+pub use crate::core::config::{Config, ConfigBuilder, Isolation, Missing, Shipped, UpdateMode};
 pub use crate::core::error::{Error, ErrorKind, Result};
 pub use crate::core::outcome::{GateResult, Outcome, Status, TrialEnd};
 
@@ -49,7 +49,8 @@ pub mod prelude {
 /// every case under the crate's `suites/` on llama.cpp as a test, each
 /// outcome against its golden under `goldens/` (folders from [`Config`]:
 /// `QUANTGATE_SUITES`, `QUANTGATE_GOLDENS`, relative to the crate at run
-/// time). It defines the test binary's `main`, which is [`run_gate`].
+/// time). It defines the test binary's `main`: [`run_gate`] under the
+/// environment's [`Config`], where a bad value fails every test by name.
 ///
 /// ```no_run
 /// quantgate::gate!();
@@ -58,29 +59,45 @@ pub mod prelude {
 macro_rules! gate {
     () => {
         fn main() -> std::process::ExitCode {
-            $crate::run_gate()
+            $crate::harness::gate()
         }
     };
 }
 
-/// Run the crate's cases as tests (what [`gate!`] expands to call): the
-/// cases under [`Config::suites`], each against its golden under
-/// [`Config::goldens`], with libtest's arguments (`--list`, a filter,
-/// `--exact`, `--test-threads`, nextest's protocol) from the command line.
-/// A bad setting fails every test by name; a run that cannot be planned is
-/// one failing test saying why.
-pub fn run_gate() -> std::process::ExitCode {
-    harness::gate()
+/// Run the crate's cases as tests under `config` (what [`gate!`] does
+/// under the environment's): the cases under [`Config::suites`], each
+/// against its golden under [`Config::goldens`], with libtest's arguments
+/// (`--list`, a filter, `--exact`, `--test-threads`, nextest's protocol)
+/// from the command line. A run that cannot be planned is one failing test
+/// saying why. Worker processes are given the same config.
+///
+/// ```no_run
+/// fn main() -> std::process::ExitCode {
+///     let config = quantgate::Config::builder()
+///         .suites("quants/suites")
+///         .goldens("quants/goldens")
+///         .build();
+///     match config {
+///         Ok(c) => quantgate::run_gate(&c),
+///         Err(e) => {
+///             eprintln!("{e}");
+///             std::process::ExitCode::from(2)
+///         }
+///     }
+/// }
+/// ```
+pub fn run_gate(config: &Config) -> std::process::ExitCode {
+    harness::gate_with(config)
 }
 
 /// The outcomes under `sources`, verified as they are read: `--json` files
 /// of `quantgate run` (an array of outcomes) and the folders a sharded run
 /// writes (`QUANTGATE_OUT`, one `<case>/<model>.json` per test). With a
 /// signing key configured (`QUANTGATE_SIGNING_KEY`), only outcomes that
-/// carry a valid MAC are taken. A file that is not outcome JSON is an
-/// input error naming it.
-pub fn read_outcomes(sources: &[std::path::PathBuf]) -> Result<Vec<Outcome>> {
-    Ok(judge::merge::read_outcomes(sources)?
+/// carry a valid MAC are taken (`config`'s key). A file that is not
+/// outcome JSON is an input error naming it.
+pub fn read_outcomes(config: &Config, sources: &[std::path::PathBuf]) -> Result<Vec<Outcome>> {
+    Ok(judge::merge::read_outcomes(sources, config.signing_key())?
         .into_iter()
         .map(|(_, o)| o)
         .collect())

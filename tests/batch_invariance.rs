@@ -24,7 +24,14 @@ fn load(pool: &ModelPool, alias: &str) -> Arc<dyn LoadedModel> {
         Registry::load(&quantgate::harness::project_root().join("suites/models.toml")).unwrap();
     let engine = pool.engine().clone();
     let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 2);
-    let v = ensure(&reg, alias, &engine.build().label(), &q).unwrap();
+    let v = ensure(
+        &quantgate::Config::load().unwrap(),
+        &reg,
+        alias,
+        &engine.build().label(),
+        &q,
+    )
+    .unwrap();
     pool.get(&v.file).unwrap()
 }
 

@@ -23,7 +23,14 @@ fn fixture() -> Arc<dyn LoadedModel> {
         Registry::load(&quantgate::harness::project_root().join("suites/models.toml")).unwrap();
     let engine = LlamaEngine::new();
     let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 1);
-    let v = ensure(&reg, FIXTURE, &engine.build().label(), &q).unwrap();
+    let v = ensure(
+        &quantgate::Config::load().unwrap(),
+        &reg,
+        FIXTURE,
+        &engine.build().label(),
+        &q,
+    )
+    .unwrap();
     pool().get(&v.file).unwrap()
 }
 
@@ -168,7 +175,14 @@ fn drafted_generation_with_four_row_passes_equals_undrafted() {
         Registry::load(&quantgate::harness::project_root().join("suites/models.toml")).unwrap();
     let load = |engine: &LlamaEngine| {
         let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 1);
-        let v = ensure(&reg, "gemma3-270m-q4_k_m", &engine.build().label(), &q).unwrap();
+        let v = ensure(
+            &quantgate::Config::load().unwrap(),
+            &reg,
+            "gemma3-270m-q4_k_m",
+            &engine.build().label(),
+            &q,
+        )
+        .unwrap();
         engine.load(&v.file).unwrap()
     };
     let m = load(&LlamaEngine::new());
@@ -394,7 +408,14 @@ fn inspect_agrees_with_llama_cpps_loader_on_every_fixture() {
     let engine = LlamaEngine::new();
     let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 1);
     for alias in reg.models.keys() {
-        let v = ensure(&reg, alias, &engine.build().label(), &q).unwrap();
+        let v = ensure(
+            &quantgate::Config::load().unwrap(),
+            &reg,
+            alias,
+            &engine.build().label(),
+            &q,
+        )
+        .unwrap();
         let i = quantgate::models::inspect::inspect(&v.file.path, true).unwrap();
         let (params, size) = quantgate::engine::llama::loader_size(&v.file.path).unwrap();
         assert_eq!(i.params, params, "{alias}: parameters");

@@ -37,7 +37,12 @@ fn q3_and_q2_fail_the_delta_nll_and_kld_gates_with_readable_messages() {
         .unwrap();
     }
     let (registry, planned) = plan(&root, &[], &[]).unwrap();
-    let runner = RunContext::new(registry, Arc::new(LlamaEngine::new()), 2);
+    let runner = RunContext::new(
+        &quantgate::Config::load().unwrap(),
+        registry,
+        Arc::new(LlamaEngine::new()),
+        2,
+    );
     assert_eq!(planned.len(), 5);
     let (outcomes, _) = quantgate::schedule::run_plan(
         &runner,

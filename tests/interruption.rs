@@ -505,7 +505,12 @@ fn parquet_role(root: &Path) -> ExitCode {
     .unwrap();
     let (registry, planned) =
         quantgate::plan::plan(&root.join("suites"), &["k.toml".into()], &[]).unwrap();
-    let mut runner = quantgate::execute::RunContext::new(registry, Arc::new(engine()), 1);
+    let mut runner = quantgate::execute::RunContext::new(
+        &quantgate::Config::load().unwrap(),
+        registry,
+        Arc::new(engine()),
+        1,
+    );
     runner.references.dir = root.join("cache");
     let o = quantgate::judge::trial(&runner, &planned[0], std::path::Path::new("goldens"));
     if o.status != quantgate::core::Status::Pass {

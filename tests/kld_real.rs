@@ -19,7 +19,12 @@ use std::sync::Arc;
 fn stored_reference_rows_give_the_exact_kl_on_real_models() {
     let repo = quantgate::harness::project_root();
     let reg = Registry::load(&repo.join("suites/models.toml")).unwrap();
-    let runner = RunContext::new(reg, Arc::new(LlamaEngine::new()), 2);
+    let runner = RunContext::new(
+        &quantgate::Config::load().unwrap(),
+        reg,
+        Arc::new(LlamaEngine::new()),
+        2,
+    );
     let load = |alias: &str| runner.load(alias).unwrap().1;
     let f16 = load("smollm2-f16");
     let text = std::fs::read_to_string(repo.join("suites/data/wikitext-2-test.txt")).unwrap();
@@ -33,17 +38,25 @@ fn stored_reference_rows_give_the_exact_kl_on_real_models() {
     let plan = plan_windows(&ids, &w, info.add_bos.then_some(info.bos)).unwrap();
     let mut ref_rows = Vec::new();
     let mut stored = Vec::new();
-    score_plan_with(f16.clone(), &plan, 512, 2, false, &mut |r| {
-        ref_rows.push(r.row.to_vec());
-        stored.push(compress_row(
-            r.row,
-            r.stats,
-            r.target,
-            DEFAULT_TAIL,
-            DEFAULT_MAX_KEPT,
-        ));
-        Ok(())
-    })
+    score_plan_with(
+        f16.clone(),
+        &plan,
+        512,
+        2,
+        &Default::default(),
+        false,
+        &mut |r| {
+            ref_rows.push(r.row.to_vec());
+            stored.push(compress_row(
+                r.row,
+                r.stats,
+                r.target,
+                DEFAULT_TAIL,
+                DEFAULT_MAX_KEPT,
+            ));
+            Ok(())
+        },
+    )
     .unwrap();
     assert_eq!(stored.len(), 255);
     // SmolLM2's tail is real: most rows keep the cap and store a tail.
@@ -53,17 +66,25 @@ fn stored_reference_rows_give_the_exact_kl_on_real_models() {
         let mut errs = Vec::new();
         let mut tool_errs = Vec::new();
         let mut rev_errs = Vec::new();
-        score_plan_with(cand.clone(), &plan, 512, 2, true, &mut |r| {
-            let c = compare(&stored[r.index], r.row, r.stats, r.exps, r.target, false);
-            let exact = common::exact_kl(&ref_rows[r.index], r.row);
-            errs.push((c.kl - exact).abs());
-            tool_errs.push((common::tool_kl(&ref_rows[r.index], r.row) - exact).abs());
-            rev_errs.push((c.kl_rev - common::exact_kl(r.row, &ref_rows[r.index])).abs());
-            // The true token's probabilities are exact, not stored approximations.
-            let lp_true = common::exact_log_softmax(&ref_rows[r.index])[r.target];
-            assert!((c.p_ref.ln() - lp_true).abs() < 1e-9);
-            Ok(())
-        })
+        score_plan_with(
+            cand.clone(),
+            &plan,
+            512,
+            2,
+            &Default::default(),
+            true,
+            &mut |r| {
+                let c = compare(&stored[r.index], r.row, r.stats, r.exps, r.target, false);
+                let exact = common::exact_kl(&ref_rows[r.index], r.row);
+                errs.push((c.kl - exact).abs());
+                tool_errs.push((common::tool_kl(&ref_rows[r.index], r.row) - exact).abs());
+                rev_errs.push((c.kl_rev - common::exact_kl(r.row, &ref_rows[r.index])).abs());
+                // The true token's probabilities are exact, not stored approximations.
+                let lp_true = common::exact_log_softmax(&ref_rows[r.index])[r.target];
+                assert!((c.p_ref.ln() - lp_true).abs() < 1e-9);
+                Ok(())
+            },
+        )
         .unwrap();
         let n = errs.len() as f64;
         let mean = errs.iter().sum::<f64>() / n;

@@ -81,7 +81,9 @@ fn run_tool(tool: &str, model: &Path, text: &Path, args: &[&str]) -> String {
             key.push_str(&format!("|{a}"));
         }
     }
-    let dir = quantgate::models::cache_dir()
+    let dir = quantgate::Config::load()
+        .unwrap()
+        .cache
         .join("tool-runs")
         .join(quantgate::core::fsutil::sha256_bytes(key.as_bytes()));
     let kept = |name: &str| read_sealed(&dir.join(name)).ok().flatten();
@@ -129,7 +131,10 @@ fn kept_scores(
     threads: u32,
 ) -> Arc<quantgate::execute::windows::Scored> {
     let alias = v.file.alias.as_str();
-    let store = ReferenceStore::new(quantgate::models::cache_dir().join("reference"));
+    let store = ReferenceStore::new(
+        quantgate::Config::load().unwrap().cache.join("reference"),
+        &quantgate::Config::load().unwrap(),
+    );
     let mut settings = quantgate::core::Settings::new(plan.n_ctx, threads);
     settings.n_batch = n_batch;
     let build = engine.model_identity(alias);
@@ -143,7 +148,7 @@ fn kept_scores(
     };
     store
         .scores(&key, &alias, &|| {
-            let scored = score_plan(model.clone(), plan, n_batch, threads)?;
+            let scored = score_plan(model.clone(), plan, n_batch, threads, &Default::default())?;
             let info = model.info();
             let header = RecordHeader {
                 quantgate_reference_record: 1,
@@ -173,7 +178,7 @@ fn models(aliases: &[&str]) -> (Arc<LlamaEngine>, Vec<quantgate::models::Verifie
     let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 2);
     let verified = aliases
         .iter()
-        .map(|a| ensure(&reg, a, &label, &q).unwrap())
+        .map(|a| ensure(&quantgate::Config::load().unwrap(), &reg, a, &label, &q).unwrap())
         .collect();
     (engine, verified)
 }
@@ -415,7 +420,12 @@ fn kld_equals_llama_perplexity_kl_divergence() {
     )
     .unwrap();
     let (registry, planned) = quantgate::plan::plan(&dir.join("suites"), &[], &[]).unwrap();
-    let runner = quantgate::execute::RunContext::new(registry, engine.clone(), threads);
+    let runner = quantgate::execute::RunContext::new(
+        &quantgate::Config::load().unwrap(),
+        registry,
+        engine.clone(),
+        threads,
+    );
     // Both cases score the same windows of Q8_0: one decode.
     let (outcomes, _) = quantgate::schedule::run_plan(
         &runner,
@@ -491,7 +501,10 @@ fn kept_mc_scores(
     score: &dyn Fn() -> quantgate::core::error::Result<quantgate::kinds::multiple_choice::Scores>,
 ) -> Arc<quantgate::kinds::multiple_choice::KeptScores> {
     use quantgate::kinds::multiple_choice::{kept_scores, KeptScores, ScoresId};
-    let store = ReferenceStore::new(quantgate::models::cache_dir().join("reference"));
+    let store = ReferenceStore::new(
+        quantgate::Config::load().unwrap().cache.join("reference"),
+        &quantgate::Config::load().unwrap(),
+    );
     let build = engine.model_identity(&v.file.alias);
     let file_sha256 = quantgate::core::fsutil::sha256_file(file, |_| {})
         .unwrap()

@@ -37,6 +37,7 @@ fn suite(tag: &str, cases: &[(&str, String)]) -> PathBuf {
 fn run_all(root: &Path) -> Vec<Outcome> {
     let (registry, planned) = plan(root, &[], &[]).unwrap();
     let r = RunContext::new(
+        &quantgate::Config::load().unwrap(),
         registry,
         Arc::new(quantgate::engine::llama::LlamaEngine::new()),
         2,
@@ -71,6 +72,7 @@ fn logprob_and_kl_vs_ref_match_an_independent_computation() {
     // Raw rows of both models over the same text, with the engine alone.
     let reg = quantgate::models::Registry::load(&root.join("models.toml")).unwrap();
     let runner = RunContext::new(
+        &quantgate::Config::load().unwrap(),
         reg,
         Arc::new(quantgate::engine::llama::LlamaEngine::new()),
         2,

@@ -18,7 +18,12 @@ fn record_reproduces_the_live_reference_exactly() {
     ];
     let models = vec!["smollm2-q4_k_m".to_string()];
     let (registry, planned) = plan(&suites, &patterns, &models).unwrap();
-    let runner = RunContext::new(registry, Arc::new(LlamaEngine::new()), 2);
+    let runner = RunContext::new(
+        &quantgate::Config::load().unwrap(),
+        registry,
+        Arc::new(LlamaEngine::new()),
+        2,
+    );
     let out: Vec<_> = planned
         .iter()
         .map(|p| quantgate::judge::trial(&runner, p, std::path::Path::new("goldens")))
@@ -40,7 +45,12 @@ fn record_reproduces_the_live_reference_exactly() {
     let mut p = f16[0].clone();
     p.model = "smollm2-f16".into();
     p.name = "ppl/resets::smollm2-f16".into();
-    let runner = RunContext::new(registry, Arc::new(LlamaEngine::new()), 2);
+    let runner = RunContext::new(
+        &quantgate::Config::load().unwrap(),
+        registry,
+        Arc::new(LlamaEngine::new()),
+        2,
+    );
     let f = quantgate::judge::trial(&runner, &p, std::path::Path::new("goldens"));
     assert!(f.error.is_none(), "{:?}", f.error);
     assert_eq!(

@@ -3,7 +3,7 @@
 use super::args::InspectArgs;
 use super::{said, Conclusion, Ctx};
 use quantgate::core::Error;
-use quantgate::models::{ensure, Registry};
+use quantgate::models::Registry;
 use std::path::{Path, PathBuf};
 
 /// A target as a file: a path as given, or a registry alias fetched or
@@ -21,7 +21,7 @@ fn resolve(
         Some(r) => &*r,
         None => &*registry.insert(ctx.registry()?),
     };
-    let v = ensure(reg, t, &ctx.label(), &ctx.quantizer())?;
+    let v = ctx.ensure(reg, t)?;
     Ok((v.file.path.clone(), Some(v.file.sha256)))
 }
 

@@ -16,15 +16,15 @@ pub fn run(ctx: &Ctx, a: MergeArgs) -> Result<Conclusion, Error> {
     if planned.is_empty() && !a.allow_empty {
         return Err(nothing_selected("merge", &a.cases, &a.models));
     }
-    let found = quantgate::judge::merge::read_outcomes(&a.sources)?;
+    let found = quantgate::judge::merge::read_outcomes(&a.sources, ctx.config.signing_key())?;
     let pinned = |m: &str| registry.entry(m).ok()?.sha256.clone();
     let outcomes = quantgate::judge::merge::merge(&planned, found, &pinned)?;
     print!("{}", report::table(&outcomes));
     if let Some(path) = &a.json {
-        report::write_json(path, &outcomes)?;
+        report::write_json(path, &outcomes, ctx.config.signing_key())?;
     }
     if let Some(dir) = &a.report {
-        write_report(dir, &outcomes, &registry, &ctx.label())?;
+        write_report(dir, &outcomes, &registry, &ctx.label(), &ctx.config.cache)?;
     }
     Ok(Conclusion::of_outcomes(&outcomes))
 }

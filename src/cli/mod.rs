@@ -75,6 +75,8 @@ pub fn conclude(result: Result<Conclusion, Error>) -> ExitCode {
 
 /// What every command shares: the suites folder and the engine.
 pub struct Ctx {
+    /// The config, built here from the flags and the environment.
+    pub config: quantgate::Config,
     /// `--suites`.
     pub suites: PathBuf,
     /// The engine that runs models.
@@ -171,9 +173,26 @@ impl Ctx {
     /// A run context of one job on `registry` (the threads of one trial).
     pub fn runner(&self, registry: Registry) -> quantgate::execute::RunContext {
         quantgate::execute::RunContext::new(
+            &self.config,
             registry,
             self.engine.clone(),
             quantgate::execute::threads_per_trial(1),
+        )
+    }
+
+    /// Make `alias` available and verified (fetched or derived into the
+    /// cache folder).
+    pub fn ensure(
+        &self,
+        registry: &Registry,
+        alias: &str,
+    ) -> Result<quantgate::models::Verified, Error> {
+        quantgate::models::ensure(
+            &self.config,
+            registry,
+            alias,
+            &self.label(),
+            &self.quantizer(),
         )
     }
 
@@ -190,9 +209,10 @@ pub fn write_report(
     outcomes: &[Outcome],
     registry: &Registry,
     label: &str,
+    cache: &Path,
 ) -> Result<String, Error> {
     use quantgate::report::ladder;
-    let facts = |m: &str| ladder::facts_of(registry, label, m);
+    let facts = |m: &str| ladder::facts_of(registry, label, cache, m);
     let views = ladder::views(outcomes, &quantgate::kinds::presentations(), &facts);
     let files = ladder::write(dir, &views, outcomes)?;
     eprintln!(
@@ -258,11 +278,11 @@ pub fn dispatch(cli: Cli) -> Result<Conclusion, Error> {
     // One source for the suites folder: the flag, else the config's
     // (`QUANTGATE_SUITES`, else `suites`).
     let suites = cli.suites.unwrap_or_else(|| config.suites.clone());
-    config.install()?;
-    quantgate::models::clean_stale_temps();
+    quantgate::models::clean_stale_temps(&config.cache);
     let ctx = Ctx {
         suites,
-        engine: std::sync::Arc::new(LlamaEngine::new()),
+        engine: std::sync::Arc::new(LlamaEngine::for_config(&config)),
+        config,
     };
     match cli.command {
         Command::Init(a) => init::run(a),

@@ -4,7 +4,7 @@
 use super::args::{ModelsAction, ModelsArgs};
 use super::{said, Conclusion, Ctx};
 use quantgate::core::Error;
-use quantgate::models::{cache_dir, ensure, local, ModelEntry, Registry};
+use quantgate::models::{local, ModelEntry, Registry};
 
 /// Run `quantgate models …`.
 pub fn run(ctx: &Ctx, a: ModelsArgs) -> Result<Conclusion, Error> {
@@ -51,14 +51,14 @@ fn source(m: &ModelEntry) -> String {
 /// Every alias with its status, bytes, sha256 and source.
 fn list(ctx: &Ctx, registry: &Registry) {
     let label = ctx.label();
-    println!("cache: {}", cache_dir().display());
+    println!("cache: {}", ctx.config.cache.display());
     println!(
         "{:<18} {:<8} {:>12}  {:<64}  source",
         "alias", "status", "bytes", "sha256"
     );
     for (alias, m) in &registry.models {
         let present = registry
-            .location(alias, &label)
+            .location(alias, &label, &ctx.config.cache)
             .map(|p| p.exists())
             .unwrap_or(false);
         println!(
@@ -105,11 +105,9 @@ fn fetch(ctx: &Ctx, registry: &Registry, aliases: Vec<String>) -> Conclusion {
     } else {
         aliases
     };
-    let label = ctx.label();
-    let q = ctx.quantizer();
     let mut end = Conclusion::Pass;
     for a in &aliases {
-        match ensure(registry, a, &label, &q) {
+        match ctx.ensure(registry, a) {
             Ok(v) => {
                 let types: Vec<String> = v
                     .header

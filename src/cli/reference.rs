@@ -99,12 +99,15 @@ fn build(ctx: &Ctx, select: &Select, out: &PathBuf) -> Result<Conclusion, Error>
     }
     let mut runner = ctx.runner(registry);
     // The products go to --out, whatever the environment ships.
-    runner.references =
-        quantgate::execute::reference::ReferenceStore::with_shipped(out.clone(), Ok(None));
+    runner.references = quantgate::execute::reference::ReferenceStore::with_shipped(
+        out.clone(),
+        Ok(None),
+        &ctx.config,
+    );
     // Sealed for other machines: keyed with the signing key when one is
     // set (the shards then refuse any edit), else plain (and each shard
     // names every file it reads as unauthenticated).
-    runner.references.seal = quantgate::core::auth::Seal::shipped();
+    runner.references.seal = quantgate::core::auth::Seal::shipped(&ctx.config);
     if !runner.references.seal.keyed() {
         eprintln!(
             "quantgate: warning: no signing key is set ({}): the products in {} are sealed with \

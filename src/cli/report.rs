@@ -4,7 +4,6 @@
 use super::args::{ReportArgs, Select};
 use super::{nothing_selected, outputs_ready, write_report, Conclusion, Ctx};
 use quantgate::core::{Error, Outcome};
-use quantgate::models::cache_dir;
 use std::path::PathBuf;
 
 /// Run `quantgate report`.
@@ -27,7 +26,13 @@ pub fn run(ctx: &Ctx, a: ReportArgs) -> Result<Conclusion, Error> {
         )));
     }
     let registry = ctx.registry()?;
-    let md = write_report(&a.out, &outcomes, &registry, &ctx.label())?;
+    let md = write_report(
+        &a.out,
+        &outcomes,
+        &registry,
+        &ctx.label(),
+        &ctx.config.cache,
+    )?;
     print!("{md}");
     Ok(Conclusion::Pass)
 }
@@ -46,7 +51,7 @@ fn from_json(ctx: &Ctx, select: &Select, json: &[PathBuf]) -> Result<Vec<Outcome
             f.display()
         )));
     }
-    let found = quantgate::judge::merge::read_outcomes(json)?;
+    let found = quantgate::judge::merge::read_outcomes(json, ctx.config.signing_key())?;
     let given: std::collections::BTreeSet<String> = found
         .iter()
         .map(|(_, o)| format!("{}::{}", o.case, o.model))
@@ -82,7 +87,7 @@ fn from_cache(ctx: &Ctx, select: &Select, allow_empty: bool) -> Result<Vec<Outco
         return Err(Error::input(format!(
             "no verified result in the result cache ({}) for {} of {} selected tests \
              (run them first, or select fewer): {}",
-            cache_dir().join("results").display(),
+            ctx.config.cache.join("results").display(),
             missing.len(),
             planned.len(),
             missing.join(", ")

@@ -79,7 +79,7 @@ pub fn run(ctx: &Ctx, a: RunArgs) -> Result<Conclusion, Error> {
         report: report_dir,
         force,
     } = a;
-    let config = quantgate::core::config::Config::current();
+    let config = &ctx.config;
     // Output paths are checked before anything runs.
     outputs_ready(
         json.as_deref(),
@@ -100,6 +100,7 @@ pub fn run(ctx: &Ctx, a: RunArgs) -> Result<Conclusion, Error> {
     }
     say_early(&planned);
     let runner = Arc::new(RunContext::new(
+        config,
         registry,
         ctx.engine.clone(),
         threads.unwrap_or_else(|| threads_per_trial(jobs.max(1))),
@@ -161,7 +162,13 @@ pub fn run(ctx: &Ctx, a: RunArgs) -> Result<Conclusion, Error> {
     drop(executors);
     print!("{}", report::table(&outcomes));
     if let Some(dir) = &report_dir {
-        if let Err(e) = write_report(dir, &outcomes, runner.registry(), &ctx.label()) {
+        if let Err(e) = write_report(
+            dir,
+            &outcomes,
+            runner.registry(),
+            &ctx.label(),
+            &config.cache,
+        ) {
             eprintln!("error: {}", e.message);
             write_failed = true;
         }
@@ -170,7 +177,7 @@ pub fn run(ctx: &Ctx, a: RunArgs) -> Result<Conclusion, Error> {
         print!("\n{}", report::timings(&outcomes, &reference_work));
     }
     if let Some(path) = json {
-        report::write_json(&path, &outcomes)?;
+        report::write_json(&path, &outcomes, config.signing_key())?;
     }
     Ok(
         if outcomes

@@ -19,7 +19,7 @@ pub fn run(ctx: &Ctx, a: TokenizeArgs) -> Result<Conclusion, Error> {
             )))
         }
     };
-    let runner = RunContext::new(registry, ctx.engine.clone(), 1);
+    let runner = RunContext::new(&ctx.config, registry, ctx.engine.clone(), 1);
     let text = std::fs::read_to_string(&a.file)
         .map_err(|e| Error::input(format!("{}: {e}", a.file.display())))?;
     let (_, model) = runner.load(&a.model)?;

@@ -75,15 +75,23 @@ pub fn lock_file(path: &Path) -> Result<File> {
     Ok(f)
 }
 
+/// An exclusive `flock` on the folder `dir` (opened read-only; nothing is
+/// written), held until the handle is dropped or the process dies.
+pub fn lock_dir(dir: &Path) -> Result<File> {
+    let f = File::open(dir).map_err(|e| Error::io(dir, e))?;
+    f.lock().map_err(|e| Error::io(dir, e))?;
+    Ok(f)
+}
+
 /// The mark in the name of every temp file quantgate writes, and only those.
 pub const TEMP_MARK: &str = ".quantgate-tmp-";
 
 /// The owner tag of a temp file for `name` made by process `pid`: 16 hex
-/// digits of a MAC with this user's key ([`crate::core::keys::user_key`]),
+/// digits of a MAC with this user's key ([`crate::core::keys::process_user_key`]),
 /// so that a sweep removes only files it can prove quantgate wrote; `none`
 /// without a key (such a file is never swept).
 fn temp_tag(name: &str, pid: u32) -> String {
-    match crate::core::keys::user_key() {
+    match crate::core::keys::process_user_key() {
         Some(k) => k.mac(format!("quantgate-temp|{name}|{pid}").as_bytes())
             [crate::core::auth::MAC_PREFIX.len()..][..16]
             .to_string(),

@@ -5,55 +5,58 @@
 //! holds the keyed arithmetic; this module says which key a file gets.
 
 use crate::core::auth::{private_key_file, sign, Key, Seal, KEY_ENV};
+use crate::core::config::Config;
 use crate::core::error::{Error, Result};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-/// The signing key of this process's config (`QUANTGATE_SIGNING_KEY`, or
-/// `QUANTGATE_SIGNING_KEY_FILE`): None when neither is set. A bad value is
-/// an error of the config, checked at the edge before anything runs.
-pub fn signing_key() -> Option<&'static Key> {
-    crate::core::config::Config::current().signing_key.as_ref()
+/// The key result-cache entries and local reference products are MACed
+/// with: `config`'s signing key, else this user's own ([`user_key`], under
+/// its `config_home`). None when neither can be had (the result cache is
+/// then not used: a cached result that cannot be authenticated is not a
+/// result).
+pub fn result_cache_key(config: &Config) -> Option<&Key> {
+    config
+        .signing_key()
+        .or_else(|| user_key(config.config_home.as_deref()))
 }
 
-/// The key result-cache entries are MACed with: the signing key, else this
-/// user's own key (made on first use, mode 0600, outside the cache folder).
-/// None when neither can be had: the result cache is then not used (a
-/// cached result that cannot be authenticated is not a result).
-pub fn result_cache_key() -> Option<&'static Key> {
-    signing_key().or_else(user_key)
-}
-
-/// This user's own key (made on first use, mode 0600, outside the cache
-/// folder): what the result cache uses without a signing key, and what
-/// tags quantgate's temp files as its own. None (said once) when it can be
-/// neither read nor made.
-pub fn user_key() -> Option<&'static Key> {
-    static LOCAL: OnceLock<Option<Key>> = OnceLock::new();
-    LOCAL
-        .get_or_init(|| {
-            let path = local_key_path()?;
-            match local_key(&path) {
-                Ok(k) => Some(k),
-                Err(why) => {
-                    crate::core::progress::say!(
-                        "quantgate: the result cache is off: no key to authenticate its entries \
-                         ({}: {why}); set {KEY_ENV} to use it",
-                        path.display()
-                    );
-                    None
-                }
+/// This user's own key, kept in `config_home` (`$XDG_CONFIG_HOME/quantgate`,
+/// else `~/.config/quantgate`, as [`crate::core::config::Config::config_home`]
+/// says): made on first use, mode 0600, outside the cache folder. What the
+/// result cache uses without a signing key, and what tags quantgate's temp
+/// files as its own. None (said once per folder) when it can be neither
+/// read nor made, or there is no such folder.
+pub fn user_key(config_home: Option<&Path>) -> Option<&'static Key> {
+    type Keys = std::sync::Mutex<std::collections::HashMap<PathBuf, &'static Option<Key>>>;
+    static LOCAL: OnceLock<Keys> = OnceLock::new();
+    let path = config_home?.join("result-cache.key");
+    let mut keys = LOCAL
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let key: &'static Option<Key> = keys.entry(path.clone()).or_insert_with(|| {
+        // Leaked once per folder a process uses (one, in practice).
+        Box::leak(Box::new(match local_key(&path) {
+            Ok(k) => Some(k),
+            Err(why) => {
+                crate::core::progress::say!(
+                    "quantgate: the result cache is off: no key to authenticate its entries \
+                     ({}: {why}); set {KEY_ENV} to use it",
+                    path.display()
+                );
+                None
             }
-        })
-        .as_ref()
+        }))
+    });
+    key.as_ref()
 }
 
-/// `$XDG_CONFIG_HOME/quantgate/result-cache.key`, else under `~/.config`.
-fn local_key_path() -> Option<PathBuf> {
-    crate::core::config::Config::current()
-        .config_home
-        .as_ref()
-        .map(|d| d.join("result-cache.key"))
+/// This user's own key as the environment places it
+/// ([`crate::core::config::user_config_home`]): the temp-file tag's key,
+/// which every process of the user must agree on.
+pub fn process_user_key() -> Option<&'static Key> {
+    user_key(crate::core::config::user_config_home().as_deref())
 }
 
 /// The key at `path`, made there first when there is none: 32 bytes from
@@ -93,28 +96,49 @@ fn local_key(path: &Path) -> std::result::Result<Key, String> {
     read(path)
 }
 
+/// `key` for the life of the process: one copy per distinct key (a
+/// process uses one or two), so that seals stay `Copy`.
+fn interned(key: &Key) -> &'static Key {
+    static KEYS: OnceLock<std::sync::Mutex<Vec<&'static Key>>> = OnceLock::new();
+    let mut keys = KEYS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(k) = keys
+        .iter()
+        .find(|k| k.bytes == key.bytes && k.source == key.source)
+    {
+        return k;
+    }
+    let k: &'static Key = Box::leak(Box::new(key.clone()));
+    keys.push(k);
+    k
+}
+
 impl Seal {
     /// The seal of reference products kept in the local cache: keyed with
     /// the result-cache key (the signing key, else this user's own), as
     /// result-cache entries are; plain only when no key can be had.
-    pub fn local() -> Seal {
-        result_cache_key().map_or(Seal::Plain, Seal::Keyed)
+    pub fn local(config: &Config) -> Seal {
+        result_cache_key(config).map_or(Seal::Plain, |k| Seal::Keyed(interned(k)))
     }
 
     /// The seal of products that cross to other machines (a shipped
     /// reference folder): keyed with the signing key when one is set, else
     /// plain (another machine has no key of this user's to check it by).
-    pub fn shipped() -> Seal {
-        signing_key().map_or(Seal::Plain, Seal::Keyed)
+    pub fn shipped(config: &Config) -> Seal {
+        config
+            .signing_key()
+            .map_or(Seal::Plain, |k| Seal::Keyed(interned(k)))
     }
 }
 
-/// An outcome as the JSON that `--json` and shards write: signed with the
-/// signing key when one is set.
-pub fn outcome_json(o: &crate::core::Outcome) -> Result<serde_json::Value> {
+/// An outcome as the JSON that `--json` and shards write: signed with
+/// `key` (the config's signing key) when one is given.
+pub fn outcome_json(o: &crate::core::Outcome, key: Option<&Key>) -> Result<serde_json::Value> {
     let mut v =
         serde_json::to_value(o).map_err(|e| Error::harness(format!("serialising results: {e}")))?;
-    if let Some(key) = signing_key() {
+    if let Some(key) = key {
         sign(&mut v, key);
     }
     Ok(v)

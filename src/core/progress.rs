@@ -7,7 +7,8 @@
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle, TermLike};
 use std::io::Write;
 
-pub use crate::core::config::TERMINAL_ENV;
+/// Set by a parent whose stderr is a terminal, for its worker processes.
+pub const TERMINAL_ENV: &str = "QUANTGATE_PROGRESS_TERMINAL";
 
 /// Whether this process's stderr is a terminal.
 pub fn stderr_is_terminal() -> bool {
@@ -64,10 +65,19 @@ impl TermLike for PassedOn {
     }
 }
 
+static PARENT_TERMINAL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Say that the parent process passing this one's stderr on draws on a
+/// terminal (the config's `parent_terminal`), so bars are
+/// drawn for it: set by the edge (a worker) from its config.
+pub fn set_parent_terminal(on: bool) {
+    PARENT_TERMINAL.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Where bars are drawn: stderr when it is a terminal, or when the parent
 /// that passes this process's stderr on is on one; else nowhere.
 fn target() -> ProgressDrawTarget {
-    if !stderr_is_terminal() && crate::core::config::Config::current().parent_terminal {
+    if !stderr_is_terminal() && PARENT_TERMINAL.load(std::sync::atomic::Ordering::Relaxed) {
         ProgressDrawTarget::term_like_with_hz(Box::new(PassedOn), 10)
     } else {
         ProgressDrawTarget::stderr()

@@ -165,10 +165,25 @@ fn is_zero(v: &u32) -> bool {
 }
 
 impl Settings {
-    /// n_batch 512 (at most n_ctx), no padding, and this process's
-    /// [`EngineOptions`] (by default flash attention off, f16 KV cache).
+    /// n_batch 512 (at most n_ctx), no padding, and the default
+    /// [`EngineOptions`] (flash attention off, f16 KV cache); a run's own
+    /// come from its engine ([`Settings::with_options`],
+    /// [`crate::execute::RunContext::settings`]).
     pub fn new(n_ctx: u32, threads: u32) -> Self {
-        let o = EngineOptions::current();
+        Settings::new_with(n_ctx, threads, &EngineOptions::default())
+    }
+
+    /// These settings under engine options `o`.
+    pub fn with_options(self, o: &EngineOptions) -> Self {
+        Settings {
+            flash_attn: o.flash_attn,
+            kv_type: o.kv_type.clone(),
+            n_gpu_layers: o.n_gpu_layers,
+            ..self
+        }
+    }
+
+    fn new_with(n_ctx: u32, threads: u32, o: &EngineOptions) -> Self {
         Settings {
             threads,
             n_ctx,

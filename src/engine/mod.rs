@@ -275,6 +275,12 @@ pub trait Engine: Send + Sync {
     fn load(&self, file: &ModelFile) -> Result<Arc<dyn LoadedModel>>;
     /// What build produces the numbers.
     fn build(&self) -> EngineBuild;
+    /// The options it runs with (GPU layers, KV cache type, flash
+    /// attention): what every [`crate::core::Settings`] of a run carries
+    /// ([`crate::execute::RunContext::settings`]) and its cache keys hold.
+    fn options(&self) -> crate::core::EngineOptions {
+        crate::core::EngineOptions::default()
+    }
     /// Everything about this engine that changes results, for cache keys
     /// (the build label; a fake engine adds its models' behaviour).
     fn identity(&self) -> String {

@@ -7,8 +7,9 @@
 //! of a case (whatever its kind) and its model files without running
 //! anything — what a cached result relies on.
 
+use crate::core::config::Config;
 use crate::core::error::Result;
-use crate::core::{Case, Location};
+use crate::core::{Case, EngineOptions, Location};
 use crate::engine::{BosPolicy, Engine, LoadedModel, ModelPool, TokenId};
 use crate::execute::reference::{same_tokenizer, ReferenceStore, Vocab};
 use crate::models::{ensure, Registry, Verified};
@@ -20,6 +21,8 @@ type TokenSlot = Arc<OnceLock<Result<Arc<Vec<TokenId>>>>>;
 
 /// Everything a kind needs to run: models, threads, the reference store.
 pub struct RunContext {
+    config: Config,
+    options: EngineOptions,
     registry: Registry,
     pool: ModelPool,
     /// llama.cpp threads per trial.
@@ -34,16 +37,30 @@ pub struct RunContext {
 }
 
 impl RunContext {
-    /// A context over `engine`, reference caches under `<cache>/reference`.
-    pub fn new(registry: Registry, engine: Arc<dyn Engine>, threads: u32) -> Self {
+    /// A context over `engine` under `config`: reference caches under
+    /// `<cache>/reference`, the shipped folder and keys it names.
+    pub fn new(config: &Config, registry: Registry, engine: Arc<dyn Engine>, threads: u32) -> Self {
         RunContext {
+            config: config.clone(),
+            options: engine.options(),
             registry,
             pool: ModelPool::new(engine),
             threads: threads.max(1),
-            references: ReferenceStore::new(crate::models::cache_dir().join("reference")),
+            references: ReferenceStore::new(config.cache.join("reference"), config),
             tokenizers: Mutex::new(HashMap::new()),
             token_ids: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The config this context runs under.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The engine's options: what every [`crate::core::Settings`] of this
+    /// run carries ([`crate::core::Settings::with_options`]).
+    pub fn options(&self) -> &EngineOptions {
+        &self.options
     }
 
     /// The registry.
@@ -82,7 +99,13 @@ impl RunContext {
         let threads = self.threads;
         let quantize =
             move |src: &Path, dst: &Path, quant: &str| engine.quantize(src, dst, quant, threads);
-        ensure(&self.registry, alias, &self.build_label(), &quantize)
+        ensure(
+            &self.config,
+            &self.registry,
+            alias,
+            &self.build_label(),
+            &quantize,
+        )
     }
 
     /// A verified, loaded model (once per process per file).

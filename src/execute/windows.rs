@@ -284,8 +284,9 @@ impl ScoringPlan {
         model: Arc<dyn LoadedModel>,
         n_batch: u32,
         threads: u32,
+        options: &crate::core::EngineOptions,
     ) -> Observation {
-        let mut settings = Settings::new(self.n_ctx, threads);
+        let mut settings = Settings::new(self.n_ctx, threads).with_options(options);
         settings.n_batch = n_batch;
         Observation::new(model, settings, self.engine_windows())
     }
@@ -297,8 +298,11 @@ pub fn score_plan(
     plan: &ScoringPlan,
     n_batch: u32,
     threads: u32,
+    options: &crate::core::EngineOptions,
 ) -> Result<Scored> {
-    score_plan_with(model, plan, n_batch, threads, false, &mut |_| Ok(()))
+    score_plan_with(model, plan, n_batch, threads, options, false, &mut |_| {
+        Ok(())
+    })
 }
 
 /// One scored position, as a [`score_plan_with`] hook sees it.
@@ -447,6 +451,7 @@ pub fn score_plan_with(
     plan: &ScoringPlan,
     n_batch: u32,
     threads: u32,
+    options: &crate::core::EngineOptions,
     want_exps: bool,
     hook: &mut RowHook<'_>,
 ) -> Result<Scored> {
@@ -480,7 +485,7 @@ pub fn score_plan_with(
         }
     }
     let n_vocab = model.info().n_vocab;
-    let obs = plan.observation(model, n_batch, threads);
+    let obs = plan.observation(model, n_batch, threads, options);
     let mut c = Hooked {
         scorer: PlanScorer::new(Arc::new(plan.clone()), n_vocab),
         want_exps,

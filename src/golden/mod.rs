@@ -27,6 +27,8 @@ pub struct Goldens {
     pub dir: PathBuf,
     /// How the directory is shown (`goldens`).
     pub shown: PathBuf,
+    /// Checked under CI (messages say why nothing was written).
+    pub ci: bool,
 }
 
 impl Goldens {
@@ -35,7 +37,13 @@ impl Goldens {
         Goldens {
             dir,
             shown: PathBuf::from("goldens"),
+            ci: false,
         }
+    }
+
+    /// These goldens, checked under CI when `ci` (as [`crate::core::config::Config::ci`] says).
+    pub fn under_ci(self, ci: bool) -> Self {
+        Goldens { ci, ..self }
     }
 
     /// The golden of `case` on `model`: `goldens/<case>/<model>.snap`.
@@ -191,11 +199,7 @@ pub fn check(
                  run `cargo test --release` locally to write it, review and commit it",
                 outcome.case,
                 outcome.model,
-                if crate::core::config::Config::current().ci {
-                    ", CI is set"
-                } else {
-                    ""
-                }
+                if goldens.ci { ", CI is set" } else { "" }
             )),
         };
     };

@@ -55,33 +55,56 @@ pub fn project_root() -> PathBuf {
 /// ([`Config::suites`], [`Config::goldens`]: by default `suites/` and
 /// `goldens/` of [`project_root`]) as tests on llama.cpp.
 pub fn gate() -> ExitCode {
-    // A bad variable fails every test by name (run_with_args reads the
-    // config again and says which); the tests are planned from the
-    // default folders.
-    let (suites, goldens) = match Config::from_env([None, None, None]) {
-        Ok(c) => (c.suites, c.goldens),
+    run_configured(Config::from_env([None, None, None]))
+}
+
+/// [`crate::run_gate`]: the cases of `config` as tests on llama.cpp, with
+/// its folders, engine options and keys (workers are given the same).
+pub fn gate_with(config: &Config) -> ExitCode {
+    run_configured(Ok(config.clone()))
+}
+
+/// The harness under `config`, or, when it is an error, every test failed
+/// by name with it (planned from the default folders).
+fn run_configured(config: crate::core::error::Result<Config>) -> ExitCode {
+    let (suites, goldens, engine) = match &config {
+        Ok(c) => (
+            c.suites.clone(),
+            c.goldens.clone(),
+            crate::engine::llama::LlamaEngine::for_config(c),
+        ),
         Err(_) => (
             project_root().join("suites"),
             project_root().join("goldens"),
+            crate::engine::llama::LlamaEngine::new(),
         ),
     };
-    run_suites(
-        &suites,
-        &goldens,
-        Arc::new(crate::engine::llama::LlamaEngine::new()),
-    )
+    let engine: Arc<dyn Engine> = Arc::new(engine);
+    if let Some(alias) = std::env::var_os(WORKER_ENV) {
+        return serve_worker(&suites, &goldens, engine, &alias);
+    }
+    run_with_config(config, &suites, &goldens, engine, &Arguments::from_args())
+}
+
+fn serve_worker(
+    suites: &Path,
+    goldens: &Path,
+    engine: Arc<dyn Engine>,
+    alias: &std::ffi::OsStr,
+) -> ExitCode {
+    let own = Selection {
+        suites: suites.to_path_buf(),
+        goldens: goldens.to_path_buf(),
+        ..Selection::default()
+    };
+    worker::serve(&own, engine, &alias.to_string_lossy())
 }
 
 /// Run the suites under `suites` as tests, goldens under `goldens`, with the
 /// process's arguments and environment.
 pub fn run_suites(suites: &Path, goldens: &Path, engine: Arc<dyn Engine>) -> ExitCode {
     if let Some(alias) = std::env::var_os(WORKER_ENV) {
-        let own = Selection {
-            suites: suites.to_path_buf(),
-            goldens: goldens.to_path_buf(),
-            ..Selection::default()
-        };
-        return worker::serve(&own, engine, &alias.to_string_lossy());
+        return serve_worker(suites, goldens, engine, &alias);
     }
     let args = Arguments::from_args();
     run_with_args(suites, goldens, engine, &args)
@@ -90,6 +113,7 @@ pub fn run_suites(suites: &Path, goldens: &Path, engine: Arc<dyn Engine>) -> Exi
 /// What every test closure shares: the plan, its groups, where each runs,
 /// and the outcomes as the scheduler gives them.
 struct Shared {
+    config: Config,
     planned: Vec<Planned>,
     groups: Vec<Group>,
     /// Per group: where it runs.
@@ -121,7 +145,7 @@ impl Shared {
     /// board as it is judged.
     fn schedule(&self) {
         let exec = |g: usize, run: &[&Planned], provides: &[&Planned]| {
-            let job = harness_job(run, provides);
+            let job = harness_job(&self.config, run, provides);
             self.executors[g]
                 .as_ref()
                 .expect("every group has an executor")
@@ -175,8 +199,26 @@ impl Shared {
     }
 }
 
-/// Run the suites as tests with explicit arguments.
+/// Run the suites as tests with explicit arguments, under the
+/// environment's config.
 pub fn run_with_args(
+    suites: &Path,
+    goldens: &Path,
+    engine: Arc<dyn Engine>,
+    args: &Arguments,
+) -> ExitCode {
+    let config = Config::from_env([None, None, None]).map(|mut c| {
+        c.suites = suites.to_path_buf();
+        c.goldens = goldens.to_path_buf();
+        c
+    });
+    run_with_config(config, suites, goldens, engine, args)
+}
+
+/// Run the suites as tests under `config` (an error fails every test by
+/// name).
+fn run_with_config(
+    config: crate::core::error::Result<Config>,
     suites: &Path,
     goldens: &Path,
     engine: Arc<dyn Engine>,
@@ -189,13 +231,17 @@ pub fn run_with_args(
     // anything runs: a bad value fails every test rather than run under
     // other settings (or risk writing goldens under CI). The tests are
     // still planned (to be named) under a config of nothing but `HOME`.
-    let config = Config::from_env([None, None, None]).and_then(Config::install);
-    if config.is_err() {
-        if let Err(e) = Config::bare().and_then(Config::install) {
-            let trial = failing("quantgate::config", e.message);
-            return libtest_mimic::run(args, vec![trial]).exit_code();
-        }
-    }
+    let planning = match &config {
+        Ok(c) => c.clone(),
+        Err(_) => match Config::bare() {
+            Ok(c) => c,
+            Err(e) => {
+                let trial = failing("quantgate::config", e.message);
+                return libtest_mimic::run(args, vec![trial]).exit_code();
+            }
+        },
+    };
+    crate::core::progress::set_parent_terminal(planning.parent_terminal);
     let (registry, planned) = match plan(suites, &[], &[]) {
         Ok(p) => p,
         // The harness could not plan at all: one failing test says why.
@@ -208,7 +254,7 @@ pub fn run_with_args(
         Ok(c) => {
             // What an interrupted run left: temp files of processes that
             // are gone.
-            crate::models::clean_stale_temps();
+            crate::models::clean_stale_temps(&c.cache);
             crate::core::fsutil::clean_stale_temps(goldens);
             c
         }
@@ -235,7 +281,7 @@ pub fn run_with_args(
     } else {
         args.test_threads.unwrap_or(cores)
     };
-    let goldens = Arc::new(Goldens::new(goldens.to_path_buf()));
+    let goldens = Arc::new(Goldens::new(goldens.to_path_buf()).under_ci(config.ci));
     let n_planned = planned.len();
     let orphans = orphan_trial(suites, &goldens, &planned);
     let threads = threads_per_trial(concurrent);
@@ -246,7 +292,7 @@ pub fn run_with_args(
         .map(|p| !args.is_filtered_out(&Trial::test(p.name.clone(), || Ok(()))))
         .collect();
     let groups = groups(&planned, &selected, isolation != Isolation::Test);
-    let runner = Arc::new(RunContext::new(registry, engine, threads));
+    let runner = Arc::new(RunContext::new(&config, registry, engine, threads));
     let selection = Arc::new(Selection {
         suites: suites.to_path_buf(),
         goldens: goldens.dir.clone(),
@@ -264,6 +310,7 @@ pub fn run_with_args(
     let mut order: Vec<usize> = groups.iter().flat_map(|g| g.trials.clone()).collect();
     order.extend((0..planned.len()).filter(|i| !group_of.contains_key(i)));
     let shared = Arc::new(Shared {
+        config,
         planned,
         groups,
         executors,

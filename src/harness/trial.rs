@@ -2,6 +2,7 @@
 //! each trial's Parquet rows written when asked for, and each trial's golden
 //! checked, all reported together per test.
 
+use crate::core::config::Config;
 use crate::core::{Outcome, TrialEnd};
 use crate::execute::RunContext;
 use crate::golden::{self, Goldens, UpdateMode};
@@ -22,16 +23,15 @@ pub fn run_trial(
         .into_result()
 }
 
-/// The job of a group under `cargo test`: the result cache as the
-/// environment says, and per-position rows and outcomes written under
-/// `QUANTGATE_OUT` when it names a folder (what `quantgate merge` reads
-/// from shards).
-pub fn harness_job(group: &[&Planned], provides: &[&Planned]) -> Job {
-    let out = crate::core::config::Config::current().out.clone();
+/// The job of a group under `cargo test`: the result cache as `config`
+/// says, and per-position rows and outcomes written under `QUANTGATE_OUT`
+/// when it names a folder (what `quantgate merge` reads from shards).
+pub fn harness_job(config: &Config, group: &[&Planned], provides: &[&Planned]) -> Job {
+    let out = config.out.clone();
     Job {
         run: group.iter().map(|p| p.name.clone()).collect(),
         provide: provides.iter().map(|p| p.name.clone()).collect(),
-        cache: crate::judge::cache::enabled(),
+        cache: config.result_cache,
         rows: out.clone(),
         outcomes: out,
     }
@@ -47,7 +47,7 @@ pub fn group_verdicts(
     goldens: &Goldens,
     mode: UpdateMode,
 ) -> Vec<TrialEnd> {
-    let job = harness_job(group, provides);
+    let job = harness_job(runner.config(), group, provides);
     let ran = run_here(runner, group, provides, &goldens.dir, &job);
     verdicts(group, ran, goldens, mode)
 }

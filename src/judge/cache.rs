@@ -12,13 +12,6 @@ use crate::execute::RunContext;
 use crate::plan::Planned;
 use std::path::PathBuf;
 
-/// Whether the result cache is on for this process: not when
-/// `QUANTGATE_RESULT_CACHE=off`, nor when per-position rows are asked for
-/// (`QUANTGATE_OUT`: rows are not kept in the cache), as the config says.
-pub fn enabled() -> bool {
-    crate::core::config::Config::current().result_cache
-}
-
 /// The entry of a trial: keyed by this executable, the case's bytes (its
 /// pins cover texts, token files and reference files; its windowing, batch,
 /// context and seeds are written in it), the model's and the reference's
@@ -63,7 +56,9 @@ fn entry(runner: &RunContext, p: &Planned) -> Option<PathBuf> {
         .as_bytes(),
     );
     Some(
-        crate::models::cache_dir()
+        runner
+            .config()
+            .cache
             .join("results")
             .join(format!("{key}.qgresult")),
     )
@@ -92,7 +87,7 @@ pub fn holds(runner: &RunContext, p: &Planned) -> bool {
 /// states: the threads, flash attention, the KV cache type and the GPU
 /// layers (the build is keyed by the engine's identity beside it).
 fn engine_key(runner: &RunContext) -> String {
-    let o = crate::core::settings::EngineOptions::current();
+    let o = runner.options();
     format!(
         "threads={} flash_attn={} kv={} n_gpu_layers={}",
         runner.threads,
@@ -118,7 +113,7 @@ pub fn settings_problem(runner: &RunContext, o: &Outcome, threads: bool) -> Opti
         ));
     }
     let s = o.settings.as_ref()?;
-    let want = crate::core::settings::EngineOptions::current();
+    let want = runner.options();
     let differ: Vec<String> = [
         ("threads", s.threads.to_string(), runner.threads.to_string()),
         (
@@ -147,8 +142,8 @@ pub fn settings_problem(runner: &RunContext, o: &Outcome, threads: bool) -> Opti
 
 fn lookup(runner: &RunContext, p: &Planned) -> Option<(PathBuf, Outcome)> {
     let path = entry(runner, p)?;
-    let o =
-        read_entry(&path).filter(|o| o.case == split_test_name(&p.name).0 && o.model == p.model)?;
+    let o = read_entry(&path, crate::core::keys::result_cache_key(runner.config()))
+        .filter(|o| o.case == split_test_name(&p.name).0 && o.model == p.model)?;
     let parsed = p.case.as_ref().ok()?;
     if let Some(why) = settings_problem(runner, &o, true) {
         crate::core::progress::say!(
@@ -171,7 +166,10 @@ fn lookup(runner: &RunContext, p: &Planned) -> Option<(PathBuf, Outcome)> {
 /// Record a trial's outcome (what its kind measured). Best effort: a result
 /// that cannot be cached is still a result.
 pub fn write(runner: &RunContext, p: &Planned, o: &Outcome) {
-    let (Some(path), Some(key)) = (entry(runner, p), crate::core::keys::result_cache_key()) else {
+    let (Some(path), Some(key)) = (
+        entry(runner, p),
+        crate::core::keys::result_cache_key(runner.config()),
+    ) else {
         return;
     };
     if let Ok(mut value) = serde_json::to_value(o) {
@@ -185,14 +183,14 @@ pub fn write(runner: &RunContext, p: &Planned, o: &Outcome) {
 /// A recorded outcome, when the entry is intact (sealed), authentic (its
 /// MAC verifies with the result-cache key) and parses; a damaged or forged
 /// entry is reported and the trial runs again.
-fn read_entry(path: &std::path::Path) -> Option<Outcome> {
+fn read_entry(path: &std::path::Path, key: Option<&auth::Key>) -> Option<Outcome> {
     let unusable = |why: String| {
         crate::core::progress::say!(
             "quantgate: result cache entry {} is unusable ({why}); running the trial",
             path.display()
         );
     };
-    match authentic(path) {
+    match authentic(path, key) {
         Ok(o) => o,
         Err(why) => {
             unusable(why);
@@ -203,8 +201,8 @@ fn read_entry(path: &std::path::Path) -> Option<Outcome> {
 
 /// The outcome an entry holds: Ok(None) when there is no entry (or no key
 /// to authenticate one); Err(why) when it is damaged, forged or unreadable.
-fn authentic(path: &std::path::Path) -> Result<Option<Outcome>, String> {
-    let Some(key) = crate::core::keys::result_cache_key() else {
+fn authentic(path: &std::path::Path, key: Option<&auth::Key>) -> Result<Option<Outcome>, String> {
+    let Some(key) = key else {
         return Ok(None);
     };
     let Some(bytes) = crate::core::fsutil::read_sealed(path)? else {
@@ -239,7 +237,7 @@ pub fn latest(runner: &RunContext, p: &Planned) -> Option<Outcome> {
         Some(r) => Some(runner.registry().entry(r).ok()?.sha256.clone()?),
         None => None,
     };
-    let dir = crate::models::cache_dir().join("results");
+    let dir = runner.config().cache.join("results");
     // A speed result counts only on the machine it was measured on.
     let here = parsed.kind.measures_speed().then(|| runner.machine());
     let mut best: Option<(std::time::SystemTime, Outcome)> = None;
@@ -248,7 +246,10 @@ pub fn latest(runner: &RunContext, p: &Planned) -> Option<Outcome> {
         if path.extension().is_none_or(|x| x != "qgresult") {
             continue;
         }
-        let Some(o) = authentic(&path).ok().flatten() else {
+        let Some(o) = authentic(&path, crate::core::keys::result_cache_key(runner.config()))
+            .ok()
+            .flatten()
+        else {
             continue;
         };
         if let Err(why) = parsed.kind.recheck(&o) {
@@ -293,13 +294,14 @@ mod tests {
         o.status = Status::Pass;
         o.metrics.insert("ppl".into(), 31.25);
         o.metrics.insert("windows".into(), 16.0);
-        let key = crate::core::keys::result_cache_key().expect("a result-cache key");
+        let config = crate::core::config::Config::load().unwrap();
+        let key = crate::core::keys::result_cache_key(&config).expect("a result-cache key");
         let mut value = serde_json::to_value(&o).unwrap();
         auth::sign(&mut value, key);
         let json = serde_json::to_vec(&value).unwrap();
         crate::core::fsutil::write_sealed(&path, json.clone()).unwrap();
         let good = std::fs::read(&path).unwrap();
-        let back = read_entry(&path).unwrap();
+        let back = read_entry(&path, Some(key)).unwrap();
         assert_eq!(back.metrics, o.metrics);
         // Edited and sealed again (the trailing sha256 recomputed, as
         // anyone can): the MAC refuses it. So does an entry with no MAC.
@@ -309,7 +311,7 @@ mod tests {
         assert!(forged.contains("3.25"));
         crate::core::fsutil::write_sealed(&path, forged.into_bytes()).unwrap();
         assert_eq!(
-            authentic(&path).unwrap_err(),
+            authentic(&path, Some(key)).unwrap_err(),
             format!(
                 "its MAC does not verify with the signing key ({}): the file was edited, or \
                  written under another key",
@@ -317,17 +319,22 @@ mod tests {
             )
         );
         crate::core::fsutil::write_sealed(&path, serde_json::to_vec(&o).unwrap()).unwrap();
-        assert!(authentic(&path).unwrap_err().contains("carries no MAC"));
+        assert!(authentic(&path, Some(key))
+            .unwrap_err()
+            .contains("carries no MAC"));
         let mut rng = crate::measure::SplitMix64(7);
         for _ in 0..300 {
             let mut bad = good.clone();
             let at = rng.below(bad.len() as u64) as usize;
             bad[at] ^= 1 << rng.below(8);
             std::fs::write(&path, &bad).unwrap();
-            assert!(read_entry(&path).is_none(), "byte {at} edited, still read");
+            assert!(
+                read_entry(&path, Some(key)).is_none(),
+                "byte {at} edited, still read"
+            );
         }
         std::fs::write(&path, &good[..good.len() - 1]).unwrap();
-        assert!(read_entry(&path).is_none());
+        assert!(read_entry(&path, Some(key)).is_none());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -23,8 +23,12 @@ use std::path::PathBuf;
 /// Every outcome under `sources`: each `*.json` file in a folder (walked;
 /// hidden files — temp files of a writer — left out) or a file given
 /// itself, holding one outcome object or an array of them (`run --json`).
-/// A file that is not outcome JSON is an error naming it.
-pub fn read_outcomes(sources: &[PathBuf]) -> Result<Vec<(PathBuf, Outcome)>> {
+/// A file that is not outcome JSON is an error naming it. With `key` (the
+/// config's signing key), only outcomes whose MAC verifies under it.
+pub fn read_outcomes(
+    sources: &[PathBuf],
+    key: Option<&crate::core::auth::Key>,
+) -> Result<Vec<(PathBuf, Outcome)>> {
     let mut files = Vec::new();
     for s in sources {
         if s.is_file() {
@@ -48,9 +52,6 @@ pub fn read_outcomes(sources: &[PathBuf]) -> Result<Vec<(PathBuf, Outcome)>> {
             }
         }
     }
-    let key = crate::core::config::Config::try_current()?
-        .signing_key
-        .as_ref();
     let mut out = Vec::new();
     for f in files {
         let text = std::fs::read_to_string(&f).map_err(|e| Error::io(&f, e))?;

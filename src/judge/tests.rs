@@ -69,7 +69,12 @@ fn reference_nll(spec: &FakeSpec, text: &[u8], n_ctx: usize, chunks: usize) -> (
 
 fn run_all(root: &Path, engine: FakeEngine) -> Vec<Outcome> {
     let (registry, planned) = plan(root, &[], &[]).unwrap();
-    let cx = RunContext::new(registry, Arc::new(engine), 1);
+    let cx = RunContext::new(
+        &crate::core::config::Config::load().unwrap(),
+        registry,
+        Arc::new(engine),
+        1,
+    );
     planned
         .iter()
         .map(|p| trial(&cx, p, &root.join("goldens")))
@@ -86,11 +91,15 @@ fn shards_merge_into_the_unsharded_run_or_are_refused() {
     assert!(out.iter().all(|o| o.status == Status::Pass), "{out:?}");
     let dirs: Vec<PathBuf> = (0..2).map(|k| root.join(format!("shard{k}"))).collect();
     for (o, d) in out.iter().zip(&dirs) {
-        crate::report::write_outcome_json(d, o).unwrap();
+        crate::report::write_outcome_json(d, o, None).unwrap();
     }
     let pinned = |_: &str| None;
     let merge_of = |sources: &[PathBuf]| {
-        merge::merge(&planned, merge::read_outcomes(sources).unwrap(), &pinned)
+        merge::merge(
+            &planned,
+            merge::read_outcomes(sources, None).unwrap(),
+            &pinned,
+        )
     };
     let merged = merge_of(&dirs).unwrap();
     assert_eq!(merged.len(), 2);
@@ -110,8 +119,8 @@ fn shards_merge_into_the_unsharded_run_or_are_refused() {
     let mut unrecorded = out[1].clone();
     unrecorded.model_sha256 = None;
     let blank = root.join("blank");
-    crate::report::write_outcome_json(&blank, &unrecorded).unwrap();
-    let found = merge::read_outcomes(&[dirs[0].clone(), blank]).unwrap();
+    crate::report::write_outcome_json(&blank, &unrecorded, None).unwrap();
+    let found = merge::read_outcomes(&[dirs[0].clone(), blank], None).unwrap();
     let pin = |m: &str| (m == planned[1].model).then(|| "2".repeat(64));
     let e = merge::merge(&planned, found, &pin).unwrap_err();
     assert!(
@@ -142,15 +151,15 @@ fn shards_merge_into_the_unsharded_run_or_are_refused() {
     let mut bad = out[1].clone();
     bad.metrics.insert("ppl".into(), 2e9);
     let edited = root.join("edited");
-    crate::report::write_outcome_json(&edited, &bad).unwrap();
+    crate::report::write_outcome_json(&edited, &bad, None).unwrap();
     let m = merge_of(&[dirs[0].clone(), edited.clone()]).unwrap();
     assert_eq!(m[1].status, Status::Fail);
     assert!(!m[1].gates[0].passed);
     // NaN never passes either (serde writes it as null: not an outcome).
     let mut nan = out[1].clone();
     nan.metrics.insert("ppl".into(), f64::NAN);
-    crate::report::write_outcome_json(&edited, &nan).unwrap();
-    match merge::read_outcomes(&[dirs[0].clone(), edited.clone()]) {
+    crate::report::write_outcome_json(&edited, &nan, None).unwrap();
+    match merge::read_outcomes(&[dirs[0].clone(), edited.clone()], None) {
         Err(e) => assert!(e.message.contains("edited"), "{}", e.message),
         Ok(found) => {
             let m = merge::merge(&planned, found, &pinned).unwrap();
@@ -166,11 +175,11 @@ fn shards_merge_into_the_unsharded_run_or_are_refused() {
     if let Some(s) = other.settings.as_mut() {
         s.n_ctx += 1;
     }
-    crate::report::write_outcome_json(&edited, &other).unwrap();
+    crate::report::write_outcome_json(&edited, &other, None).unwrap();
     let mut foreign = out[1].clone();
     foreign.model = "nobody".into();
-    crate::report::write_outcome_json(&edited, &foreign).unwrap();
-    let found = merge::read_outcomes(&[dirs[0].clone(), edited.clone()]).unwrap();
+    crate::report::write_outcome_json(&edited, &foreign, None).unwrap();
+    let found = merge::read_outcomes(&[dirs[0].clone(), edited.clone()], None).unwrap();
     let pin = |m: &str| (m == planned[1].model).then(|| "2".repeat(64));
     let e = merge::merge(&planned, found, &pin).unwrap_err();
     for want in [
@@ -184,7 +193,7 @@ fn shards_merge_into_the_unsharded_run_or_are_refused() {
     }
     // A file that is not an outcome is an error naming it.
     std::fs::write(edited.join("junk.json"), "{\"case\": 3}").unwrap();
-    let e = merge::read_outcomes(std::slice::from_ref(&edited)).unwrap_err();
+    let e = merge::read_outcomes(std::slice::from_ref(&edited), None).unwrap_err();
     assert!(e.message.contains("junk.json"), "{}", e.message);
     let _ = std::fs::remove_dir_all(&root);
 }

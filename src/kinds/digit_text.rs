@@ -427,7 +427,7 @@ pub fn settings_for(
         tokens + min_rows as usize,
         model.info(),
     )?;
-    let mut s = Settings::new(need.min(train) as u32, cx.threads);
+    let mut s = Settings::new(need.min(train) as u32, cx.threads).with_options(cx.options());
     s.min_rows = min_rows;
     Ok(s)
 }

@@ -347,6 +347,7 @@ impl Kind for Perplexity {
                 &cx.identity_of(alias),
                 &model,
                 &plan,
+                cx.options(),
             ),
             reference,
             text: tx.clone(),
@@ -356,7 +357,7 @@ impl Kind for Perplexity {
         // a candidate or as a reference, in this process or another) kept
         // them: the same product, read back and checked, no decode.
         let build = cx.identity_of(alias);
-        let settings = tx.settings(cx.threads);
+        let settings = tx.settings(cx.threads, cx.options());
         let sha = out.model_sha256.clone().unwrap_or_default();
         let key = tx.scores_key(alias, &sha, &plan, &settings, &build);
         if let Some(scored) = cx.references.cached_scores(&key) {
@@ -416,13 +417,21 @@ impl Perplexity {
         tx.check_context(&*rmodel)?;
         let rplan = tx.identical_plan(cx, rat, src, &*rmodel, &**model, plan)?;
         let build = cx.identity_of(ralias);
-        let settings = tx.settings(cx.threads);
+        let settings = tx.settings(cx.threads, cx.options());
         let key = tx.scores_key(ralias, &rv.file.sha256, &rplan, &settings, &build);
         if let Some(full) = cx.references.cached_scores(&key) {
             return Ok(RefWindows::Full(full));
         }
         let (id, _) = cx.references.scores_product(&key);
-        let keep = ScoresBuild::new(tx, ralias, &rv.file.sha256, &build, &rmodel, &rplan);
+        let keep = ScoresBuild::new(
+            tx,
+            ralias,
+            &rv.file.sha256,
+            &build,
+            &rmodel,
+            &rplan,
+            cx.options(),
+        );
         Ok(RefWindows::Lazy(Box::new(LazyReference {
             id,
             model: rmodel,

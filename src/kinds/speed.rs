@@ -138,9 +138,15 @@ pub fn round_ratio(cand: &[Vec<f64>], reference: &[Vec<f64>]) -> (f64, f64, f64)
 }
 
 impl Speed {
-    fn settings(&self, model: &dyn LoadedModel, threads: u32) -> Settings {
+    fn settings(
+        &self,
+        model: &dyn LoadedModel,
+        threads: u32,
+        options: &crate::core::EngineOptions,
+    ) -> Settings {
         let need = (self.pp.max(self.tg + 1)).next_multiple_of(256) as u32;
-        let mut s = Settings::new(need.min(model.info().n_ctx_train.max(256)), threads);
+        let mut s = Settings::new(need.min(model.info().n_ctx_train.max(256)), threads)
+            .with_options(options);
         s.n_batch = self.n_batch.min(s.n_ctx);
         s
     }
@@ -244,7 +250,7 @@ impl Kind for Speed {
         };
         out.timings.prepare = t.elapsed();
         out.model_sha256 = Some(verified.file.sha256.clone());
-        let settings = self.settings(&*model, cx.threads);
+        let settings = self.settings(&*model, cx.threads, cx.options());
         out.settings = Some(settings.clone());
         out.machine = cx.machine();
         let m = &mut out.metrics;
@@ -268,7 +274,7 @@ impl Kind for Speed {
             for round in 0..self.rounds {
                 let seed = round as u64;
                 let measure = |who: &dyn LoadedModel| -> Result<Vec<f64>> {
-                    let s = self.settings(who, cx.threads);
+                    let s = self.settings(who, cx.threads, cx.options());
                     who.bench(&s, test, self.repetitions, self.warmup, seed)
                         .map(|t| tps(tokens, &t))
                         .map_err(|e| e.context(case.path.display()))

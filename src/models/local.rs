@@ -587,17 +587,16 @@ fn lexical(p: &Path) -> PathBuf {
     out
 }
 
-/// An exclusive `flock` for writers of the lock at `lock_path`, in the cache
-/// (never beside the user's suites), released when dropped.
+/// An exclusive `flock` for writers of the lock at `lock_path`, taken on
+/// the folder that holds it (no file is made beside the user's suites, and
+/// every process writing that lock agrees on it whatever its cache
+/// folder), released when dropped.
 fn lock_guard(lock_path: &Path) -> Result<std::fs::File> {
-    let canon = lock_path
-        .parent()
-        .and_then(|p| p.canonicalize().ok())
-        .unwrap_or_else(|| lock_path.to_path_buf());
-    fsutil::lock_file(&crate::models::cache_dir().join("locks").join(format!(
-        "models-lock-{}.lock",
-        &fsutil::sha256_bytes(canon.to_string_lossy().as_bytes())[..16]
-    )))
+    let dir = match lock_path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    fsutil::lock_dir(dir)
 }
 
 #[cfg(test)]

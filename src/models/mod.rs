@@ -11,6 +11,7 @@ pub mod gguf;
 pub mod inspect;
 pub mod local;
 
+use crate::core::config::Config;
 use crate::core::error::{Error, Result};
 use crate::core::fsutil;
 use crate::core::parse::parse_toml;
@@ -80,12 +81,6 @@ pub struct Registry {
     pub path: PathBuf,
     /// Entries by alias, sorted.
     pub models: BTreeMap<String, ModelEntry>,
-}
-
-/// The cache directory of this process's config: `$QUANTGATE_CACHE`,
-/// else `$XDG_CACHE_HOME/quantgate`, else `~/.cache/quantgate`.
-pub fn cache_dir() -> PathBuf {
-    crate::core::config::Config::current().cache.clone()
 }
 
 /// Why `alias` cannot name a model, if it cannot: aliases are
@@ -311,8 +306,9 @@ impl Registry {
         })
     }
 
-    /// Where the file for `alias` lives (whether or not it exists yet).
-    pub fn location(&self, alias: &str, build_label: &str) -> Result<PathBuf> {
+    /// Where the file for `alias` lives (whether or not it exists yet):
+    /// fetched and derived files under the cache folder `cache`.
+    pub fn location(&self, alias: &str, build_label: &str, cache: &Path) -> Result<PathBuf> {
         let m = self.entry(alias)?;
         if let Some(p) = &m.path {
             let base = self.path.parent().unwrap_or(Path::new("."));
@@ -321,12 +317,12 @@ impl Registry {
         if let Some(d) = &m.derive {
             let src_sha = self.expected_sha(&d.from)?;
             let build = &fsutil::sha256_bytes(build_label.as_bytes())[..12];
-            return Ok(cache_dir()
+            return Ok(cache
                 .join("derived")
                 .join(format!("{src_sha}-{}-{build}.gguf", d.quant)));
         }
         let sha = self.expected_sha(alias)?;
-        Ok(cache_dir().join("models").join(format!("{sha}.gguf")))
+        Ok(cache.join("models").join(format!("{sha}.gguf")))
     }
 
     fn expected_sha(&self, alias: &str) -> Result<String> {
@@ -387,8 +383,10 @@ fn verified_key(path: &Path, entry: &ModelEntry) -> VerifiedKey {
 /// Produces derived files; the llama.cpp engine in production.
 pub type Quantizer<'a> = &'a dyn Fn(&Path, &Path, &str) -> Result<()>;
 
-/// Make `alias` available (fetch or derive if missing), verify it, return it.
+/// Make `alias` available (fetch or derive if missing, into `config`'s
+/// cache folder, with its Python), verify it, return it.
 pub fn ensure(
+    config: &Config,
     reg: &Registry,
     alias: &str,
     build_label: &str,
@@ -398,10 +396,11 @@ pub fn ensure(
     // the same model wait instead of downloading it twice.
     let mut guard = VERIFIED.lock().unwrap_or_else(|p| p.into_inner());
     let cache = guard.get_or_insert_with(HashMap::new);
-    ensure_locked(reg, alias, build_label, quantize, cache)
+    ensure_locked(config, reg, alias, build_label, quantize, cache)
 }
 
 fn ensure_locked(
+    config: &Config,
     reg: &Registry,
     alias: &str,
     build_label: &str,
@@ -409,7 +408,7 @@ fn ensure_locked(
     cache: &mut HashMap<VerifiedKey, Verified>,
 ) -> Result<Verified> {
     let entry = reg.entry(alias)?.clone();
-    let path = reg.location(alias, build_label)?;
+    let path = reg.location(alias, build_label, &config.cache)?;
     if let Some(v) = cache.get(&verified_key(&path, &entry)) {
         return Ok(Verified {
             file: ModelFile {
@@ -450,11 +449,11 @@ fn ensure_locked(
     };
     if missing {
         if let Some(f) = &entry.fetch {
-            fetch::fetch(alias, std::slice::from_ref(f), &path)?;
+            fetch::fetch(&config.python, alias, std::slice::from_ref(f), &path)?;
         } else if let Some(parts) = &entry.fetch_parts {
-            fetch::fetch(alias, parts, &path)?;
+            fetch::fetch(&config.python, alias, parts, &path)?;
         } else if let Some(d) = &entry.derive {
-            let src = ensure_locked(reg, &d.from, build_label, quantize, cache)?;
+            let src = ensure_locked(config, reg, &d.from, build_label, quantize, cache)?;
             fetch::derive(alias, &src.file.path, &d.quant, &path, quantize)?;
         }
     }
@@ -588,10 +587,11 @@ fn verify_pinned(alias: &str, entry: &ModelEntry, lock: &Path, path: &Path) -> R
     })
 }
 
-/// Remove temp files left by an interrupted fetch or derive.
-pub fn clean_stale_temps() {
+/// Remove temp files left under the cache folder `cache` by an interrupted
+/// fetch, derive or write.
+pub fn clean_stale_temps(cache: &Path) {
     for sub in ["models", "derived", "reference", "results"] {
-        fsutil::clean_stale_temps(&cache_dir().join(sub));
+        fsutil::clean_stale_temps(&cache.join(sub));
     }
 }
 

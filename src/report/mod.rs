@@ -3,6 +3,7 @@
 //! Contract: JSON is one object per case × model (DESIGN.md, Outputs),
 //! written atomically.
 
+use crate::core::auth::Key;
 use crate::core::error::Result;
 use crate::core::{Outcome, Status};
 
@@ -251,10 +252,11 @@ pub fn peak_rss_kib() -> Option<u64> {
 }
 
 /// Write the `--json` file.
-pub fn write_json(path: &Path, outcomes: &[Outcome]) -> Result<()> {
+/// With `key`, each outcome carries its MAC.
+pub fn write_json(path: &Path, outcomes: &[Outcome], key: Option<&Key>) -> Result<()> {
     let values = outcomes
         .iter()
-        .map(crate::core::keys::outcome_json)
+        .map(|o| crate::core::keys::outcome_json(o, key))
         .collect::<Result<Vec<_>>>()?;
     let body = serde_json::to_string_pretty(&values)
         .map_err(|e| crate::core::error::Error::harness(format!("serialising results: {e}")))?;
@@ -267,9 +269,10 @@ pub fn outcome_json_path(dir: &Path, o: &Outcome) -> std::path::PathBuf {
     dir.join(&o.case).join(format!("{}.json", o.model))
 }
 
-/// Write one outcome as its own JSON file ([`outcome_json_path`]).
-pub fn write_outcome_json(dir: &Path, o: &Outcome) -> Result<()> {
-    let body = serde_json::to_string_pretty(&crate::core::keys::outcome_json(o)?)
+/// Write one outcome as its own JSON file ([`outcome_json_path`]), with
+/// its MAC under `key` when one is given.
+pub fn write_outcome_json(dir: &Path, o: &Outcome, key: Option<&Key>) -> Result<()> {
+    let body = serde_json::to_string_pretty(&crate::core::keys::outcome_json(o, key)?)
         .map_err(|e| crate::core::error::Error::harness(format!("serialising results: {e}")))?;
     crate::core::fsutil::write_atomic(&outcome_json_path(dir, o), format!("{body}\n").as_bytes())
 }

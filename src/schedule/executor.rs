@@ -19,6 +19,8 @@ pub struct WorkerPool {
     model_path: String,
     selection: Arc<Selection>,
     build: EngineBuild,
+    env: Vec<(&'static str, String)>,
+    signing_key: Option<crate::core::auth::Key>,
     idle: Mutex<Vec<Worker>>,
 }
 
@@ -31,6 +33,8 @@ impl WorkerPool {
                 self.model_path.clone(),
                 self.selection.clone(),
                 self.build.clone(),
+                self.env.clone(),
+                self.signing_key.clone(),
             )
         });
         let ran = w.run(job, threads);
@@ -96,6 +100,14 @@ impl Executor {
     }
 }
 
+/// What a worker of `runner` is started with: its config, and its
+/// engine's options over the config's.
+fn worker_env(runner: &RunContext) -> Vec<(&'static str, String)> {
+    let mut env = runner.config().to_env();
+    env.extend(runner.options().to_env());
+    env
+}
+
 /// The executor of each group, as `isolation` says; with
 /// `reference_only_too` false, None for a group of reference work alone
 /// (which then runs where the group that needs it runs).
@@ -111,7 +123,7 @@ pub fn executors(
     let model_path = |alias: &str| {
         runner
             .registry()
-            .location(alias, &label)
+            .location(alias, &label, &runner.config().cache)
             .map(|l| l.display().to_string())
             .unwrap_or_else(|_| "?".into())
     };
@@ -135,6 +147,8 @@ pub fn executors(
                                 model_path: model_path(&grp.model),
                                 selection: selection.clone(),
                                 build: build.clone(),
+                                env: worker_env(runner),
+                                signing_key: runner.config().signing_key().cloned(),
                                 idle: Mutex::new(Vec::new()),
                             })
                         })
@@ -151,6 +165,8 @@ pub fn executors(
                             model_path(&grp.model),
                             selection.clone(),
                             build.clone(),
+                            worker_env(runner),
+                            runner.config().signing_key().cloned(),
                         )))
                     });
                     Executor::Worker(w.clone())

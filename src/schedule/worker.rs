@@ -17,7 +17,7 @@
 
 use super::GroupRun;
 use crate::core::outcome::split_test_name;
-use crate::core::{Decision, EngineBuild, EngineOptions, Outcome, Status};
+use crate::core::{Decision, EngineBuild, Outcome, Status};
 use crate::engine::Engine;
 use crate::execute::{threads_per_trial, RunContext};
 use crate::plan::parse::Overrides;
@@ -113,7 +113,9 @@ pub fn run_here(
                 }
             }
             if let Some(dir) = &job.outcomes {
-                if let Err(e) = crate::report::write_outcome_json(dir, &o) {
+                if let Err(e) =
+                    crate::report::write_outcome_json(dir, &o, cx.config().signing_key())
+                {
                     unwritten.push(e.message);
                 }
             }
@@ -170,10 +172,12 @@ pub fn serve(fallback: &Selection, engine: Arc<dyn Engine>, alias: &str) -> Exit
     };
     watch_parent();
     // The parent's config (its environment, engine flags included).
-    let config = crate::core::config::Config::from_env([None, None, None]);
-    if let Err(e) = config.and_then(|c| c.install()) {
-        return said(e.message);
-    }
+    let config = match crate::core::config::Config::from_env([None, None, None]) {
+        Ok(c) => c,
+        Err(e) => return said(e.message),
+    };
+    crate::core::progress::set_parent_terminal(config.parent_terminal);
+
     // The whole plan: a job may do reference work for other models' trials.
     let (registry, planned) = match selection.plan() {
         Ok(p) => p,
@@ -183,7 +187,7 @@ pub fn serve(fallback: &Selection, engine: Arc<dyn Engine>, alias: &str) -> Exit
         .ok()
         .and_then(|t| t.parse().ok())
         .unwrap_or_else(|| threads_per_trial(1));
-    let runner = RunContext::new(registry, engine, threads);
+    let runner = RunContext::new(&config, registry, engine, threads);
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
     for line in stdin.lock().lines() {
@@ -240,6 +244,11 @@ pub struct Worker {
     model_path: String,
     selection: Arc<Selection>,
     build: EngineBuild,
+    /// The variables it is started with: the parent's config
+    /// ([`crate::core::config::Config::to_env`]) and engine options.
+    env: Vec<(&'static str, String)>,
+    /// The key the outcomes it could not answer are signed with.
+    signing_key: Option<crate::core::auth::Key>,
     proc: Option<Process>,
     /// The worker's last stderr bytes.
     last_words: Arc<Mutex<VecDeque<u8>>>,
@@ -256,12 +265,16 @@ impl Worker {
         model_path: String,
         selection: Arc<Selection>,
         build: EngineBuild,
+        env: Vec<(&'static str, String)>,
+        signing_key: Option<crate::core::auth::Key>,
     ) -> Self {
         Worker {
             alias: alias.to_string(),
             model_path,
             selection,
             build,
+            env,
+            signing_key,
             proc: None,
             last_words: Arc::default(),
             dead: None,
@@ -293,7 +306,9 @@ impl Worker {
             // `merge` then names the death, not a missing test).
             for (o, mut unwritten) in unanswered(job, answered, &self.build, &why) {
                 if let Some(dir) = &job.outcomes {
-                    if let Err(e) = crate::report::write_outcome_json(dir, &o) {
+                    if let Err(e) =
+                        crate::report::write_outcome_json(dir, &o, self.signing_key.as_ref())
+                    {
                         unwritten.push(e.message);
                     }
                 }
@@ -317,7 +332,7 @@ impl Worker {
             .env(PLAN_ENV, plan)
             .env("QUANTGATE_WORKER_THREADS", threads.to_string())
             .env(PARENT_ENV, std::process::id().to_string())
-            .envs(EngineOptions::current().to_env())
+            .envs(self.env.iter().cloned())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());

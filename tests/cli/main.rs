@@ -32,10 +32,16 @@ fn fixture_path() -> PathBuf {
     let reg = Registry::load(&repo().join("suites/models.toml")).unwrap();
     let engine = LlamaEngine::new();
     let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 1);
-    ensure(&reg, "smollm2-q4_1", &engine.build().label(), &q)
-        .unwrap()
-        .file
-        .path
+    ensure(
+        &quantgate::Config::load().unwrap(),
+        &reg,
+        "smollm2-q4_1",
+        &engine.build().label(),
+        &q,
+    )
+    .unwrap()
+    .file
+    .path
 }
 
 /// `<tmp>/qg-cli-<tag>-<pid>/`, emptied: a test's own folder.
@@ -136,10 +142,16 @@ fn registry_file(alias: &str) -> PathBuf {
     let reg = Registry::load(&repo().join("suites/models.toml")).unwrap();
     let engine = LlamaEngine::new();
     let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 2);
-    ensure(&reg, alias, &engine.build().label(), &q)
-        .unwrap()
-        .file
-        .path
+    ensure(
+        &quantgate::Config::load().unwrap(),
+        &reg,
+        alias,
+        &engine.build().label(),
+        &q,
+    )
+    .unwrap()
+    .file
+    .path
 }
 
 /// A suites dir for the reference tests: `ref` (F16, through a link the test

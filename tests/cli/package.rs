@@ -120,6 +120,56 @@ fn the_books_metrics_tables_are_the_kinds_declarations() {
     );
 }
 
+/// One `Config` is built at the edge and passed down: no library code
+/// reads the environment or a process-wide config.
+#[test]
+fn the_config_is_read_at_the_edge_and_passed_down() {
+    // The environment is read by core/config/ alone, besides a worker's
+    // own protocol (its alias, plan, parent and threads); nothing reads a
+    // process-wide config.
+    let protocol = [
+        "src/core/config/mod.rs",
+        "src/main.rs",
+        "src/harness/mod.rs",
+        "src/schedule/worker.rs",
+    ];
+    let mut found = Vec::new();
+    for e in walkdir::WalkDir::new(repo().join("src")) {
+        let e = e.unwrap();
+        let rel = e
+            .path()
+            .strip_prefix(repo())
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        if !rel.ends_with(".rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(e.path()).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            let global = ["Config::current", "try_current", "EngineOptions::current"]
+                .iter()
+                .any(|g| code.contains(g));
+            let env = ["env::var(", "env::var_os(", "env::vars("]
+                .iter()
+                .any(|g| code.contains(g));
+            if global || (env && !protocol.contains(&rel.as_str())) {
+                found.push(format!("{rel}:{}: {}", n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "library code reads the environment or a process-wide config (take a &Config):\n{}",
+        found.join("\n")
+    );
+    // The worker protocol's reads, named: a new one is a new variable a
+    // worker takes besides its config.
+    let worker = std::fs::read_to_string(repo().join("src/schedule/worker.rs")).unwrap();
+    assert_eq!(worker.matches("std::env::var(").count(), 3);
+}
+
 /// The library says what it says through `core::progress` (a program that
 /// embeds it can take its notes); only the edges write to stderr: the
 /// command line, the harness, a worker's own failure, and the fake engine's

@@ -286,7 +286,14 @@ fn the_readme_publisher_commands_gate_a_folder_of_quants() {
         ("smollm2-q4_k_m", "mine-q4_k_m.gguf"),
         ("smollm2-q2_k", "mine-q2_k.gguf"),
     ] {
-        let f = ensure(&reg, alias, &engine.build().label(), &q).unwrap();
+        let f = ensure(
+            &quantgate::Config::load().unwrap(),
+            &reg,
+            alias,
+            &engine.build().label(),
+            &q,
+        )
+        .unwrap();
         std::fs::copy(&f.file.path, lm.join(name)).unwrap();
     }
     let quantgate = |c: &Vec<String>| {

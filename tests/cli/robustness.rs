@@ -371,7 +371,7 @@ fn the_library_returns_an_error_on_a_bad_variable() {
     const CHILD: &str = "QG_TEST_BAD_VARIABLE_CHILD";
     if let Some(dir) = std::env::var_os(CHILD) {
         let r = std::panic::catch_unwind(|| {
-            quantgate::judge::merge::read_outcomes(&[PathBuf::from(dir)])
+            quantgate::judge::merge::read_outcomes(&[PathBuf::from(dir)], None)
         });
         let e = r.expect("no panic").expect_err("an error");
         assert!(e.message.contains("QUANTGATE_SIGNING_KEY"), "{}", e.message);

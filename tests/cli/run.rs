@@ -668,7 +668,14 @@ fn the_preflight_checks_every_tensor_lies_within_the_file() {
         "smollm2-q4_k_m",
         "smollm2-q2_k",
     ] {
-        let v = ensure(&reg, alias, &engine.build().label(), &q).unwrap();
+        let v = ensure(
+            &quantgate::Config::load().unwrap(),
+            &reg,
+            alias,
+            &engine.build().label(),
+            &q,
+        )
+        .unwrap();
         let h = quantgate::models::gguf::preflight(&v.file.path).unwrap();
         assert_eq!(
             h.data_end, v.bytes,

@@ -243,7 +243,7 @@ pub fn bench_ladder(name: &str, candidates: &[&str], case_dir: &str) -> BenchLad
     let label = engine.build().label();
     let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 2);
     let path = |alias: &str| {
-        quantgate::models::ensure(&reg, alias, &label, &q)
+        quantgate::models::ensure(&quantgate::Config::load().unwrap(), &reg, alias, &label, &q)
             .unwrap()
             .file
             .path
@@ -256,7 +256,7 @@ pub fn bench_ladder(name: &str, candidates: &[&str], case_dir: &str) -> BenchLad
     std::fs::create_dir_all(suites.join(case_dir)).unwrap();
     std::fs::create_dir_all(&cache).unwrap();
     std::fs::copy(repo.join("suites/models.toml"), suites.join("models.toml")).unwrap();
-    let real = quantgate::models::cache_dir();
+    let real = quantgate::Config::load().unwrap().cache;
     for sub in ["models", "derived"] {
         std::os::unix::fs::symlink(real.join(sub), cache.join(sub)).unwrap();
     }

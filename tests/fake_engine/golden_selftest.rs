@@ -70,7 +70,12 @@ fn fixture(tag: &str, gate_max: f64) -> Fixture {
     let (registry, planned) = plan(&root.join("suites"), &[], &[]).unwrap();
     Fixture {
         goldens: Goldens::new(root.join("goldens")),
-        runner: RunContext::new(registry, Arc::new(FakeEngine::new()), 1),
+        runner: RunContext::new(
+            &quantgate::Config::load().unwrap(),
+            registry,
+            Arc::new(FakeEngine::new()),
+            1,
+        ),
         planned,
         root,
     }

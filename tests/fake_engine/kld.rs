@@ -63,7 +63,12 @@ impl Fx {
 
     fn runner(&self) -> (RunContext, Vec<quantgate::plan::Planned>) {
         let (registry, planned) = plan(&self.root.join("suites"), &[], &[]).unwrap();
-        let mut r = RunContext::new(registry, Arc::new(Self::engine()), 1);
+        let mut r = RunContext::new(
+            &quantgate::Config::load().unwrap(),
+            registry,
+            Arc::new(Self::engine()),
+            1,
+        );
         r.references.dir = self.root.join("cache");
         (r, planned)
     }
@@ -818,7 +823,12 @@ fn run_jobs(
     jobs: usize,
 ) -> Vec<Outcome> {
     let (registry, planned) = plan(&root.join("suites"), &[pattern.to_string()], &[]).unwrap();
-    let mut cx = RunContext::new(registry, Arc::new(engine.clone()), 1);
+    let mut cx = RunContext::new(
+        &quantgate::Config::load().unwrap(),
+        registry,
+        Arc::new(engine.clone()),
+        1,
+    );
     cx.references.dir = root.join("cache");
     // Every stored reference read a pair of windows at a time.
     cx.references.whole_bytes = 0;

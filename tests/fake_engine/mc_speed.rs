@@ -76,7 +76,12 @@ fn root(tag: &str, case: &str, files: &[(&str, &str)]) -> PathBuf {
 fn run(root: &Path) -> Outcome {
     let (registry, planned) = plan(&root.join("suites"), &[], &[]).unwrap();
     assert_eq!(planned.len(), 1);
-    let cx = RunContext::new(registry, Arc::new(engine()), 1);
+    let cx = RunContext::new(
+        &quantgate::Config::load().unwrap(),
+        registry,
+        Arc::new(engine()),
+        1,
+    );
     quantgate::judge::trial(&cx, &planned[0], &root.join("goldens"))
 }
 
@@ -306,7 +311,12 @@ fn a_sequential_multiple_choice_case_stops_early_and_at_n_is_the_fixed_n_case() 
         let e = engine();
         let calls = e.decodes.clone();
         let (registry, planned) = plan(&root.join("suites"), &[], &[]).unwrap();
-        let mut cx = RunContext::new(registry, Arc::new(e), 1);
+        let mut cx = RunContext::new(
+            &quantgate::Config::load().unwrap(),
+            registry,
+            Arc::new(e),
+            1,
+        );
         cx.references.dir = root.join("cache");
         let o = quantgate::judge::trial(&cx, &planned[0], &root.join("goldens"));
         (o, calls.load(Ordering::SeqCst))

@@ -62,7 +62,12 @@ fn soft_spec() -> FakeSpec {
 
 fn run(root: &std::path::Path) -> Vec<(Planned, Outcome)> {
     let (registry, planned) = plan(&root.join("suites"), &[], &[]).unwrap();
-    let mut r = RunContext::new(registry, Arc::new(engine()), 1);
+    let mut r = RunContext::new(
+        &quantgate::Config::load().unwrap(),
+        registry,
+        Arc::new(engine()),
+        1,
+    );
     r.references.dir = root.join("cache");
     planned
         .into_iter()
@@ -380,7 +385,12 @@ fn schema_errors_name_file_line_and_key() {
 fn golden_texts_are_compared_exactly() {
     let root = root("golden", &[("r.toml", &recite_case("\"cand\""))]);
     let (registry, planned) = plan(&root.join("suites"), &[], &[]).unwrap();
-    let r = RunContext::new(registry, Arc::new(engine()), 1);
+    let r = RunContext::new(
+        &quantgate::Config::load().unwrap(),
+        registry,
+        Arc::new(engine()),
+        1,
+    );
     let o = quantgate::judge::trial(&r, &planned[0], std::path::Path::new("goldens"));
     let text = quantgate::golden::render(&o, "suites/r.toml");
     assert!(
@@ -408,7 +418,12 @@ fn golden_texts_are_compared_exactly() {
 fn a_golden_naming_an_undeclared_metric_says_which() {
     let root = root("golden-undeclared", &[("r.toml", &recite_case("\"cand\""))]);
     let (registry, planned) = plan(&root.join("suites"), &[], &[]).unwrap();
-    let r = RunContext::new(registry, Arc::new(engine()), 1);
+    let r = RunContext::new(
+        &quantgate::Config::load().unwrap(),
+        registry,
+        Arc::new(engine()),
+        1,
+    );
     let o = quantgate::judge::trial(&r, &planned[0], std::path::Path::new("goldens"));
     let case = &planned[0].case.as_ref().unwrap().case;
     let now = quantgate::golden::parse(&quantgate::golden::render(&o, "suites/r.toml")).unwrap();

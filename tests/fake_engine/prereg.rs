@@ -83,7 +83,12 @@ impl Fx {
     fn run(&self, name: &str) -> Outcome {
         let (registry, planned) =
             plan(&self.root.join("suites"), &[format!("{name}.toml")], &[]).unwrap();
-        let runner = RunContext::new(registry, Arc::new(Self::engine()), 1);
+        let runner = RunContext::new(
+            &quantgate::Config::load().unwrap(),
+            registry,
+            Arc::new(Self::engine()),
+            1,
+        );
         quantgate::judge::trial(&runner, &planned[0], &self.root.join("goldens"))
     }
 
@@ -94,7 +99,12 @@ impl Fx {
     fn record_golden(&self, name: &str) {
         let (registry, planned) =
             plan(&self.root.join("suites"), &[format!("{name}.toml")], &[]).unwrap();
-        let runner = RunContext::new(registry, Arc::new(Self::engine()), 1);
+        let runner = RunContext::new(
+            &quantgate::Config::load().unwrap(),
+            registry,
+            Arc::new(Self::engine()),
+            1,
+        );
         run_trial(&runner, &planned[0], &self.goldens(), UpdateMode::Always).unwrap();
     }
 

@@ -83,7 +83,12 @@ impl Fx {
         let decodes = e.windows.clone();
         let (registry, planned) =
             plan(&self.root.join("suites"), &[name.to_string()], &[]).unwrap();
-        let mut cx = RunContext::new(registry, Arc::new(e), 1);
+        let mut cx = RunContext::new(
+            &quantgate::Config::load().unwrap(),
+            registry,
+            Arc::new(e),
+            1,
+        );
         cx.references.dir = self.root.join("cache");
         let outs = planned
             .iter()

@@ -38,7 +38,7 @@ impl Loaded {
         let _guard = CONTEXT_LOCK.lock().unwrap_or_else(|p| p.into_inner());
         let ctx = self
             .model
-            .new_context(backend()?, params)
+            .new_context(backend(false)?, params)
             .map_err(|e| self.err(format!("could not create a context: {e}")))?;
         if ctx.n_ctx() < settings.n_ctx {
             return Err(self.err(format!(

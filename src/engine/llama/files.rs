@@ -44,7 +44,7 @@ pub fn ggml_type(id: u32) -> Option<GgmlType> {
 /// The tokenizer fingerprint of the file at `path`, from a vocabulary-only
 /// load (no weights read): the one [`Engine::load`] records.
 pub fn vocab_fingerprint(path: &Path) -> Result<String> {
-    let backend = backend()?;
+    let backend = backend(false)?;
     let params = LlamaModelParams::default().with_vocab_only(true);
     let model = LlamaModel::load_from_file(backend, path, &params).map_err(|e| {
         Error::input(format!(
@@ -59,7 +59,7 @@ pub fn vocab_fingerprint(path: &Path) -> Result<String> {
 /// CPU): its parameter count and its tensors' bytes, whose ratio is the
 /// bits per weight llama.cpp prints.
 pub fn loader_size(path: &Path) -> Result<(u64, u64)> {
-    let backend = backend()?;
+    let backend = backend(false)?;
     let params = LlamaModelParams::default().with_n_gpu_layers(0);
     let model = LlamaModel::load_from_file(backend, path, &params).map_err(|e| {
         Error::input(format!(
@@ -157,7 +157,7 @@ pub fn quantize(src: &Path, dst: &Path, quant: &str, threads: u32) -> Result<()>
             QUANT_TYPES.join(", ")
         ))
     })?;
-    backend()?;
+    backend(false)?;
     let c = |p: &Path| {
         std::ffi::CString::new(p.to_string_lossy().as_bytes())
             .map_err(|_| Error::input(format!("{}: path contains NUL", p.display())))

@@ -43,12 +43,15 @@ static BACKEND: OnceLock<std::result::Result<LlamaBackend, String>> = OnceLock::
 
 static CONTEXT_LOCK: Mutex<()> = Mutex::new(());
 
-fn backend() -> Result<&'static LlamaBackend> {
+/// The process's llama.cpp backend, initialised by its first user: with
+/// llama.cpp's own log kept when `log` (the first engine's setting holds
+/// for the process, as llama.cpp's log is process-wide).
+fn backend(log: bool) -> Result<&'static LlamaBackend> {
     BACKEND
         .get_or_init(|| {
             let mut b = LlamaBackend::init().map_err(|e| e.to_string())?;
             // llama.cpp prints ~1,100 lines per load; QUANTGATE_LLAMA_LOG=1 keeps them.
-            if !crate::core::config::Config::current().llama_log {
+            if !log {
                 b.void_logs();
             }
             Ok(b)
@@ -57,23 +60,39 @@ fn backend() -> Result<&'static LlamaBackend> {
         .map_err(|e| Error::engine(format!("llama.cpp backend failed to initialise: {e}")))
 }
 
-/// The llama.cpp engine.
-#[derive(Debug, Default, Clone, Copy)]
+/// The llama.cpp engine, with its options (GPU layers, KV cache type,
+/// flash attention) and whether llama.cpp's own log is kept.
+#[derive(Debug, Default, Clone)]
 pub struct LlamaEngine {
     drafts: bool,
+    options: crate::core::EngineOptions,
+    log: bool,
 }
 
 impl LlamaEngine {
-    /// The engine (initialises the backend on first use).
+    /// The engine with default options (initialises the backend on first
+    /// use).
     pub fn new() -> Self {
-        LlamaEngine { drafts: true }
+        LlamaEngine {
+            drafts: true,
+            ..LlamaEngine::default()
+        }
+    }
+
+    /// The engine with `config`'s options and log setting.
+    pub fn for_config(config: &crate::core::config::Config) -> Self {
+        LlamaEngine {
+            drafts: true,
+            options: config.engine.clone(),
+            log: config.llama_log,
+        }
     }
 
     /// The engine without drafted invariant generation: every pass of
     /// [`Decoding::Invariant`] picks one token (the slower way to the same
     /// tokens, kept to measure and test the drafted one against).
     pub fn without_drafts() -> Self {
-        LlamaEngine { drafts: false }
+        LlamaEngine::default()
     }
 }
 
@@ -144,15 +163,19 @@ fn kv_type(name: &str) -> Result<KvCacheType> {
 }
 
 impl Engine for LlamaEngine {
+    fn options(&self) -> crate::core::EngineOptions {
+        self.options.clone()
+    }
+
     fn load(&self, file: &ModelFile) -> Result<Arc<dyn LoadedModel>> {
-        let backend = backend()?;
+        let backend = backend(self.log)?;
         let path = file
             .path
             .to_str()
             .ok_or_else(|| file.error("path is not UTF-8"))?;
         // Layers on the GPU: as asked, else every layer on a GPU build and
         // none on a CPU build (the build's backend is in every key).
-        let o = crate::core::EngineOptions::current();
+        let o = &self.options;
         let ngl = o
             .n_gpu_layers
             .unwrap_or(if compute_backend() == "cpu" { 0 } else { 999 });
@@ -188,13 +211,14 @@ impl Engine for LlamaEngine {
     }
 
     fn quantize(&self, src: &Path, dst: &Path, quant: &str, threads: u32) -> Result<()> {
+        backend(self.log)?;
         quantize(src, dst, quant, threads)
     }
 
     /// ggml's backend devices as registered for this build: `name
     /// (description, total bytes)` each, `; `-separated.
     fn devices(&self) -> String {
-        if backend().is_err() {
+        if backend(self.log).is_err() {
             return String::new();
         }
         llama_cpp_2::list_llama_ggml_backend_devices()

@@ -133,20 +133,18 @@ fn memo_put<T: ?Sized>(memo: &Memo<T>, id: &str, value: Arc<T>) -> Arc<T> {
 }
 
 impl ReferenceStore {
-    /// A store with its caches under `dir`, and the shipped folder this
-    /// process's config names (`QUANTGATE_REFERENCE_DIR`).
-    pub fn new(dir: PathBuf) -> Self {
-        Self::with_shipped(
-            dir,
-            Ok(crate::core::config::Config::current().reference.clone()),
-        )
+    /// A store with its caches under `dir`, and the shipped folder and
+    /// keys `config` names (`QUANTGATE_REFERENCE_DIR`, the signing key).
+    pub fn new(dir: PathBuf, config: &crate::core::config::Config) -> Self {
+        Self::with_shipped(dir, Ok(config.reference.clone()), config)
     }
 
     /// A store with its caches under `dir` and `shipped` as the shipped
-    /// folder (or why there is none to use).
+    /// folder (or why there is none to use), sealed with `config`'s keys.
     pub fn with_shipped(
         dir: PathBuf,
         shipped: std::result::Result<Option<Shipped>, String>,
+        config: &crate::core::config::Config,
     ) -> Self {
         ReferenceStore {
             dir,
@@ -156,8 +154,8 @@ impl ReferenceStore {
             kept: Mutex::new(HashMap::new()),
             live: LiveSlots::default(),
             whole_bytes: WHOLE_REFERENCE_BYTES,
-            seal: Seal::local(),
-            shipped_seal: Seal::shipped(),
+            seal: Seal::local(config),
+            shipped_seal: Seal::shipped(config),
             warned: Mutex::new(Default::default()),
         }
     }

@@ -98,7 +98,11 @@ fn scored_at(plan: &crate::execute::windows::ScoringPlan, v: f64) -> Scored {
 #[test]
 fn a_scores_file_copied_under_another_settings_name_is_refused() {
     let d = tempfile::tempdir().unwrap();
-    let store = ReferenceStore::with_shipped(d.path().to_path_buf(), Ok(None));
+    let store = ReferenceStore::with_shipped(
+        d.path().to_path_buf(),
+        Ok(None),
+        &crate::core::config::Config::load().unwrap(),
+    );
     let (plan, windowing, header) = scores_fixture();
     let scored = || scored_at(&plan, 1.5);
     let off = Settings::new(64, 1);
@@ -118,13 +122,20 @@ fn a_scores_file_copied_under_another_settings_name_is_refused() {
     let (_, off_file) = store.scores_file(&key(&off));
     let (_, on_file) = store.scores_file(&key(&on));
     assert_ne!(off_file, on_file);
-    assert!(
-        ReferenceStore::load_scores(&key(&off), &off_file, Seal::local())
-            .unwrap()
-            .is_some()
-    );
+    assert!(ReferenceStore::load_scores(
+        &key(&off),
+        &off_file,
+        Seal::local(&crate::core::config::Config::load().unwrap())
+    )
+    .unwrap()
+    .is_some());
     std::fs::copy(&off_file, &on_file).unwrap();
-    let e = ReferenceStore::load_scores(&key(&on), &on_file, Seal::local()).unwrap_err();
+    let e = ReferenceStore::load_scores(
+        &key(&on),
+        &on_file,
+        Seal::local(&crate::core::config::Config::load().unwrap()),
+    )
+    .unwrap_err();
     assert!(e.contains("scored under other settings"), "{e}");
 }
 
@@ -138,8 +149,12 @@ fn a_shipped_reference_folder_is_read_only_and_complete_or_refused() {
     let built = std::cell::Cell::new(0);
     // Build the artifact as `quantgate reference build` does.
     let art = root.join("artifact");
-    let mut builder = ReferenceStore::with_shipped(art.clone(), Ok(None));
-    builder.seal = Seal::shipped();
+    let mut builder = ReferenceStore::with_shipped(
+        art.clone(),
+        Ok(None),
+        &crate::core::config::Config::load().unwrap(),
+    );
+    builder.seal = Seal::shipped(&crate::core::config::Config::load().unwrap());
     let made = fetch(&builder, &built).unwrap();
     assert_eq!(built.get(), 1);
     let (_, file) = builder.rows_product(&header());
@@ -151,6 +166,7 @@ fn a_shipped_reference_folder_is_read_only_and_complete_or_refused() {
                 dir: dir.to_path_buf(),
                 missing,
             })),
+            &crate::core::config::Config::load().unwrap(),
         )
     };
     // A shard: read from the artifact, nothing computed or written there,
@@ -209,6 +225,7 @@ fn a_shipped_reference_folder_is_read_only_and_complete_or_refused() {
         Err(format!(
             "{REFERENCE_MISSING_ENV}=`x`: expected `error` or `compute`"
         )),
+        &crate::core::config::Config::load().unwrap(),
     );
     let e = fetch(&broken, &built).unwrap_err();
     assert!(e.message.contains(REFERENCE_MISSING_ENV), "{}", e.message);
@@ -234,7 +251,11 @@ fn a_kept_product_is_computed_once_and_never_read_back_wrong() {
             })
             .unwrap()
     };
-    let one = ReferenceStore::with_shipped(root.clone(), Ok(None));
+    let one = ReferenceStore::with_shipped(
+        root.clone(),
+        Ok(None),
+        &crate::core::config::Config::load().unwrap(),
+    );
     assert_eq!(*get(&one, "a", &value), value);
     assert_eq!(*get(&one, "a", &value), value);
     assert_eq!(made.get(), 1, "the memo answers");
@@ -245,7 +266,13 @@ fn a_kept_product_is_computed_once_and_never_read_back_wrong() {
         .filter(|p| p.extension().is_some_and(|x| x == "qgtest"))
         .collect();
     assert_eq!(files.len(), 1);
-    let fresh = || ReferenceStore::with_shipped(root.clone(), Ok(None));
+    let fresh = || {
+        ReferenceStore::with_shipped(
+            root.clone(),
+            Ok(None),
+            &crate::core::config::Config::load().unwrap(),
+        )
+    };
     let back = get(&fresh(), "a", &value);
     assert_eq!(made.get(), 1);
     assert!(back
@@ -277,7 +304,12 @@ fn a_kept_product_is_computed_once_and_never_read_back_wrong() {
     assert_eq!(*get(&fresh(), "a", &value), value);
     assert_eq!(made.get(), 4);
     let other = br#"{"quantgate_kept":2,"id":"a","value":[[0.0]]}"#.to_vec();
-    write_sealed_with(&path_of("a"), other, Seal::local()).unwrap();
+    write_sealed_with(
+        &path_of("a"),
+        other,
+        Seal::local(&crate::core::config::Config::load().unwrap()),
+    )
+    .unwrap();
     assert_eq!(*get(&fresh(), "a", &value), value);
     assert_eq!(made.get(), 5);
     // Refused by `keep`: returned, not written.
@@ -331,6 +363,7 @@ fn a_product_edited_and_sealed_again_is_never_read_back_under_a_key() {
                 dir: p.to_path_buf(),
                 missing: Missing::Error,
             })),
+            &crate::core::config::Config::load().unwrap(),
         );
         s.seal = Seal::Keyed(key);
         s.shipped_seal = Seal::Keyed(key);
@@ -372,7 +405,11 @@ fn a_product_edited_and_sealed_again_is_never_read_back_under_a_key() {
     // unauthenticated on stderr); a keyed one cannot be checked and is
     // refused.
     let plain_art = d.path().join("plain");
-    let mut plain_builder = ReferenceStore::with_shipped(plain_art.clone(), Ok(None));
+    let mut plain_builder = ReferenceStore::with_shipped(
+        plain_art.clone(),
+        Ok(None),
+        &crate::core::config::Config::load().unwrap(),
+    );
     plain_builder.seal = Seal::Plain;
     fetch(&plain_builder, &built).unwrap();
     let unkeyed = |dir: &Path| {
@@ -382,6 +419,7 @@ fn a_product_edited_and_sealed_again_is_never_read_back_under_a_key() {
                 dir: dir.to_path_buf(),
                 missing: Missing::Error,
             })),
+            &crate::core::config::Config::load().unwrap(),
         );
         s.shipped_seal = Seal::Plain;
         s

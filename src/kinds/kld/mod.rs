@@ -564,7 +564,7 @@ impl Kld {
             ref_sha,
             &plan.token_stream_sha256,
             windowing,
-            &tx.settings(cx.threads),
+            &tx.settings(cx.threads, cx.options()),
             cx.identity_of(ref_alias),
             self.tail,
             self.max_kept,

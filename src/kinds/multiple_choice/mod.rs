@@ -154,9 +154,9 @@ pub fn parse(case: &Case, src: &str, diag: &mut Diagnostics) -> Result<Arc<dyn K
 }
 
 impl MultipleChoice {
-    fn settings(&self, threads: u32) -> Settings {
+    fn settings(&self, threads: u32, options: &crate::core::EngineOptions) -> Settings {
         let n_ctx = self.n_ctx * N_SEQ as u32;
-        let mut s = Settings::new(n_ctx, threads);
+        let mut s = Settings::new(n_ctx, threads).with_options(options);
         s.n_batch = 2048.min(n_ctx);
         s.n_ubatch = 512.min(s.n_batch);
         s.n_seq = N_SEQ as u32;
@@ -399,7 +399,7 @@ impl Kind for MultipleChoice {
         let (verified, model) = cx.load(alias)?;
         out.timings.prepare = t.elapsed();
         out.model_sha256 = Some(verified.file.sha256.clone());
-        let settings = self.settings(cx.threads);
+        let settings = self.settings(cx.threads, cx.options());
         out.settings = Some(settings.clone());
         if let Some(decide) = &case.decide {
             let sides = Sides {

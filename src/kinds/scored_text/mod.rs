@@ -10,7 +10,7 @@
 use crate::core::case::{bad_sha, beside, Location, Pin};
 use crate::core::error::{Error, Result};
 use crate::core::parse::Diagnostics;
-use crate::core::{Case, Outcome, Settings};
+use crate::core::{Case, EngineOptions, Outcome, Settings};
 use crate::engine::{BosPolicy, LoadedModel};
 use crate::execute::observe::{observe_one, Consumer, Mapped, Observation, Row};
 use crate::execute::record::RecordHeader;
@@ -119,7 +119,7 @@ impl ScoredText {
         model: Arc<dyn LoadedModel>,
         plan: &ScoringPlan,
     ) -> Observation {
-        plan.observation(model, self.n_batch, cx.threads)
+        plan.observation(model, self.n_batch, cx.threads, cx.options())
     }
 
     /// About how many token rows the windows are (unbounded chunks count
@@ -137,8 +137,8 @@ impl ScoredText {
     }
 
     /// Engine settings of every pass.
-    pub fn settings(&self, threads: u32) -> Settings {
-        let mut s = Settings::new(self.windowing.context(), threads);
+    pub fn settings(&self, threads: u32, options: &EngineOptions) -> Settings {
+        let mut s = Settings::new(self.windowing.context(), threads).with_options(options);
         s.n_batch = self.n_batch;
         s
     }
@@ -167,7 +167,7 @@ impl ScoredText {
         out.timings.prepare = t.elapsed();
         out.model_sha256 = Some(verified.file.sha256.clone());
         self.check_context(&*model)?;
-        out.settings = Some(self.settings(cx.threads));
+        out.settings = Some(self.settings(cx.threads, cx.options()));
         let t = Instant::now();
         let plan = self.plan_for(cx, &src, &*model)?;
         out.timings.tokenize = t.elapsed();

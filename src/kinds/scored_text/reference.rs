@@ -21,6 +21,7 @@ impl ScoresBuild {
         build: &str,
         model: &Arc<dyn LoadedModel>,
         plan: &ScoringPlan,
+        options: &EngineOptions,
     ) -> Self {
         let info = model.info();
         ScoresBuild {
@@ -41,7 +42,7 @@ impl ScoresBuild {
             key: (
                 alias.to_string(),
                 sha256.to_string(),
-                text.settings(0),
+                text.settings(0, options),
                 build.to_string(),
                 format!("{:?}", text.windowing),
             ),
@@ -156,7 +157,7 @@ impl ScoredText {
         // must equal. Else computed here, when the store may (a shipped
         // folder can refuse): loaded, checked and scored under its lock.
         let build = cx.identity_of(ref_alias);
-        let settings = self.settings(cx.threads);
+        let settings = self.settings(cx.threads, cx.options());
         let pinned = cx.pinned_sha256(ref_alias).map_err(|e| e.context(ref_at))?;
         let key = self.scores_key(ref_alias, &pinned, plan, &settings, &build);
         let stored = cx.references.scores(&key, ref_at, &|| {
@@ -164,7 +165,15 @@ impl ScoredText {
             self.check_context(&*rmodel)?;
             let rplan = self.identical_plan(cx, ref_at, src, &*rmodel, model, plan)?;
             let obs = self.observation(cx, rmodel.clone(), &rplan);
-            let mut b = ScoresBuild::new(self, ref_alias, &rv.file.sha256, &build, &rmodel, &rplan);
+            let mut b = ScoresBuild::new(
+                self,
+                ref_alias,
+                &rv.file.sha256,
+                &build,
+                &rmodel,
+                &rplan,
+                cx.options(),
+            );
             observe_one(&obs, &mut b)?;
             b.scored()
         })?;
@@ -189,13 +198,21 @@ impl ScoredText {
         self.check_context(&*rmodel)?;
         let rplan = Arc::new(self.plan_for(cx, &src, &*rmodel)?);
         let build = cx.identity_of(ref_alias);
-        let settings = self.settings(cx.threads);
+        let settings = self.settings(cx.threads, cx.options());
         let key = self.scores_key(ref_alias, &rv.file.sha256, &rplan, &settings, &build);
         let (id, path) = cx.references.scores_product(&key);
         if cx.references.holds(&id, &path) {
             return Ok(None);
         }
-        let b = ScoresBuild::new(self, ref_alias, &rv.file.sha256, &build, &rmodel, &rplan);
+        let b = ScoresBuild::new(
+            self,
+            ref_alias,
+            &rv.file.sha256,
+            &build,
+            &rmodel,
+            &rplan,
+            cx.options(),
+        );
         Ok(Some(RefWork {
             key: id,
             path,
@@ -236,7 +253,15 @@ impl ScoredText {
         let plan = self.plan_for(cx, &src, &*model)?;
         let build = cx.identity_of(alias);
         let obs = self.observation(cx, model.clone(), &plan);
-        let mut b = ScoresBuild::new(self, alias, &verified.file.sha256, &build, &model, &plan);
+        let mut b = ScoresBuild::new(
+            self,
+            alias,
+            &verified.file.sha256,
+            &build,
+            &model,
+            &plan,
+            cx.options(),
+        );
         observe_one(&obs, &mut b)?;
         let (header, scored) = b.scored()?;
         Ok(crate::execute::record::record_jsonl(

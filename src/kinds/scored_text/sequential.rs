@@ -84,7 +84,7 @@ fn score_windows(
     n_batch: u32,
 ) -> Result<Vec<Arc<Scored>>> {
     let sub = plan.part(ws);
-    let s = score_plan(model.clone(), &sub, n_batch, cx.threads)?;
+    let s = score_plan(model.clone(), &sub, n_batch, cx.threads, cx.options())?;
     Ok((0..ws.len())
         .map(|k| Arc::new(window_of(&s, &sub, k)))
         .collect())

@@ -393,8 +393,13 @@ pub fn write(dir: &Path, views: &[View], outcomes: &[Outcome]) -> Result<Vec<Pat
 /// Bytes and bits per weight of a registry model, from its file's header
 /// (every part of a split file); nothing when the file is not there or is
 /// not the size the registry pins.
-pub fn facts_of(registry: &crate::models::Registry, build_label: &str, alias: &str) -> ModelFacts {
-    let Ok(path) = registry.location(alias, build_label) else {
+pub fn facts_of(
+    registry: &crate::models::Registry,
+    build_label: &str,
+    cache: &Path,
+    alias: &str,
+) -> ModelFacts {
+    let Ok(path) = registry.location(alias, build_label, cache) else {
         return ModelFacts::default();
     };
     let pinned = registry.entry(alias).ok().and_then(|e| e.bytes);

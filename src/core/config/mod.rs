@@ -7,8 +7,9 @@
 //! Contract: this module is the only reader of quantgate's environment
 //! variables (besides a worker's own protocol); every bad value is an
 //! input error naming the variable (or the flag), never a panic, checked
-//! before anything runs. The edge installs the config ([`Config::install`]);
-//! library code reads [`Config::current`].
+//! before anything runs. The edge (the CLI, the harness, a worker,
+//! [`crate::run_gate`]) builds one and passes it down as `&Config`; no
+//! library code reads the environment or a process-wide config.
 //!
 //! | variable | default | meaning |
 //! |---|---|---|
@@ -32,17 +33,8 @@ use crate::core::auth::{Key, KEY_ENV, KEY_FILE_ENV};
 use crate::core::error::{Error, Result};
 use crate::core::settings::EngineOptions;
 use std::path::PathBuf;
-use std::sync::OnceLock;
 
-/// Set by a parent whose stderr is a terminal, for its worker processes.
-pub const TERMINAL_ENV: &str = "QUANTGATE_PROGRESS_TERMINAL";
-
-impl EngineOptions {
-    /// This process's options: its config's ([`Config`]).
-    pub fn current() -> &'static EngineOptions {
-        &Config::current().engine
-    }
-}
+pub use crate::core::progress::TERMINAL_ENV;
 
 /// What to do with a changed or missing golden (insta's modes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,8 +85,11 @@ pub const REFERENCE_DIR_ENV: &str = "QUANTGATE_REFERENCE_DIR";
 /// The environment variable saying what a missing shipped product does.
 pub const REFERENCE_MISSING_ENV: &str = "QUANTGATE_REFERENCE_MISSING";
 
-/// Everything a run takes from outside the case files.
+/// Everything a run takes from outside the case files. Built at the edge
+/// ([`Config::load`], [`Config::for_command_line`], [`Config::builder`])
+/// and passed down.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Config {
     /// The crate under test (`CARGO_MANIFEST_DIR` at run time, as cargo and
     /// nextest set it for test binaries; else the working directory). Never
@@ -142,8 +137,6 @@ pub struct Config {
     /// Running under nextest (a process per test: no workers).
     pub nextest: bool,
 }
-
-static CURRENT: OnceLock<Config> = OnceLock::new();
 
 impl Config {
     /// The config of this process's environment (every value checked; an
@@ -300,10 +293,7 @@ impl Config {
             }
             (None, None) => None,
         };
-        let config_home = get("XDG_CONFIG_HOME")
-            .map(PathBuf::from)
-            .or_else(|| home.map(|h| h.join(".config")))
-            .map(|b| b.join("quantgate"));
+        let config_home = config_home_from(&get);
         let engine = EngineOptions::from_flags_or(engine_flags, &get)?;
         Ok(Config {
             root,
@@ -337,42 +327,161 @@ impl Config {
         )
     }
 
-    /// Fix this process's config, before anything runs; an error when
-    /// another was fixed already.
-    pub fn install(self) -> Result<&'static Config> {
-        let now = CURRENT.get_or_init(|| self.clone());
-        if now.cache != self.cache
-            || now.out != self.out
-            || now.update != self.update
-            || now.engine != self.engine
-        {
+    /// A builder starting from this process's environment
+    /// ([`Config::load`]): what a program embedding quantgate sets in code.
+    pub fn builder() -> ConfigBuilder {
+        ConfigBuilder {
+            config: Config::load(),
+        }
+    }
+
+    /// The variables that give a worker process this config (besides its
+    /// folders, which its selection names, and the signing key, which it
+    /// inherits): set on every worker, so that a config built in code
+    /// ([`Config::builder`]) holds in workers too.
+    pub fn to_env(&self) -> Vec<(&'static str, String)> {
+        let mut v = vec![
+            ("QUANTGATE_CACHE", self.cache.display().to_string()),
+            (
+                "QUANTGATE_UPDATE",
+                match self.update {
+                    UpdateMode::New => "new",
+                    UpdateMode::Always => "always",
+                    UpdateMode::No => "no",
+                }
+                .to_string(),
+            ),
+            (
+                "QUANTGATE_RESULT_CACHE",
+                if self.result_cache { "on" } else { "off" }.to_string(),
+            ),
+            (
+                "QUANTGATE_ISOLATION",
+                match self.isolation {
+                    Isolation::Off => "off",
+                    Isolation::Model => "model",
+                    Isolation::Group => "group",
+                    Isolation::Test => "test",
+                }
+                .to_string(),
+            ),
+            ("QUANTGATE_PYTHON", self.python.clone()),
+            (
+                "QUANTGATE_LLAMA_LOG",
+                if self.llama_log { "1" } else { "" }.to_string(),
+            ),
+            (
+                "QUANTGATE_OUT",
+                self.out
+                    .as_ref()
+                    .map_or(String::new(), |o| o.display().to_string()),
+            ),
+        ];
+        v.extend(self.engine.to_env());
+        if let Some(r) = &self.reference {
+            v.push((REFERENCE_DIR_ENV, r.dir.display().to_string()));
+            v.push((
+                REFERENCE_MISSING_ENV,
+                match r.missing {
+                    Missing::Error => "error",
+                    Missing::Compute => "compute",
+                }
+                .to_string(),
+            ));
+        }
+        v
+    }
+
+    /// The signing key of sealed decisions, shipped products and signed
+    /// outcomes (`QUANTGATE_SIGNING_KEY`, `_FILE`): None when neither is set.
+    pub fn signing_key(&self) -> Option<&Key> {
+        self.signing_key.as_ref()
+    }
+}
+
+/// [`Config::builder`]: the environment's config with values set in code
+/// over it; [`ConfigBuilder::build`] gives the first error of the
+/// environment, if any.
+#[derive(Debug)]
+pub struct ConfigBuilder {
+    config: Result<Config>,
+}
+
+impl ConfigBuilder {
+    fn set(mut self, f: impl FnOnce(&mut Config)) -> Self {
+        if let Ok(c) = &mut self.config {
+            f(c);
+        }
+        self
+    }
+
+    /// The crate root (suites, goldens and preregistered rules are named
+    /// relative to it).
+    pub fn root(self, dir: impl Into<PathBuf>) -> Self {
+        let dir = dir.into();
+        self.set(|c| c.root = dir)
+    }
+
+    /// The cases folder.
+    pub fn suites(self, dir: impl Into<PathBuf>) -> Self {
+        let dir = dir.into();
+        self.set(|c| c.suites = dir)
+    }
+
+    /// The goldens folder.
+    pub fn goldens(self, dir: impl Into<PathBuf>) -> Self {
+        let dir = dir.into();
+        self.set(|c| c.goldens = dir)
+    }
+
+    /// The cache folder (models, results, references, locks).
+    pub fn cache(self, dir: impl Into<PathBuf>) -> Self {
+        let dir = dir.into();
+        self.set(|c| {
+            c.cache = dir;
+            c.cache_from = "the cache folder ";
+        })
+    }
+
+    /// The engine options.
+    pub fn engine(self, options: EngineOptions) -> Self {
+        self.set(|c| c.engine = options)
+    }
+
+    /// The golden update mode.
+    pub fn update(self, mode: UpdateMode) -> Self {
+        self.set(|c| c.update = mode)
+    }
+
+    /// Whether the result cache is used.
+    pub fn result_cache(self, on: bool) -> Self {
+        self.set(|c| c.result_cache = on && c.out.is_none())
+    }
+
+    /// How groups are spread over worker processes.
+    pub fn isolation(self, isolation: Isolation) -> Self {
+        self.set(|c| c.isolation = isolation)
+    }
+
+    /// The config, or the environment's first bad value; an update mode
+    /// that writes goldens under CI is refused here too.
+    pub fn build(self) -> Result<Config> {
+        let c = self.config?;
+        if c.ci && c.update != UpdateMode::No {
+            return Err(Error::input(
+                "an update mode that writes goldens was set, but CI is set: goldens are never \
+                 written under CI"
+                    .to_string(),
+            ));
+        }
+        if c.cache.exists() && !c.cache.is_dir() {
             return Err(Error::input(format!(
-                "the configuration is fixed already ({now:?})"
+                "{}{}: exists and is not a directory",
+                c.cache_from,
+                c.cache.display()
             )));
         }
-        Ok(now)
-    }
-
-    /// This process's config: the one installed, else the environment's,
-    /// or the error that names its first bad variable (never a panic:
-    /// what the public library calls that read the environment use).
-    pub fn try_current() -> Result<&'static Config> {
-        if let Some(c) = CURRENT.get() {
-            return Ok(c);
-        }
-        let c = Config::from_env([None, None, None])?;
-        Ok(CURRENT.get_or_init(|| c))
-    }
-
-    /// This process's config: the one installed, else the environment's.
-    /// The CLI, the harness and workers install a checked one before
-    /// anything runs; a library caller that did not, under a bad value,
-    /// stops here with the value's variable named.
-    pub fn current() -> &'static Config {
-        CURRENT.get_or_init(|| {
-            Config::from_env([None, None, None])
-                .unwrap_or_else(|e| panic!("quantgate configuration: {}", e.message))
-        })
+        Ok(c)
     }
 }
 
@@ -382,6 +491,21 @@ fn crate_root(var: &dyn Fn(&str) -> Option<String>) -> PathBuf {
     var("CARGO_MANIFEST_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| std::env::current_dir().unwrap_or_default())
+}
+
+/// This user's quantgate folder as `var` gives it:
+/// `$XDG_CONFIG_HOME/quantgate`, else `~/.config/quantgate`.
+fn config_home_from(var: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
+    var("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .or_else(|| var("HOME").map(|h| PathBuf::from(h).join(".config")))
+        .map(|b| b.join("quantgate"))
+}
+
+/// [`Config::config_home`] of this process, read alone: where this user's
+/// own key lives, which tags quantgate's temp files in every process.
+pub fn user_config_home() -> Option<PathBuf> {
+    config_home_from(&|k| env_var(k).filter(|v| !v.is_empty()))
 }
 
 /// [`Config::root`] of this process, read alone (no other variable).
@@ -428,118 +552,4 @@ pub fn update_mode_from(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn with(vars: &[(&str, &str)]) -> Result<Config> {
-        let vars: Vec<(String, String)> = vars
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        Config::from_lookup(
-            &move |k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()),
-            [None, None, None],
-        )
-    }
-
-    /// Defaults from an empty environment; each variable read where it
-    /// belongs; an empty value is unset.
-    #[test]
-    fn defaults_and_each_variable() {
-        let c = with(&[("HOME", "/h")]).unwrap();
-        assert_eq!(c.cache, PathBuf::from("/h/.cache/quantgate"));
-        assert_eq!(c.config_home, Some(PathBuf::from("/h/.config/quantgate")));
-        assert_eq!(
-            (c.update, c.result_cache, c.isolation),
-            (UpdateMode::New, true, Isolation::Group)
-        );
-        assert!(c.out.is_none() && c.reference.is_none() && c.signing_key.is_none());
-        let crate_root = with(&[("CARGO_MANIFEST_DIR", "/crate")]).unwrap();
-        assert_eq!(crate_root.suites, PathBuf::from("/crate/suites"));
-        assert_eq!(crate_root.goldens, PathBuf::from("/crate/goldens"));
-        let here = env!("CARGO_MANIFEST_DIR");
-        let moved = with(&[
-            ("CARGO_MANIFEST_DIR", here),
-            ("QUANTGATE_SUITES", "src"),
-            ("QUANTGATE_GOLDENS", "tests/snapshots"),
-        ])
-        .unwrap();
-        assert_eq!(moved.suites, PathBuf::from(here).join("src"));
-        assert_eq!(moved.goldens, PathBuf::from(here).join("tests/snapshots"));
-        let c = with(&[
-            ("QUANTGATE_CACHE", "/c"),
-            ("XDG_CACHE_HOME", "/x"),
-            ("QUANTGATE_OUT", "/o"),
-            ("QUANTGATE_ISOLATION", "off"),
-            ("QUANTGATE_UPDATE", ""),
-            ("CI", "1"),
-        ])
-        .unwrap();
-        assert_eq!(c.cache, PathBuf::from("/c"));
-        assert_eq!(c.out, Some(PathBuf::from("/o")));
-        // Rows are never kept in the result cache.
-        assert!(!c.result_cache);
-        assert_eq!((c.isolation, c.update), (Isolation::Off, UpdateMode::No));
-        assert_eq!(
-            with(&[("XDG_CACHE_HOME", "/x")]).unwrap().cache,
-            PathBuf::from("/x/quantgate")
-        );
-    }
-
-    /// A signing key file that its group or others can read, or that is a
-    /// symlink, is refused naming the variable and the mode; a private one
-    /// is the key.
-    #[cfg(unix)]
-    #[test]
-    fn a_key_file_others_can_read_is_refused() {
-        use std::os::unix::fs::PermissionsExt;
-        let d = tempfile::tempdir().unwrap();
-        let f = d.path().join("key");
-        std::fs::write(&f, "0123456789abcdef0123456789abcdef\n").unwrap();
-        let path = f.to_str().unwrap().to_string();
-        for mode in [0o644, 0o640, 0o660, 0o606] {
-            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
-            let e = with(&[("QUANTGATE_SIGNING_KEY_FILE", &path)]).unwrap_err();
-            assert_eq!(e.kind, crate::core::ErrorKind::Input);
-            assert!(
-                e.message.contains("QUANTGATE_SIGNING_KEY_FILE")
-                    && e.message.contains(&format!("mode {mode:04o}")),
-                "{}",
-                e.message
-            );
-        }
-        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
-        let c = with(&[("QUANTGATE_SIGNING_KEY_FILE", &path)]).unwrap();
-        assert!(c.signing_key.is_some());
-        let link = d.path().join("link");
-        std::os::unix::fs::symlink(&f, &link).unwrap();
-        let e = with(&[("QUANTGATE_SIGNING_KEY_FILE", link.to_str().unwrap())]).unwrap_err();
-        assert!(e.message.contains("symlink"), "{}", e.message);
-    }
-
-    /// Every bad value is an input error naming its variable.
-    #[test]
-    fn a_bad_value_names_its_variable() {
-        for (k, v) in [
-            ("QUANTGATE_ISOLATION", "pod"),
-            ("QUANTGATE_RESULT_CACHE", "maybe"),
-            ("QUANTGATE_UPDATE", "sometimes"),
-            ("QUANTGATE_REFERENCE_MISSING", "later"),
-            ("QUANTGATE_REFERENCE_DIR", "/no/such/folder"),
-            ("QUANTGATE_SIGNING_KEY_FILE", "/no/such/key"),
-            ("QUANTGATE_SIGNING_KEY", "short"),
-            ("QUANTGATE_FLASH_ATTN", "sometimes"),
-            ("QUANTGATE_KV_TYPE", "f12"),
-            ("QUANTGATE_N_GPU_LAYERS", "many"),
-            ("QUANTGATE_CACHE", "/dev/null"),
-            ("QUANTGATE_SUITES", "/no/such/folder"),
-            ("QUANTGATE_GOLDENS", "/dev/null"),
-        ] {
-            let e = with(&[(k, v)]).unwrap_err();
-            assert_eq!(e.kind, crate::core::ErrorKind::Input, "{k}");
-            assert!(e.message.contains(k), "{k}={v}: {}", e.message);
-        }
-        let e = with(&[("QUANTGATE_UPDATE", "always"), ("CI", "true")]).unwrap_err();
-        assert!(e.message.contains("CI is set"), "{}", e.message);
-    }
-}
+mod tests;
