@@ -44,15 +44,15 @@ fn q3_and_q2_fail_the_delta_nll_and_kld_gates_with_readable_messages() {
         2,
     );
     assert_eq!(planned.len(), 5);
-    let (outcomes, _) = quantgate::schedule::run_plan(
-        &runner,
-        &planned,
-        std::path::Path::new("goldens"),
-        false,
-        1,
-        &mut |_, _| {},
-        &mut |_| {},
-    );
+    let (outcomes, _) = quantgate::schedule::Schedule::here(&std::sync::Arc::new(runner), &planned)
+        .run(
+            &planned,
+            1,
+            &Default::default(),
+            std::path::Path::new("goldens"),
+            &mut |_, _| {},
+            &mut |_, _, _| {},
+        );
     let by_name = |name: &str| -> &Outcome {
         outcomes
             .iter()

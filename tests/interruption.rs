@@ -512,7 +512,7 @@ fn parquet_role(root: &Path) -> ExitCode {
         1,
     );
     runner.references.dir = root.join("cache");
-    let o = quantgate::judge::trial(&runner, &planned[0], std::path::Path::new("goldens"));
+    let o = quantgate::schedule::trial(&runner, &planned[0], std::path::Path::new("goldens"));
     if o.status != quantgate::core::Status::Pass {
         println!("case failed: {:?}", o.error);
         return ExitCode::from(3);

@@ -427,15 +427,15 @@ fn kld_equals_llama_perplexity_kl_divergence() {
         threads,
     );
     // Both cases score the same windows of Q8_0: one decode.
-    let (outcomes, _) = quantgate::schedule::run_plan(
-        &runner,
-        &planned,
-        std::path::Path::new("goldens"),
-        false,
-        1,
-        &mut |_, _| {},
-        &mut |_| {},
-    );
+    let (outcomes, _) = quantgate::schedule::Schedule::here(&std::sync::Arc::new(runner), &planned)
+        .run(
+            &planned,
+            1,
+            &Default::default(),
+            std::path::Path::new("goldens"),
+            &mut |_, _| {},
+            &mut |_, _, _| {},
+        );
     let get = |case: &str| {
         let o = outcomes.iter().find(|o| o.case == case).unwrap();
         assert_eq!(

@@ -45,7 +45,7 @@ fn run_all(root: &Path) -> Vec<Outcome> {
     planned
         .iter()
         .map(|p| {
-            let o = quantgate::judge::trial(&r, p, std::path::Path::new("goldens"));
+            let o = quantgate::schedule::trial(&r, p, std::path::Path::new("goldens"));
             assert_ne!(o.status, Status::Error, "{}: {:?}", p.name, o.error);
             o
         })

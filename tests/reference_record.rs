@@ -26,7 +26,7 @@ fn record_reproduces_the_live_reference_exactly() {
     );
     let out: Vec<_> = planned
         .iter()
-        .map(|p| quantgate::judge::trial(&runner, p, std::path::Path::new("goldens")))
+        .map(|p| quantgate::schedule::trial(&runner, p, std::path::Path::new("goldens")))
         .collect();
     let live = out.iter().find(|o| o.case == "ppl/resets").unwrap();
     let rec = out.iter().find(|o| o.case == "ppl/resets_record").unwrap();
@@ -51,7 +51,7 @@ fn record_reproduces_the_live_reference_exactly() {
         Arc::new(LlamaEngine::new()),
         2,
     );
-    let f = quantgate::judge::trial(&runner, &p, std::path::Path::new("goldens"));
+    let f = quantgate::schedule::trial(&runner, &p, std::path::Path::new("goldens"));
     assert!(f.error.is_none(), "{:?}", f.error);
     assert_eq!(
         f.metrics["nll_mean"].to_bits(),

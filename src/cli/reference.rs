@@ -117,7 +117,7 @@ fn build(ctx: &Ctx, select: &Select, out: &PathBuf) -> Result<Conclusion, Error>
         );
     }
     let t = std::time::Instant::now();
-    let work = quantgate::judge::build_references(&runner, &planned, &ctx.default_goldens());
+    let work = quantgate::schedule::build_references(&runner, &planned, &ctx.default_goldens());
     for f in &work.failed {
         eprintln!("error: {f}");
     }

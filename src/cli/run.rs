@@ -9,7 +9,7 @@ use quantgate::core::{Error, TrialEnd};
 use quantgate::execute::{threads_per_trial, RunContext};
 use quantgate::plan::Planned;
 use quantgate::report;
-use quantgate::schedule::{executors, Job, Selection};
+use quantgate::schedule::{Job, Schedule, Selection};
 use std::sync::Arc;
 
 /// `--threads`, checked: at least 1, at most the cores here.
@@ -115,11 +115,6 @@ pub fn run(ctx: &Ctx, a: RunArgs) -> Result<Conclusion, Error> {
     let cache = !no_cache && out.is_none() && config.result_cache;
     // QUANTGATE_ISOLATION=test: one worker per test, nothing shared (as
     // the harness does), so no decode is shared either.
-    let groups = quantgate::plan::groups::groups(
-        &planned,
-        &vec![true; planned.len()],
-        isolation != quantgate::core::config::Isolation::Test,
-    );
     let selection = Arc::new(Selection {
         suites: ctx.suites.clone(),
         goldens: goldens.clone(),
@@ -127,26 +122,24 @@ pub fn run(ctx: &Ctx, a: RunArgs) -> Result<Conclusion, Error> {
         models: models.clone(),
         overrides,
     });
-    let executors = executors(isolation, &groups, &runner, &selection, true);
-    let exec = |g: usize, run: &[&Planned], provides: &[&Planned]| {
-        let job = Job {
-            run: run.iter().map(|p| p.name.clone()).collect(),
-            provide: provides.iter().map(|p| p.name.clone()).collect(),
-            cache,
-            rows: out.clone(),
-            outcomes: None,
-        };
-        executors[g]
-            .as_ref()
-            .expect("every group has an executor")
-            .run(run, provides, &job, &goldens, runner.threads)
+    let schedule = Schedule::new(
+        &runner,
+        &planned,
+        &vec![true; planned.len()],
+        isolation,
+        selection,
+    );
+    let job = Job {
+        cache,
+        rows: out.clone(),
+        ..Job::default()
     };
     let mut write_failed = false;
-    let (outcomes, reference_work) = quantgate::schedule::run_groups(
+    let (outcomes, reference_work) = schedule.run(
         &planned,
-        &groups,
         jobs.max(1),
-        &exec,
+        &job,
+        &goldens,
         &mut |names, provides| match names {
             [] => eprintln!("quantgate: reference work for {provides} trials"),
             [one] => eprintln!("quantgate: running {one}"),
@@ -159,7 +152,7 @@ pub fn run(ctx: &Ctx, a: RunArgs) -> Result<Conclusion, Error> {
             }
         },
     );
-    drop(executors);
+    drop(schedule);
     print!("{}", report::table(&outcomes));
     if let Some(dir) = &report_dir {
         if let Err(e) = write_report(

@@ -34,9 +34,8 @@ use crate::core::Outcome;
 use crate::engine::Engine;
 use crate::execute::{threads_per_trial, RunContext};
 use crate::golden::{self, Goldens, UpdateMode};
-use crate::plan::groups::{groups, Group};
 use crate::plan::{plan, Planned};
-use crate::schedule::{executors, worker, Executor, Isolation, Selection, WORKER_ENV};
+use crate::schedule::{worker, Isolation, Schedule, Selection, WORKER_ENV};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -115,12 +114,10 @@ pub fn run_suites(suites: &Path, goldens: &Path, engine: Arc<dyn Engine>) -> Exi
 struct Shared {
     config: Config,
     planned: Vec<Planned>,
-    groups: Vec<Group>,
-    /// Per group: where it runs.
-    executors: Vec<Option<Executor>>,
+    /// The groups and where each runs.
+    schedule: Schedule,
     goldens: Arc<Goldens>,
     mode: UpdateMode,
-    threads: u32,
     /// Groups run at once.
     jobs: usize,
     counts: Counts,
@@ -144,19 +141,13 @@ impl Shared {
     /// `jobs` at a time, each on its executor; every outcome goes on the
     /// board as it is judged.
     fn schedule(&self) {
-        let exec = |g: usize, run: &[&Planned], provides: &[&Planned]| {
-            let job = harness_job(&self.config, run, provides);
-            self.executors[g]
-                .as_ref()
-                .expect("every group has an executor")
-                .run(run, provides, &job, &self.goldens.dir, self.threads)
-        };
+        let job = harness_job(&self.config, &[], &[]);
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            crate::schedule::run_groups(
+            self.schedule.run(
                 &self.planned,
-                &self.groups,
                 self.jobs,
-                &exec,
+                &job,
+                &self.goldens.dir,
                 &mut |_, _| {},
                 &mut |i, o, unwritten| {
                     let mut b = self.board.lock().unwrap_or_else(|p| p.into_inner());
@@ -291,15 +282,15 @@ fn run_with_config(
         .iter()
         .map(|p| !args.is_filtered_out(&Trial::test(p.name.clone(), || Ok(()))))
         .collect();
-    let groups = groups(&planned, &selected, isolation != Isolation::Test);
     let runner = Arc::new(RunContext::new(&config, registry, engine, threads));
     let selection = Arc::new(Selection {
         suites: suites.to_path_buf(),
         goldens: goldens.dir.clone(),
         ..Selection::default()
     });
-    let executors = executors(isolation, &groups, &runner, &selection, true);
-    let group_of: HashMap<usize, usize> = groups
+    let schedule = Schedule::new(&runner, &planned, &selected, isolation, selection);
+    let group_of: HashMap<usize, usize> = schedule
+        .groups
         .iter()
         .enumerate()
         .flat_map(|(g, grp)| grp.trials.iter().map(move |&i| (i, g)))
@@ -307,16 +298,18 @@ fn run_with_config(
     // Tests in the order the scheduler runs their groups (libtest reports
     // them as they finish); filtered-out tests are listed too (libtest
     // drops them).
-    let mut order: Vec<usize> = groups.iter().flat_map(|g| g.trials.clone()).collect();
+    let mut order: Vec<usize> = schedule
+        .groups
+        .iter()
+        .flat_map(|g| g.trials.clone())
+        .collect();
     order.extend((0..planned.len()).filter(|i| !group_of.contains_key(i)));
     let shared = Arc::new(Shared {
         config,
         planned,
-        groups,
-        executors,
+        schedule,
         goldens,
         mode,
-        threads,
         jobs: concurrent.max(1),
         counts: Counts::default(),
         started: Once::new(),

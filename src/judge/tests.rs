@@ -1,5 +1,7 @@
 use super::*;
+use crate::core::ErrorKind;
 use crate::core::{Outcome, Status};
+use crate::schedule::trial;
 
 use crate::engine::fake::{FakeEngine, FakeSpec};
 use crate::execute::RunContext;

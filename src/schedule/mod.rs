@@ -10,6 +10,7 @@
 //! error outcome that says why) and every other group still runs.
 
 pub mod executor;
+pub mod group;
 pub mod worker;
 
 pub use executor::{executors, Executor, Isolation};
@@ -17,34 +18,78 @@ pub use worker::{Job, Selection, WORKER_ENV};
 
 use crate::core::Outcome;
 use crate::execute::RunContext;
-use crate::judge::{trials, GroupWork};
 use crate::plan::Planned;
+pub use group::{build_references, trial, trials, GroupWork};
 use std::path::Path;
+use std::sync::Arc;
 
-/// Run every planned trial in this process, grouped by observation
-/// (`plan::groups`), each group after the groups whose references it reads,
-/// `jobs` groups at a time (each on `cx`'s threads), as [`run_groups`] does.
-pub fn run_plan(
-    cx: &RunContext,
-    planned: &[Planned],
-    goldens: &Path,
-    cache: bool,
-    jobs: usize,
-    progress: &mut (dyn FnMut(&[&str], usize) + Send),
-    done: &mut (dyn FnMut(&Outcome) + Send),
-) -> (Vec<Outcome>, Vec<(String, f64, usize)>) {
-    let everything = vec![true; planned.len()];
-    let groups = crate::plan::groups::groups(planned, &everything, true);
-    let exec = |_: usize, run: &[&Planned], provides: &[&Planned]| {
-        let (outcomes, work) = trials(cx, run, provides, goldens, cache);
-        GroupRun {
-            outcomes: outcomes.into_iter().map(|o| (o, Vec::new())).collect(),
-            work,
+/// A plan's groups (each one decode) and where each runs: what
+/// `quantgate run`, the `cargo test` harness and tests of the scheduler
+/// all set up and run the same way.
+pub struct Schedule {
+    /// The groups, from `plan::groups` (their trials by index in the plan).
+    pub groups: Vec<crate::plan::groups::Group>,
+    executors: Vec<Option<Executor>>,
+    runner: Arc<RunContext>,
+}
+
+impl Schedule {
+    /// The groups of the `selected` trials of `planned` (with isolation
+    /// `test`, one per trial: nothing shared), each given its executor: in
+    /// this process on `runner`, or a worker planning `selection`.
+    pub fn new(
+        runner: &Arc<RunContext>,
+        planned: &[Planned],
+        selected: &[bool],
+        isolation: Isolation,
+        selection: Arc<Selection>,
+    ) -> Self {
+        let groups = crate::plan::groups::groups(planned, selected, isolation != Isolation::Test);
+        let executors = executors(isolation, &groups, runner, &selection, true);
+        Schedule {
+            groups,
+            executors,
+            runner: runner.clone(),
         }
-    };
-    run_groups(planned, &groups, jobs, &exec, progress, &mut |_, o, _| {
-        done(o)
-    })
+    }
+
+    /// Every trial of the plan's groups in this process on `runner` (no
+    /// workers), as a test of the scheduler runs it.
+    pub fn here(runner: &Arc<RunContext>, planned: &[Planned]) -> Self {
+        Self::new(
+            runner,
+            planned,
+            &vec![true; planned.len()],
+            Isolation::Off,
+            Arc::new(Selection::default()),
+        )
+    }
+
+    /// Run the groups ([`run_groups`]), `jobs` at a time, each as `job`
+    /// says (its `run` and `provide` filled in per group), on the runner's
+    /// threads, goldens (a preregistered rule's history) under `goldens`.
+    pub fn run(
+        &self,
+        planned: &[Planned],
+        jobs: usize,
+        job: &Job,
+        goldens: &Path,
+        progress: &mut (dyn FnMut(&[&str], usize) + Send),
+        done: &mut (dyn FnMut(usize, &Outcome, &[String]) + Send),
+    ) -> (Vec<Outcome>, Vec<(String, f64, usize)>) {
+        let exec = |g: usize, run: &[&Planned], provides: &[&Planned]| {
+            let job = Job {
+                run: run.iter().map(|p| p.name.clone()).collect(),
+                provide: provides.iter().map(|p| p.name.clone()).collect(),
+                ..job.clone()
+            };
+            self.executors[g]
+                .as_ref()
+                .expect("every group has an executor")
+                .run(run, provides, &job, goldens, self.runner.threads)
+        };
+        run_groups(planned, &self.groups, jobs, &exec, progress, done)
+    }
 }
 
 /// Runs one group, wherever: its index, its trials, the trials whose

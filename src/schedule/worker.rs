@@ -102,7 +102,7 @@ pub fn run_here(
     goldens: &Path,
     job: &Job,
 ) -> GroupRun {
-    let (outcomes, work) = crate::judge::trials(cx, group, provides, goldens, job.cache);
+    let (outcomes, work) = super::trials(cx, group, provides, goldens, job.cache);
     let outcomes = outcomes
         .into_iter()
         .map(|o| {

@@ -75,7 +75,7 @@ impl Fx {
 
     fn run(&self) -> Outcome {
         let (r, planned) = self.runner();
-        quantgate::judge::trial(&r, &planned[0], std::path::Path::new("goldens"))
+        quantgate::schedule::trial(&r, &planned[0], std::path::Path::new("goldens"))
     }
 
     /// The cache's files (not its `locks/` folder).
@@ -642,7 +642,7 @@ fn a_changed_flip_count_fails_the_golden_whatever_the_tolerance() {
         "reference = \"ref\"\n[tolerance.default]\natol = 10.0\nrtol = 0.5\n",
     );
     let (r, planned) = fx.runner();
-    let o = quantgate::judge::trial(&r, &planned[0], &fx.root.join("goldens"));
+    let o = quantgate::schedule::trial(&r, &planned[0], &fx.root.join("goldens"));
     assert_eq!(o.status, Status::Pass, "{:?}", o.error);
     let case = &planned[0].case.as_ref().unwrap().case;
     let goldens = Goldens::new(fx.root.join("goldens"));
@@ -713,7 +713,7 @@ fn edited_caches_are_rebuilt_never_believed() {
         assert_eq!(planned.len(), 2);
         planned
             .iter()
-            .map(|p| quantgate::judge::trial(&r, p, &fx.root.join("goldens")))
+            .map(|p| quantgate::schedule::trial(&r, p, &fx.root.join("goldens")))
             .collect::<Vec<Outcome>>()
     };
     let base = run_all();
@@ -832,16 +832,16 @@ fn run_jobs(
     cx.references.dir = root.join("cache");
     // Every stored reference read a pair of windows at a time.
     cx.references.whole_bytes = 0;
-    quantgate::schedule::run_plan(
-        &cx,
-        &planned,
-        std::path::Path::new("goldens"),
-        false,
-        jobs,
-        &mut |_, _| {},
-        &mut |_| {},
-    )
-    .0
+    quantgate::schedule::Schedule::here(&std::sync::Arc::new(cx), &planned)
+        .run(
+            &planned,
+            jobs,
+            &Default::default(),
+            std::path::Path::new("goldens"),
+            &mut |_, _| {},
+            &mut |_, _, _| {},
+        )
+        .0
 }
 
 #[test]

@@ -82,7 +82,7 @@ fn run(root: &Path) -> Outcome {
         Arc::new(engine()),
         1,
     );
-    quantgate::judge::trial(&cx, &planned[0], &root.join("goldens"))
+    quantgate::schedule::trial(&cx, &planned[0], &root.join("goldens"))
 }
 
 /// A choice's score as llama-perplexity defines it, in f64 from the fake
@@ -318,7 +318,7 @@ fn a_sequential_multiple_choice_case_stops_early_and_at_n_is_the_fixed_n_case() 
             1,
         );
         cx.references.dir = root.join("cache");
-        let o = quantgate::judge::trial(&cx, &planned[0], &root.join("goldens"));
+        let o = quantgate::schedule::trial(&cx, &planned[0], &root.join("goldens"));
         (o, calls.load(Ordering::SeqCst))
     };
     let (o, calls) = run_in(&root);

@@ -149,23 +149,23 @@ fn a_shared_decode_gives_every_trial_its_outcome_alone_bitwise() {
         .map(|p| {
             let _ = std::fs::remove_dir_all(root.join("cache"));
             let (cx, _, _) = runner(&root);
-            quantgate::judge::trial(&cx, p, Path::new("goldens"))
+            quantgate::schedule::trial(&cx, p, Path::new("goldens"))
         })
         .collect();
     let _ = std::fs::remove_dir_all(root.join("cache"));
     let (cx, _, decodes) = runner(&root);
     let mut heard: Vec<(Vec<String>, usize)> = Vec::new();
-    let (together, work) = quantgate::schedule::run_plan(
-        &cx,
-        &planned,
-        Path::new("goldens"),
-        false,
-        1,
-        &mut |names, provides| {
-            heard.push((names.iter().map(|n| n.to_string()).collect(), provides))
-        },
-        &mut |_| {},
-    );
+    let (together, work) = quantgate::schedule::Schedule::here(&std::sync::Arc::new(cx), &planned)
+        .run(
+            &planned,
+            1,
+            &Default::default(),
+            Path::new("goldens"),
+            &mut |names, provides| {
+                heard.push((names.iter().map(|n| n.to_string()).collect(), provides))
+            },
+            &mut |_, _, _| {},
+        );
     assert_eq!(together.len(), alone.len());
     for (a, t) in alone.iter().zip(&together) {
         assert_eq!((&a.case, &a.model), (&t.case, &t.model));
@@ -187,15 +187,15 @@ fn a_shared_decode_gives_every_trial_its_outcome_alone_bitwise() {
     // A second run finds cand's and other's scores kept: only the kld case
     // decodes (it needs the whole rows: its 6 windows), with the same numbers.
     let (cx, _, decodes) = runner(&root);
-    let (again, work) = quantgate::schedule::run_plan(
-        &cx,
-        &planned,
-        Path::new("goldens"),
-        false,
-        1,
-        &mut |_, _| {},
-        &mut |_| {},
-    );
+    let (again, work) = quantgate::schedule::Schedule::here(&std::sync::Arc::new(cx), &planned)
+        .run(
+            &planned,
+            1,
+            &Default::default(),
+            Path::new("goldens"),
+            &mut |_, _| {},
+            &mut |_, _, _| {},
+        );
     assert!(work.is_empty(), "{work:?}");
     for (a, t) in again.iter().zip(&together) {
         assert_eq!(common::bits(a), common::bits(t), "{}::{}", a.case, a.model);
@@ -206,20 +206,20 @@ fn a_shared_decode_gives_every_trial_its_outcome_alone_bitwise() {
     let _ = std::fs::remove_dir_all(root.join("cache"));
     let (cx, _, decodes) = runner(&root);
     let heard = std::sync::Mutex::new(Vec::new());
-    let (parallel, work) = quantgate::schedule::run_plan(
-        &cx,
-        &planned,
-        Path::new("goldens"),
-        false,
-        3,
-        &mut |names, provides| {
-            heard.lock().unwrap().push((
-                names.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
-                provides,
-            ))
-        },
-        &mut |_| {},
-    );
+    let (parallel, work) = quantgate::schedule::Schedule::here(&std::sync::Arc::new(cx), &planned)
+        .run(
+            &planned,
+            3,
+            &Default::default(),
+            Path::new("goldens"),
+            &mut |names, provides| {
+                heard.lock().unwrap().push((
+                    names.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
+                    provides,
+                ))
+            },
+            &mut |_, _, _| {},
+        );
     assert_eq!(work.len(), 1, "{work:?}");
     for (a, t) in parallel.iter().zip(&together) {
         assert_eq!((&a.case, &a.model), (&t.case, &t.model));

@@ -72,7 +72,7 @@ fn run(root: &std::path::Path) -> Vec<(Planned, Outcome)> {
     planned
         .into_iter()
         .map(|p| {
-            let o = quantgate::judge::trial(&r, &p, std::path::Path::new("goldens"));
+            let o = quantgate::schedule::trial(&r, &p, std::path::Path::new("goldens"));
             (p, o)
         })
         .collect()
@@ -391,7 +391,7 @@ fn golden_texts_are_compared_exactly() {
         Arc::new(engine()),
         1,
     );
-    let o = quantgate::judge::trial(&r, &planned[0], std::path::Path::new("goldens"));
+    let o = quantgate::schedule::trial(&r, &planned[0], std::path::Path::new("goldens"));
     let text = quantgate::golden::render(&o, "suites/r.toml");
     assert!(
         text.contains("texts:\n  decoding: invariant (min_rows 32)\n"),
@@ -424,7 +424,7 @@ fn a_golden_naming_an_undeclared_metric_says_which() {
         Arc::new(engine()),
         1,
     );
-    let o = quantgate::judge::trial(&r, &planned[0], std::path::Path::new("goldens"));
+    let o = quantgate::schedule::trial(&r, &planned[0], std::path::Path::new("goldens"));
     let case = &planned[0].case.as_ref().unwrap().case;
     let now = quantgate::golden::parse(&quantgate::golden::render(&o, "suites/r.toml")).unwrap();
     let mut edited = now.clone();

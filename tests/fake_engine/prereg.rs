@@ -89,7 +89,7 @@ impl Fx {
             Arc::new(Self::engine()),
             1,
         );
-        quantgate::judge::trial(&runner, &planned[0], &self.root.join("goldens"))
+        quantgate::schedule::trial(&runner, &planned[0], &self.root.join("goldens"))
     }
 
     fn goldens(&self) -> Goldens {

@@ -92,7 +92,7 @@ impl Fx {
         cx.references.dir = self.root.join("cache");
         let outs = planned
             .iter()
-            .map(|p| quantgate::judge::trial(&cx, p, &self.root.join("goldens")))
+            .map(|p| quantgate::schedule::trial(&cx, p, &self.root.join("goldens")))
             .collect();
         (outs, decodes.load(Ordering::SeqCst))
     }
