@@ -26,7 +26,15 @@ pub struct Presentation {
     pub plots: Vec<Plot>,
     /// What its columns mean, a sentence or a few each (said once).
     pub legend: Vec<&'static str>,
+    /// Makes the outcomes of one case (every model of a view) show
+    /// figures on the same data before they are laid out: the kind's own
+    /// rule (a sequential case's rows stopped at different windows); a
+    /// sentence saying what it did, for the view. None: shown as measured.
+    pub align: Option<Align>,
 }
+
+/// A kind's [`Presentation::align`].
+pub type Align = fn(&mut [crate::core::Outcome]) -> Option<String>;
 
 /// How a kind's outcomes join the report's views.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

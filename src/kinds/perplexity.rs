@@ -160,6 +160,7 @@ pub fn present() -> Option<Presentation> {
             .collect(),
         plots: window_plots(),
         legend: vec![WINDOW_LEGEND],
+        align: Some(crate::kinds::scored_text::same_windows),
     })
 }
 

@@ -55,6 +55,7 @@ pub fn present() -> Option<Presentation> {
             "first error CASE: the greedy recitation's first wrong unit (digit, word) out \
              of the units expected, per recitation case (a full recitation shows n/n).",
         ],
+        align: None,
     })
 }
 

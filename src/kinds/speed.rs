@@ -179,6 +179,7 @@ pub fn present() -> Option<Presentation> {
             "pp/tg t/s: a speed case's prompt processing and generation, mean ± sd over its \
              repetitions.",
         ],
+        align: None,
     })
 }
 

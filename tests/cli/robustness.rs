@@ -363,15 +363,18 @@ fn isolation_test_shares_no_decode_in_run() {
     let _ = std::fs::remove_dir_all(&root);
 }
 
-/// The library's public calls that read the environment return an error
-/// naming a bad variable, never a panic (`merge::read_outcomes` under a
-/// bad signing key), checked in a child process whose environment is bad.
+/// A library caller under a bad variable gets an error naming it, never a
+/// panic (`Config::load`, then `read_outcomes` under a bad signing key),
+/// checked in a child process whose environment is bad.
 #[test]
 fn the_library_returns_an_error_on_a_bad_variable() {
     const CHILD: &str = "QG_TEST_BAD_VARIABLE_CHILD";
     if let Some(dir) = std::env::var_os(CHILD) {
+        // A program reads its config first (the library reads no
+        // environment of its own): the bad value is an error naming it.
         let r = std::panic::catch_unwind(|| {
-            quantgate::judge::merge::read_outcomes(&[PathBuf::from(dir)], None)
+            quantgate::Config::load()
+                .and_then(|c| quantgate::read_outcomes(&c, &[PathBuf::from(dir)]))
         });
         let e = r.expect("no panic").expect_err("an error");
         assert!(e.message.contains("QUANTGATE_SIGNING_KEY"), "{}", e.message);

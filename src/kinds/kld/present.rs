@@ -204,5 +204,6 @@ pub fn present() -> Option<Presentation> {
         columns,
         plots,
         legend: vec![WINDOW_LEGEND, KLD_LEGEND],
+        align: Some(crate::kinds::scored_text::same_windows),
     })
 }

@@ -303,6 +303,7 @@ pub fn present() -> Option<Presentation> {
              tasks the reference answers right and the model wrong / the other way; McNemar p: \
              the exact two-sided test that the two kinds of flip are equally likely.",
         ],
+        align: None,
     })
 }
 

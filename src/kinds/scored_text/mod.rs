@@ -26,6 +26,8 @@ use std::sync::Arc;
 use std::time::Instant;
 use toml::Spanned;
 
+mod align;
+pub use align::{same_windows, window_series};
 mod parse;
 pub use parse::*;
 mod reference;
@@ -259,6 +261,28 @@ impl ScoredText {
         let same = |a: f64, b: f64| {
             a == b || (a.is_nan() && b.is_nan()) || (a - b).abs() <= 1e-12 * a.abs().max(b.abs())
         };
+        // The per-window NLL series (what a report's rows are aligned
+        // by) give the model's and the reference's PPL and token count.
+        let near = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs());
+        for (suffix, ppl) in [("", "ppl"), ("_ref", "ppl_ref")] {
+            let get = |k: &str| out.series.get(&format!("{k}{suffix}"));
+            let (Some(sum), Some(tokens)) = (get("window_nll_sum"), get("window_tokens")) else {
+                continue;
+            };
+            let n: f64 = tokens.iter().sum();
+            let from_series = (sum.iter().sum::<f64>() / n).exp();
+            if sum.len() != d.len()
+                || tokens.len() != d.len()
+                || out.metrics.get(ppl).is_some_and(|p| !near(*p, from_series))
+                || (suffix.is_empty() && out.metrics.get("tokens_scored").is_some_and(|t| *t != n))
+            {
+                return Err(format!(
+                    "its {ppl} disagrees with its own per-window NLL series ({} windows give \
+                     {from_series})",
+                    sum.len()
+                ));
+            }
+        }
         let wrong: Vec<String> = expected
             .iter()
             .filter(|(m, want)| !out.metrics.get(*m).is_some_and(|got| same(*got, *want)))
@@ -286,6 +310,8 @@ impl ScoredText {
     pub fn add_paired(&self, out: &mut Outcome, scored: &Scored, rscored: &Scored) {
         let b = self.bootstrap;
         let per_window = |w: &crate::measure::WindowNll| w.nll_sum / w.count as f64;
+        out.series.extend(window_series(&scored.windows, ""));
+        out.series.extend(window_series(&rscored.windows, "_ref"));
         out.series.insert(
             "delta_nll_per_window".into(),
             scored

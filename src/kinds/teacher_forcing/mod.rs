@@ -78,6 +78,7 @@ pub fn present() -> Option<Presentation> {
             "first flip CASE: fed the true text, the first unit whose true token is not the \
              model's top pick, out of the units, per teacher-forcing case.",
         ],
+        align: None,
     })
 }
 

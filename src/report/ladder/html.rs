@@ -233,6 +233,9 @@ pub fn html(views: &[View], outcomes: &[Outcome]) -> String {
             );
         }
         s.push_str("</table>\n");
+        for n in &v.notes {
+            let _ = writeln!(s, "<p class=\"note\">{}</p>", esc(n));
+        }
         for fig in v.plots.iter().filter_map(|p| match p {
             Plot::Frontier {
                 metric,

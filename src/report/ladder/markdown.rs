@@ -88,6 +88,9 @@ pub fn markdown(views: &[View]) -> String {
             let _ = writeln!(s, "| {} |", c.join(" | "));
         }
         s.push('\n');
+        for n in &v.notes {
+            let _ = writeln!(s, "{n}\n");
+        }
     }
     if !views.is_empty() {
         let _ = writeln!(s, "{}", legend(views));

@@ -75,6 +75,9 @@ pub struct View {
     pub plots: Vec<Plot>,
     /// What the columns mean: the kinds' legends, each once.
     pub legend: Vec<&'static str>,
+    /// What was done to show its rows on the same data (a kind's
+    /// [`Presentation::align`]), one sentence per case.
+    pub notes: Vec<String>,
     /// Rows, largest file first.
     pub rows: Vec<Row>,
 }
@@ -193,6 +196,8 @@ pub fn views(
     catalog: &[Presentation],
     facts: &dyn Fn(&str) -> ModelFacts,
 ) -> Vec<View> {
+    let (aligned, notes) = align(outcomes, catalog);
+    let outcomes = &aligned[..];
     let join_of = |o: &Outcome| {
         catalog
             .iter()
@@ -312,10 +317,51 @@ pub fn views(
                     .collect(),
                 plots: plots.clone(),
                 legend: legend.clone(),
+                notes: kinds
+                    .values()
+                    .filter_map(|c| notes.get(c).cloned())
+                    .collect(),
                 rows,
             }
         })
         .collect()
+}
+
+/// The outcomes with each case's rows (the models of one case and
+/// reference) made to show figures on the same data, as the case's kind
+/// declares ([`Presentation::align`]); what was done, by case.
+fn align(
+    outcomes: &[Outcome],
+    catalog: &[Presentation],
+) -> (Vec<Outcome>, BTreeMap<String, String>) {
+    let mut out = outcomes.to_vec();
+    let mut notes = BTreeMap::new();
+    let mut cases: Vec<(String, Option<String>, String)> = outcomes
+        .iter()
+        .map(|o| (o.case.clone(), o.reference.clone(), o.kind.clone()))
+        .collect();
+    cases.sort();
+    cases.dedup();
+    for (case, reference, kind) in cases {
+        let Some(align) = catalog
+            .iter()
+            .find(|p| p.kind == kind)
+            .and_then(|p| p.align)
+        else {
+            continue;
+        };
+        let at: Vec<usize> = (0..out.len())
+            .filter(|&i| out[i].case == case && out[i].reference == reference)
+            .collect();
+        let mut group: Vec<Outcome> = at.iter().map(|&i| out[i].clone()).collect();
+        if let Some(note) = align(&mut group) {
+            for (o, &i) in group.into_iter().zip(&at) {
+                out[i] = o;
+            }
+            notes.insert(case, note);
+        }
+    }
+    (out, notes)
 }
 
 /// One outcome of a view's case into its model's row: metrics and series

@@ -293,3 +293,67 @@ fn sequential_columns_show_only_where_a_row_has_them() {
         "{head}"
     );
 }
+
+/// A card where two models stopped at different windows (a sequential
+/// case) shows both rows' PPL on the same windows, the reference's too,
+/// and says so under the table; the ΔNLL stays each row's own.
+#[test]
+fn a_card_shows_ppl_on_the_windows_every_row_decoded() {
+    use crate::kinds::scored_text::window_series;
+    use crate::measure::WindowNll;
+    let w = |nll: &[f64]| -> Vec<WindowNll> {
+        nll.iter()
+            .map(|&x| WindowNll {
+                nll_sum: x * 256.0,
+                nll_sq_sum: x * x * 256.0 + 40.0,
+                count: 256,
+                top1: 0,
+            })
+            .collect()
+    };
+    // One visiting order; `q8` stopped after 2 windows, `q6` after 4.
+    let order = [5.0, 1.0, 7.0, 0.0];
+    let row = |model: &str, nll: &[f64], nll_ref: &[f64], bytes: f64| {
+        let n = nll.len();
+        let m = crate::measure::perplexity::perplexity_metrics(&w(nll));
+        let mut o = outcome(
+            "ppl/s",
+            model,
+            &[
+                ("ppl", m["ppl"]),
+                ("ppl_se", m["ppl_se"]),
+                ("delta_nll_mean", bytes),
+                ("windows", n as f64),
+                ("windows_total", 8.0),
+            ],
+        );
+        o.series.extend(window_series(&w(nll), ""));
+        o.series.extend(window_series(&w(nll_ref), "_ref"));
+        o.series.insert("window_order".into(), order[..n].to_vec());
+        o
+    };
+    let outcomes = vec![
+        row("q8", &[3.0, 3.2], &[2.9, 3.1], 0.003),
+        row("q6", &[3.1, 3.3, 2.0, 2.0], &[2.9, 3.1, 1.9, 1.9], 0.011),
+    ];
+    // As measured, q6 (over easier windows too) looks better than q8.
+    assert!(outcomes[1].metrics["ppl"] < outcomes[0].metrics["ppl"]);
+    let views = views(&outcomes, &crate::kinds::presentations(), &|_| {
+        ModelFacts::default()
+    });
+    let ppl = |model: &str| {
+        let r = views[0].rows.iter().find(|r| r.model == model).unwrap();
+        r.metrics["ppl"]
+    };
+    assert!((ppl("q8") - 3.1f64.exp()).abs() < 1e-9, "{}", ppl("q8"));
+    assert!((ppl("q6") - 3.2f64.exp()).abs() < 1e-9, "{}", ppl("q6"));
+    assert!(ppl("q6") > ppl("q8"), "on the same windows q6 is worse");
+    let md = markdown(&views);
+    assert!(
+        md.contains("PPL ± se is over the 2 windows every row decoded (of 8)"),
+        "{md}"
+    );
+    assert!(md.contains(&format!("{:.4}", 3.2f64.exp())), "{md}");
+    // ΔNLL is each row's own.
+    assert!(md.contains("| 0.0110 |"), "{md}");
+}
