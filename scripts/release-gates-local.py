@@ -20,9 +20,11 @@ the order the file lists them, with the workflow's, the job's and the step's `en
   as GitHub does);
 - `${{ matrix.* }}` from the job's matrix, `${{ secrets.NAME }}` from this
   process's environment (empty when unset);
-- the runner set-up lines (`apt-get`, `pip install`, `cargo install`) are
-  not run: this machine has its prerequisites, `quantgate` (this checkout's
-  release build) and `cargo-nextest` on PATH;
+- the runner set-up (`apt-get`, `pip install` and `cargo install` lines,
+  `Swatinem/rust-cache`, `taiki-e/install-action`) is not run: this machine
+  has its prerequisites, `quantgate` (this checkout's release build) and
+  `cargo-nextest` on PATH; the pull-request comment is not posted, and
+  `$GITHUB_STEP_SUMMARY` is a file the script checks holds the merged table;
 - a step that fails fails its job (later steps run only with `if:
   always()`); a job runs when its needs succeeded or with `if: always()`.
 
@@ -168,7 +170,9 @@ def main():
         PATH=f"{tools}:{os.environ['PATH']}",
         CARGO_TARGET_DIR=str(target),
         CARGO_NET_OFFLINE="true",
+        GITHUB_STEP_SUMMARY=str(work / "step-summary.md"),
     )
+    (work / "step-summary.md").write_text("")
     for k in ("CI", "QUANTGATE_OUT", "QUANTGATE_REFERENCE_DIR", "QUANTGATE_UPDATE"):
         base_env.pop(k, None)
 
@@ -224,6 +228,15 @@ def main():
                         for art in sorted(artifacts.iterdir()):
                             if fnmatch.fnmatch(art.name, with_["pattern"]):
                                 shutil.copytree(art, into / art.name, dirs_exist_ok=True)
+                elif uses.startswith(("Swatinem/rust-cache@", "taiki-e/install-action@")):
+                    # Runner set-up: this machine's cargo cache and nextest.
+                    say(f"{label}: {title}: runner set-up, not run here")
+                    continue
+                elif uses.startswith("marocchino/sticky-pull-request-comment@"):
+                    # Posts to a pull request on GitHub: the step summary
+                    # holds the same table here.
+                    say(f"{label}: {title}: posts to GitHub, not run here")
+                    continue
                 elif "run" in step:
                     script = "\n".join(
                         f": runner set-up, not run here: {l.strip()}" if SETUP.match(l) else l
@@ -255,6 +268,8 @@ def main():
     report = next(merged_json.parent.glob("*report/report.md"), None)
     if report is None:
         die("the merge wrote no report")
+    if report.read_text() not in (work / "step-summary.md").read_text():
+        die("the step summary does not hold the merged report's table")
     t = time.time()
     unsharded = work / "unsharded.json"
     env = dict(base_env)

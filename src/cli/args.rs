@@ -169,6 +169,10 @@ pub struct RunArgs {
     /// Also write the ladder report (report.md, report.csv, report.html) to DIR.
     #[arg(long)]
     pub report: Option<PathBuf>,
+    /// The Hugging Face Hub id of the model the files quantize
+    /// (`ORG/NAME`): the report's model card names it as `base_model`.
+    #[arg(long, value_name = "ORG/NAME")]
+    pub base_model: Option<String>,
     /// Replace a report that DIR of --report holds already.
     #[arg(long)]
     pub force: bool,
@@ -232,10 +236,13 @@ pub struct InitArgs {
     /// Replace the files init writes (goldens are never touched).
     #[arg(long)]
     pub force: bool,
-    /// The quantgate dependency of the written Cargo.toml, as a TOML
-    /// inline table's inside (default: this quantgate's source folder,
-    /// `path = "…"`; e.g. `git = "https://…"`).
-    #[arg(long)]
+    /// Where the written Cargo.toml and workflow take quantgate from:
+    /// `git` (quantgate's repository at the commit this one was built
+    /// from), `version` (crates.io), `path` (this checkout: this machine
+    /// only, said loudly), or a TOML inline table's inside
+    /// (`git = "https://…", rev = "…"`). Default: `git` where quantgate
+    /// knows its repository, else `path`.
+    #[arg(long, value_name = "git|version|path|TABLE")]
     pub dependency: Option<String>,
 }
 
@@ -251,6 +258,10 @@ pub struct ReportArgs {
     /// Where to write the report.
     #[arg(long, default_value = "report")]
     pub out: PathBuf,
+    /// The Hugging Face Hub id of the model the files quantize
+    /// (`ORG/NAME`): the report's model card names it as `base_model`.
+    #[arg(long, value_name = "ORG/NAME")]
+    pub base_model: Option<String>,
     /// Accept a selection of no case × model (otherwise an error).
     #[arg(long)]
     pub allow_empty: bool,
@@ -281,6 +292,10 @@ pub struct MergeArgs {
     /// Also write the ladder report to DIR.
     #[arg(long)]
     pub report: Option<PathBuf>,
+    /// The Hugging Face Hub id of the model the files quantize
+    /// (`ORG/NAME`): the report's model card names it as `base_model`.
+    #[arg(long, value_name = "ORG/NAME")]
+    pub base_model: Option<String>,
     /// Accept a selection of no case × model (otherwise an error).
     #[arg(long)]
     pub allow_empty: bool,

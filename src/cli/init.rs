@@ -95,6 +95,7 @@ pub fn run(a: InitArgs) -> Result<Conclusion, Error> {
             reference.display()
         )));
     }
+    let dependency = Dependency::of(a.dependency.as_deref())?;
     std::fs::create_dir_all(&a.dir)
         .map_err(|e| Error::input(format!("{}: {e}", a.dir.display())))?;
     let dir = canonical(&a.dir)?;
@@ -148,16 +149,13 @@ pub fn run(a: InitArgs) -> Result<Conclusion, Error> {
     );
     writes.extend([
         ("suites/data/mc-computed.bin", MC_TASKS.to_vec()),
-        (
-            "Cargo.toml",
-            cargo_toml(&dir, a.dependency.as_deref()).into(),
-        ),
+        ("Cargo.toml", cargo_toml(&dir, &dependency).into()),
         ("src/lib.rs", LIB_RS.as_bytes().to_vec()),
         ("tests/gate.rs", GATE_RS.as_bytes().to_vec()),
         (".config/nextest.toml", NEXTEST.as_bytes().to_vec()),
         (
             ".github/workflows/release-gates.yml",
-            workflow(a.dependency.as_deref()).into(),
+            workflow(&dependency).into(),
         ),
         ("README.md", README.as_bytes().to_vec()),
         (&text_path, text),
@@ -199,6 +197,9 @@ pub fn run(a: InitArgs) -> Result<Conclusion, Error> {
         println!("  {p}");
     }
     println!("  suites/models.lock");
+    if let Some(w) = dependency.warning() {
+        eprintln!("{w}");
+    }
     println!(
         "next: cd {} && quantgate run --report report   (then `cargo test` gates the same files)",
         dir.display()
@@ -206,24 +207,114 @@ pub fn run(a: InitArgs) -> Result<Conclusion, Error> {
     Ok(Conclusion::Pass)
 }
 
-/// The CI workflow, installing quantgate from where the Cargo.toml takes it.
-fn workflow(dependency: Option<&str>) -> String {
-    let install = match dependency {
-        // `git = "URL", branch = "b"` → `--git URL --branch b`.
-        Some(d) => {
-            let flags: Vec<String> = d
-                .split(',')
-                .filter_map(|kv| kv.split_once('='))
-                .map(|(k, v)| format!("--{} {}", k.trim(), v.trim().trim_matches('"')))
-                .collect();
-            format!("cargo install --locked quantgate {}", flags.join(" "))
+/// Where the written crate takes quantgate from (`init --dependency`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Dependency {
+    /// quantgate's repository (its Cargo.toml's `repository`) at the commit
+    /// this quantgate was built from.
+    Git { url: String, rev: String },
+    /// A version on crates.io.
+    Version(String),
+    /// This checkout, by its local path: builds only on this machine.
+    Path(PathBuf),
+    /// A TOML inline table's inside, as given (`git = "…", branch = "…"`).
+    Table(String),
+}
+
+impl Dependency {
+    /// The dependency `spec` names (`git`, `version`, `path`, or an inline
+    /// table's inside); None: `git` where quantgate knows its repository
+    /// and commit, else `path`.
+    pub fn of(spec: Option<&str>) -> Result<Dependency, Error> {
+        let repository = env!("CARGO_PKG_REPOSITORY");
+        let rev = option_env!("QUANTGATE_GIT_REV");
+        let git = || match (repository, rev) {
+            ("", _) => Err("quantgate's Cargo.toml names no `repository`"),
+            (_, None) => Err("this quantgate was not built from a git checkout (no commit to pin)"),
+            (url, Some(rev)) => Ok(Dependency::Git {
+                url: url.to_string(),
+                rev: rev.to_string(),
+            }),
+        };
+        let here = || Dependency::Path(PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+        match spec.map(str::trim) {
+            None => Ok(git().unwrap_or_else(|_| here())),
+            Some("git") => git().map_err(|why| {
+                Error::input(format!(
+                    "--dependency git: {why}; name the repository yourself \
+                     (--dependency 'git = \"URL\", rev = \"COMMIT\"'), or pass --dependency path"
+                ))
+            }),
+            Some("version") => Ok(Dependency::Version(env!("CARGO_PKG_VERSION").to_string())),
+            Some("path") => Ok(here()),
+            Some(t) if t.contains('=') => Ok(Dependency::Table(t.to_string())),
+            Some(other) => Err(Error::input(format!(
+                "--dependency {other}: expected git, version, path, or a TOML inline table's \
+                 inside (git = \"URL\", rev = \"COMMIT\")"
+            ))),
         }
-        None => format!(
-            "cargo install --locked --path {:?}   # a path dependency: a self-hosted runner, or init --dependency 'git = \"URL\"'",
-            env!("CARGO_MANIFEST_DIR")
-        ),
-    };
-    WORKFLOW.replace("__INSTALL__", &install)
+    }
+
+    /// The inside of the written `quantgate = { … }`.
+    fn toml(&self) -> String {
+        match self {
+            Dependency::Git { url, rev } => format!("git = {url:?}, rev = {rev:?}"),
+            Dependency::Version(v) => format!("version = \"={v}\""),
+            Dependency::Path(p) => format!("path = {:?}", p.display().to_string()),
+            Dependency::Table(t) => t.clone(),
+        }
+    }
+
+    /// The workflow's command that installs the same quantgate.
+    fn install(&self) -> String {
+        match self {
+            Dependency::Git { url, rev } => {
+                format!("cargo install --locked quantgate --git {url} --rev {rev}")
+            }
+            Dependency::Version(v) => format!("cargo install --locked quantgate --version ={v}"),
+            Dependency::Path(p) => format!(
+                "cargo install --locked --path {:?}   # a local path: only a self-hosted runner on this machine has it",
+                p.display().to_string()
+            ),
+            // `git = "URL", branch = "b"` → `--git URL --branch b`.
+            Dependency::Table(d) => {
+                let flags: Vec<String> = d
+                    .split(',')
+                    .filter_map(|kv| kv.split_once('='))
+                    .map(|(k, v)| format!("--{} {}", k.trim(), v.trim().trim_matches('"')))
+                    .collect();
+                format!("cargo install --locked quantgate {}", flags.join(" "))
+            }
+        }
+    }
+
+    /// What to say about it on stderr: a warning that a path or an
+    /// unpublished version will not build on GitHub.
+    fn warning(&self) -> Option<String> {
+        match self {
+            Dependency::Path(p) => Some(format!(
+                "quantgate: WARNING: Cargo.toml and .github/workflows/release-gates.yml take \
+                 quantgate from a local path ({}): they build on this machine only, and the \
+                 workflow fails on GitHub. Pass --dependency git (quantgate's repository at its \
+                 commit) or --dependency 'git = \"URL\", rev = \"COMMIT\"' before you push",
+                p.display()
+            )),
+            Dependency::Version(v) if !PUBLISHED => Some(format!(
+                "quantgate: WARNING: quantgate {v} is not published on crates.io yet: \
+                 `quantgate = \"={v}\"` will not resolve until it is"
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// Whether this version of quantgate is on crates.io (its Cargo.toml says
+/// `publish = false`).
+const PUBLISHED: bool = false;
+
+/// The CI workflow, installing quantgate from where the Cargo.toml takes it.
+fn workflow(dependency: &Dependency) -> String {
+    WORKFLOW.replace("__INSTALL__", &dependency.install())
 }
 
 /// `p` made absolute and free of `.`/`..`, the error naming it.
@@ -233,7 +324,7 @@ fn canonical(p: &Path) -> Result<PathBuf, Error> {
 }
 
 /// The written `Cargo.toml`: a crate whose only test gates the release.
-fn cargo_toml(dir: &Path, dependency: Option<&str>) -> String {
+fn cargo_toml(dir: &Path, dependency: &Dependency) -> String {
     let name: String = dir
         .file_name()
         .map(|n| n.to_string_lossy().to_lowercase())
@@ -246,12 +337,7 @@ fn cargo_toml(dir: &Path, dependency: Option<&str>) -> String {
         n if n.starts_with(|c: char| c.is_ascii_digit()) => format!("release-{n}"),
         n => n.to_string(),
     };
-    let dependency = dependency.map(str::to_string).unwrap_or_else(|| {
-        format!(
-            "path = {:?}",
-            Path::new(env!("CARGO_MANIFEST_DIR")).display().to_string()
-        )
-    });
+    let dependency = dependency.toml();
     format!(
         "[package]\nname = \"{name}-gates\"\nversion = \"0.1.0\"\nedition = \"2021\"\npublish = false\n\n\
          [dev-dependencies]\nquantgate = {{ {dependency} }}\n\n\

@@ -24,7 +24,14 @@ pub fn run(ctx: &Ctx, a: MergeArgs) -> Result<Conclusion, Error> {
         report::write_json(path, &outcomes, ctx.config.signing_key())?;
     }
     if let Some(dir) = &a.report {
-        write_report(dir, &outcomes, &registry, &ctx.label(), &ctx.config.cache)?;
+        write_report(
+            dir,
+            &outcomes,
+            &registry,
+            &ctx.label(),
+            &ctx.config.cache,
+            a.base_model.as_deref(),
+        )?;
     }
     Ok(Conclusion::of_outcomes(&outcomes))
 }

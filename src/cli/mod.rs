@@ -210,11 +210,12 @@ pub fn write_report(
     registry: &Registry,
     label: &str,
     cache: &Path,
+    base_model: Option<&str>,
 ) -> Result<String, Error> {
     use quantgate::report::ladder;
     let facts = |m: &str| ladder::facts_of(registry, label, cache, m);
     let views = ladder::views(outcomes, &quantgate::kinds::presentations(), &facts);
-    let files = ladder::write(dir, &views, outcomes)?;
+    let files = ladder::write(dir, &views, outcomes, base_model)?;
     eprintln!(
         "quantgate: report ({} view(s)): {}",
         views.len(),
@@ -224,7 +225,7 @@ pub fn write_report(
             .collect::<Vec<_>>()
             .join(", ")
     );
-    Ok(ladder::markdown(&views))
+    Ok(ladder::model_card(&views, base_model))
 }
 
 /// `--json FILE` and a report folder can be written (a report folder that

@@ -32,6 +32,7 @@ pub fn run(ctx: &Ctx, a: ReportArgs) -> Result<Conclusion, Error> {
         &registry,
         &ctx.label(),
         &ctx.config.cache,
+        a.base_model.as_deref(),
     )?;
     print!("{md}");
     Ok(Conclusion::Pass)

@@ -77,6 +77,7 @@ pub fn run(ctx: &Ctx, a: RunArgs) -> Result<Conclusion, Error> {
         kv_type: _,
         flash_attn: _,
         report: report_dir,
+        base_model,
         force,
     } = a;
     let config = &ctx.config;
@@ -161,6 +162,7 @@ pub fn run(ctx: &Ctx, a: RunArgs) -> Result<Conclusion, Error> {
             runner.registry(),
             &ctx.label(),
             &config.cache,
+            base_model.as_deref(),
         ) {
             eprintln!("error: {}", e.message);
             write_failed = true;

@@ -31,6 +31,19 @@ pub struct Presentation {
     /// rule (a sequential case's rows stopped at different windows); a
     /// sentence saying what it did, for the view. None: shown as measured.
     pub align: Option<Align>,
+    /// Its figures a model card's `model-index` lists (the Hub reads them).
+    pub hub: Vec<HubMetric>,
+}
+
+/// A metric as a Hugging Face model card's `model-index` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HubMetric {
+    /// The metric.
+    pub metric: &'static str,
+    /// The Hub's metric `type` (`perplexity`, `accuracy`, …).
+    pub hub_type: &'static str,
+    /// Its `name` on the card.
+    pub name: &'static str,
 }
 
 /// A kind's [`Presentation::align`].

@@ -161,6 +161,11 @@ pub fn present() -> Option<Presentation> {
         plots: window_plots(),
         legend: vec![WINDOW_LEGEND],
         align: Some(crate::kinds::scored_text::same_windows),
+        hub: vec![crate::core::present::HubMetric {
+            metric: "ppl",
+            hub_type: "perplexity",
+            name: "PPL",
+        }],
     })
 }
 

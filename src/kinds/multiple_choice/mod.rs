@@ -304,6 +304,11 @@ pub fn present() -> Option<Presentation> {
              the exact two-sided test that the two kinds of flip are equally likely.",
         ],
         align: None,
+        hub: vec![crate::core::present::HubMetric {
+            metric: "accuracy",
+            hub_type: "accuracy",
+            name: "MC accuracy",
+        }],
     })
 }
 

@@ -79,6 +79,7 @@ pub fn present() -> Option<Presentation> {
              model's top pick, out of the units, per teacher-forcing case.",
         ],
         align: None,
+        hub: vec![],
     })
 }
 

@@ -57,15 +57,82 @@ pub(crate) fn legend(views: &[View]) -> String {
     all.join(" ")
 }
 
-/// The Markdown report: a table per view and how to read it.
+/// A YAML scalar: JSON's quoting (a JSON string is a YAML scalar).
+fn yaml_str(s: &str) -> String {
+    serde_json::Value::String(s.to_string()).to_string()
+}
+
+/// The model card's front matter (YAML, as the Hugging Face Hub reads it):
+/// `base_model` and `base_model_relation: quantized` when the base model's
+/// Hub id is given, the `gguf` and `quantized` tags, and a `model-index`
+/// (one entry, the release) with each row's figures the kinds list for the
+/// Hub (PPL, KLD, MC accuracy), each named by its quant and measured by its
+/// case, with the value the table shows.
+pub fn front_matter(views: &[View], base_model: Option<&str>) -> String {
+    let mut s = String::from("---\n");
+    match base_model {
+        Some(b) => {
+            let _ = writeln!(s, "base_model: {}", yaml_str(b));
+            s.push_str("base_model_relation: quantized\n");
+        }
+        None => s.push_str(
+            "# base_model: the Hub id of the model these files quantize (--base-model ORG/NAME)\n",
+        ),
+    }
+    s.push_str("tags:\n- gguf\n- quantized\n- quantgate\n");
+    // One model-index entry (the Hub reads one per card: the release),
+    // a result per quant and figure, named by both.
+    let mut results = String::new();
+    for v in views {
+        for r in &v.rows {
+            for (case, h) in &v.hub {
+                let Some(value) = r.metrics.get(h.metric).filter(|x| x.is_finite()) else {
+                    continue;
+                };
+                let _ =
+                    write!(
+                    results,
+                    "  - task:\n      type: text-generation\n    dataset:\n      name: {}\n      \
+                     type: {}\n    metrics:\n    - type: {}\n      value: {value:?}\n      \
+                     name: {}\n",
+                    yaml_str(case),
+                    yaml_str(&format!("quantgate/{case}")),
+                    yaml_str(h.hub_type),
+                    yaml_str(&format!("{} of {} (reference {})", h.name, r.model, v.reference))
+                );
+            }
+        }
+    }
+    if !results.is_empty() {
+        let name = match (base_model, views.first()) {
+            (Some(b), _) => format!("{b} GGUF quants"),
+            (None, Some(v)) => format!("{} GGUF quants", v.reference),
+            (None, None) => "GGUF quants".into(),
+        };
+        let _ = writeln!(s, "model-index:\n- name: {}\n  results:", yaml_str(&name));
+        s.push_str(&results);
+    }
+    s.push_str("---\n\n");
+    s
+}
+
+/// The Markdown report: a table per view and how to read it, under the
+/// model card's front matter ([`front_matter`]; no `#` title of its own,
+/// so it goes under the card's).
 pub fn markdown(views: &[View]) -> String {
-    let mut s = String::from("# Quant ladder report\n\n");
+    model_card(views, None)
+}
+
+/// [`markdown`] with the base model's Hub id in the front matter.
+pub fn model_card(views: &[View], base_model: Option<&str>) -> String {
+    let mut s = front_matter(views, base_model);
+    s.push_str("## Quant ladder report\n\n");
     if views.is_empty() {
         s.push_str("No case with a reference model ran of a kind the report shows.\n");
     }
     for v in views {
         let head = head(v);
-        let _ = writeln!(s, "## {}\n", title(v));
+        let _ = writeln!(s, "### {}\n", title(v));
         let _ = writeln!(s, "| {} |", head.join(" | "));
         let _ = writeln!(
             s,

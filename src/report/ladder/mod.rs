@@ -11,7 +11,7 @@
 //! failed to run is a row that says ERROR.
 
 use crate::core::error::Result;
-use crate::core::present::{Join, Metrics, Plot, Presentation, ReportColumn};
+use crate::core::present::{HubMetric, Join, Metrics, Plot, Presentation, ReportColumn};
 use crate::core::{Outcome, Status};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -78,6 +78,9 @@ pub struct View {
     /// What was done to show its rows on the same data (a kind's
     /// [`Presentation::align`]), one sentence per case.
     pub notes: Vec<String>,
+    /// The figures a model card's `model-index` lists, each with the case
+    /// it comes from ([`Presentation::hub`]).
+    pub hub: Vec<(String, HubMetric)>,
     /// Rows, largest file first.
     pub rows: Vec<Row>,
 }
@@ -310,6 +313,10 @@ pub fn views(
             View {
                 reference: reference.clone(),
                 cases: kinds.values().cloned().collect(),
+                hub: kinds
+                    .iter()
+                    .flat_map(|(k, case)| catalog[*k].hub.iter().map(|h| (case.clone(), *h)))
+                    .collect(),
                 columns: columns
                     .iter()
                     .filter(|c| !c.column.optional || rows.iter().any(|r| has(r, c)))
@@ -420,10 +427,16 @@ pub fn ready(flag: &str, dir: &Path, force: bool) -> Result<()> {
 }
 
 /// Write `report.md`, `report.csv` and `report.html` into `dir`; the paths.
-pub fn write(dir: &Path, views: &[View], outcomes: &[Outcome]) -> Result<Vec<PathBuf>> {
+/// `base_model`: the Hub id the model card names ([`model_card`]).
+pub fn write(
+    dir: &Path,
+    views: &[View],
+    outcomes: &[Outcome],
+    base_model: Option<&str>,
+) -> Result<Vec<PathBuf>> {
     let [md, csv_name, html_name] = FILES;
     let files = [
-        (md, markdown(views)),
+        (md, model_card(views, base_model)),
         (csv_name, csv(views)),
         (html_name, html(views, outcomes)),
     ];
