@@ -292,6 +292,17 @@ fn sequential_columns_show_only_where_a_row_has_them() {
         head.contains("windows_total") && head.contains("delta_nll_mean_seq_hi"),
         "{head}"
     );
+    // Every header once (two columns read `windows` and `delta_nll_mean`),
+    // and every line as many fields as the header.
+    let names: Vec<&str> = head.split(',').collect();
+    let unique: std::collections::BTreeSet<&&str> = names.iter().collect();
+    assert_eq!(unique.len(), names.len(), "{head}");
+    for l in csv.lines().skip(1) {
+        assert_eq!(l.split(',').count(), names.len(), "{l}");
+    }
+    let at = |name: &str| names.iter().position(|n| *n == name).unwrap();
+    let q8: Vec<&str> = csv.lines().nth(1).unwrap().split(',').collect();
+    assert_eq!(q8[at("windows")], "31", "{csv}");
 }
 
 /// A card where two models stopped at different windows (a sequential
