@@ -146,11 +146,14 @@ const FACTS_LEGEND: &str = "BPW: tensor bytes × 8 / parameters, from the GGUF h
 /// in `catalog` order (kinds that join by reference, then the report's own
 /// legend, then kinds that join by model), a column or plot declared twice
 /// shown once.
-fn layout(catalog: &[Presentation]) -> (Vec<ViewColumn>, Vec<Plot>, Vec<&'static str>) {
+fn layout(
+    catalog: &[Presentation],
+    ran: &dyn Fn(&str) -> bool,
+) -> (Vec<ViewColumn>, Vec<Plot>, Vec<&'static str>) {
     let mut columns: Vec<ViewColumn> = Vec::new();
     let mut plots: Vec<Plot> = Vec::new();
     let mut legend: Vec<&'static str> = Vec::new();
-    let by_join = |j: Join| catalog.iter().filter(move |p| p.join == j);
+    let by_join = |j: Join| catalog.iter().filter(move |p| p.join == j && ran(p.kind));
     // (Kinds that join per case are laid out per case, in `views`.)
     for p in by_join(Join::Reference).chain(by_join(Join::Model)) {
         for c in &p.columns {
@@ -234,7 +237,11 @@ pub fn views(
             });
         slots[at].1.insert(kind, case.to_string());
     }
-    let (mut columns, plots, mut legend) = layout(catalog);
+    // The columns, plots and legends of the kinds that ran (a kind with
+    // no outcome would be a column of dashes).
+    let kinds_ran: std::collections::BTreeSet<&str> =
+        outcomes.iter().map(|o| o.kind.as_str()).collect();
+    let (mut columns, plots, mut legend) = layout(catalog, &|k| kinds_ran.contains(k));
     let beside: Vec<&Outcome> = outcomes
         .iter()
         .filter(|o| matches!(join_of(o), Some((_, Join::Model))))

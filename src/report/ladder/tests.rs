@@ -367,4 +367,9 @@ fn a_card_shows_ppl_on_the_windows_every_row_decoded() {
     assert!(md.contains(&format!("{:.4}", 3.2f64.exp())), "{md}");
     // ΔNLL is each row's own.
     assert!(md.contains("| 0.0110 |"), "{md}");
+    // Only the kinds that ran have columns (no column of dashes for MC,
+    // KLD or speed), and their legends only.
+    for absent in ["KLD mean", "MC accuracy", "pp t/s", "McNemar"] {
+        assert!(!md.contains(absent), "{absent}: {md}");
+    }
 }
