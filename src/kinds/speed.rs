@@ -152,32 +152,54 @@ impl Speed {
     }
 }
 
+/// `mean [lo, hi]`: a t/s mean with its 95% Student-t interval over the
+/// case's repetitions (`repetitions` values whose sd is `sd`).
+fn tps_ci(m: &crate::core::present::Metrics, mean: &str, sd: &str) -> Option<String> {
+    let (x, s, n) = (*m.get(mean)?, *m.get(sd)?, *m.get("repetitions")?);
+    let (lo, hi) = crate::measure::stats::t_interval95_of(x, s, n as usize);
+    Some(if lo.is_finite() {
+        format!("{x:.1} [{lo:.1}, {hi:.1}]")
+    } else {
+        format!("{x:.1}")
+    })
+}
+
 /// How speed cases show in the ladder report: beside every view's row of
-/// the same model, prompt processing and generation t/s (mean ± sd), and
-/// in the CSV their ratios to the reference.
+/// the same model, prompt processing and generation t/s with the 95%
+/// interval of the mean over the repetitions (the CSV has mean and sd, and
+/// the ratios to the reference); the machine they were measured on is said
+/// under the table.
 pub fn present() -> Option<Presentation> {
-    let tps = |title, metric, se| {
-        ReportColumn::new(
-            title,
-            Cell::PlusMinus {
-                metric,
-                se,
-                digits: 1,
-            },
-        )
+    let tps = |title, cell: fn(&crate::core::present::Metrics) -> Option<String>, mean, sd| {
+        let mut c = ReportColumn::new(title, Cell::Text(cell));
+        c.csv = vec![
+            (mean, crate::core::present::Field::Metric(mean)),
+            (sd, crate::core::present::Field::Metric(sd)),
+        ];
+        c
     };
     Some(Presentation {
         kind: "speed",
         join: Join::Model,
         columns: vec![
-            tps("pp t/s", "pp_tps_mean", "pp_tps_sd"),
-            tps("tg t/s", "tg_tps_mean", "tg_tps_sd"),
+            tps(
+                "pp t/s [95% CI]",
+                |m| tps_ci(m, "pp_tps_mean", "pp_tps_sd"),
+                "pp_tps_mean",
+                "pp_tps_sd",
+            ),
+            tps(
+                "tg t/s [95% CI]",
+                |m| tps_ci(m, "tg_tps_mean", "tg_tps_sd"),
+                "tg_tps_mean",
+                "tg_tps_sd",
+            ),
             ReportColumn::csv_only(&["pp_ratio_vs_ref", "tg_ratio_vs_ref"]),
         ],
         plots: Vec::new(),
         legend: vec![
-            "pp/tg t/s: a speed case's prompt processing and generation, mean ± sd over its \
-             repetitions.",
+            "pp/tg t/s: a speed case's prompt processing and generation, the mean over its \
+             repetitions with its 95% Student-t interval; the machine is named under the table.",
         ],
         align: None,
         hub: vec![],

@@ -41,6 +41,21 @@ pub fn quantile(sorted: &[f64], q: f64) -> f64 {
     sorted[lo] + (h - lo as f64) * (sorted[hi] - sorted[lo])
 }
 
+/// The 95% Student-t interval of a mean from its summary: `mean` and the
+/// sample standard deviation `sd` of `n` values (NaN bounds with fewer
+/// than 2).
+pub fn t_interval95_of(mean: f64, sd: f64, n: usize) -> (f64, f64) {
+    if n < 2 || !sd.is_finite() {
+        return (f64::NAN, f64::NAN);
+    }
+    let t = statrs::distribution::ContinuousCDF::inverse_cdf(
+        &statrs::distribution::StudentsT::new(0.0, 1.0, n as f64 - 1.0).expect("df ≥ 1"),
+        0.975,
+    );
+    let half = t * sd / (n as f64).sqrt();
+    (mean - half, mean + half)
+}
+
 /// Mean and 95% Student-t interval of `xs` (NaN bounds with fewer than 2).
 pub fn t_interval95(xs: &[f64]) -> (f64, f64, f64) {
     let n = xs.len() as f64;
@@ -182,4 +197,26 @@ pub fn median(mut v: Vec<f64>) -> f64 {
     }
     v.sort_by(f64::total_cmp);
     quantile(&v, 0.5)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The interval from a summary (mean, sd, n) is the one from the
+    /// values themselves.
+    #[test]
+    fn an_interval_from_a_summary_equals_the_one_from_the_values() {
+        let xs = [81.0, 95.5, 62.0, 101.25, 77.0];
+        let n = xs.len() as f64;
+        let mean = xs.iter().sum::<f64>() / n;
+        let sd = (xs.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (n - 1.0)).sqrt();
+        let (_, lo, hi) = t_interval95(&xs);
+        let (lo2, hi2) = t_interval95_of(mean, sd, xs.len());
+        assert!(
+            (lo - lo2).abs() < 1e-9 && (hi - hi2).abs() < 1e-9,
+            "{lo} {lo2} {hi} {hi2}"
+        );
+        assert!(t_interval95_of(mean, sd, 1).0.is_nan());
+    }
 }

@@ -385,7 +385,7 @@ fn the_readme_publisher_commands_gate_a_folder_of_quants() {
             "KLD mean",
             "MC accuracy % [Wilson 95%]",
             "MC flips right→wrong / wrong→right",
-            "tg t/s",
+            "tg t/s [95% CI]",
         ] {
             let i = head
                 .iter()
@@ -394,6 +394,10 @@ fn the_readme_publisher_commands_gate_a_folder_of_quants() {
             assert_ne!(cells[i], "–", "{col} is missing: {row}");
         }
     }
+    // Speed with the machine it was measured on, and an interval of the
+    // mean (never a ± wider than the mean).
+    assert!(md.contains("release/speed measured on "), "{md}");
+    assert!(md.contains(" threads."), "{md}");
 
     // cargo test, with quantgate as a path dependency: this build's
     // dependencies, target folder and lock; a developer's machine (no CI:

@@ -246,6 +246,20 @@ pub fn views(
         .iter()
         .filter(|o| matches!(join_of(o), Some((_, Join::Model))))
         .collect();
+    // Where the figures joined by model (speed) were measured: the
+    // machine and threads, said under every view.
+    let mut measured_on: Vec<String> = Vec::new();
+    for o in &beside {
+        let Some(machine) = &o.machine else { continue };
+        let threads = o
+            .settings
+            .as_ref()
+            .map_or(String::new(), |s| format!(", {} threads", s.threads));
+        let line = format!("{} measured on {machine}{threads}.", o.case);
+        if !measured_on.contains(&line) {
+            measured_on.push(line);
+        }
+    }
     // Kinds that join per case: their columns once per case, in case
     // order, after every other kind's; their legends when a case ran.
     let per_case: Vec<&Outcome> = outcomes
@@ -334,6 +348,7 @@ pub fn views(
                 notes: kinds
                     .values()
                     .filter_map(|c| notes.get(c).cloned())
+                    .chain(measured_on.iter().cloned())
                     .collect(),
                 rows,
             }
