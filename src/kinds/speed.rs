@@ -203,6 +203,7 @@ pub fn present() -> Option<Presentation> {
         ],
         align: None,
         hub: vec![],
+        reference: vec![],
     })
 }
 
