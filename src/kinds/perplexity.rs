@@ -166,7 +166,6 @@ pub fn present() -> Option<Presentation> {
             hub_type: "perplexity",
             name: "PPL",
         }],
-        reference: vec![("ppl", "ppl_ref")],
     })
 }
 

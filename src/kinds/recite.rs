@@ -57,7 +57,6 @@ pub fn present() -> Option<Presentation> {
         ],
         align: None,
         hub: vec![],
-        reference: vec![],
     })
 }
 

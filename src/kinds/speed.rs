@@ -203,7 +203,6 @@ pub fn present() -> Option<Presentation> {
         ],
         align: None,
         hub: vec![],
-        reference: vec![],
     })
 }
 

@@ -217,6 +217,5 @@ pub fn present() -> Option<Presentation> {
                 name: "same top token",
             },
         ],
-        reference: vec![("ppl", "ppl_ref")],
     })
 }

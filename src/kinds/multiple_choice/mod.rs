@@ -309,7 +309,6 @@ pub fn present() -> Option<Presentation> {
             hub_type: "accuracy",
             name: "MC accuracy",
         }],
-        reference: vec![],
     })
 }
 

@@ -80,7 +80,6 @@ pub fn present() -> Option<Presentation> {
         ],
         align: None,
         hub: vec![],
-        reference: vec![],
     })
 }
 

@@ -53,11 +53,7 @@ pub fn csv(views: &[View]) -> String {
                     .filter(|(_, k)| **k)
                     .map(|(f, _)| f),
             );
-            line.push(if r.reference {
-                "reference".into()
-            } else {
-                r.status.as_str().into()
-            });
+            line.push(r.status.as_str().into());
             line.push(csv_field(&r.failures.join("; ")));
             let _ = writeln!(s, "{}", line.join(","));
         }

@@ -23,7 +23,6 @@ pub(crate) fn head(v: &View) -> Vec<String> {
 /// Cells of a row, as the Markdown table shows them.
 pub(crate) fn cells(v: &View, r: &Row) -> Vec<String> {
     let verdict = match r.status {
-        _ if r.reference => "reference".to_string(),
         Status::Pass => format!("pass ({} gates)", r.gates),
         Status::Fail => format!("**FAIL** {}", r.failures.join("; ")),
         Status::Error => format!("**ERROR** {}", r.failures.join("; ")),

@@ -59,9 +59,6 @@ pub struct Row {
     /// Every gate's metric (`delta_nll_mean`, or `delta_nll_mean.ci95_hi`),
     /// bound (`max`, `min`) and threshold: the lines the plots draw.
     pub thresholds: Vec<(String, String, f64)>,
-    /// The view's reference itself, its figures from its candidates'
-    /// outcomes (no gate of its own).
-    pub reference: bool,
 }
 
 /// One reference's ladder.
@@ -305,7 +302,6 @@ pub fn views(
                         failures: Vec::new(),
                         gates: 0,
                         thresholds: Vec::new(),
-                        reference: false,
                     });
                     fold(row, o);
                 }
@@ -327,38 +323,6 @@ pub fn views(
                     .cmp(&a.facts.bytes)
                     .then_with(|| a.model.cmp(&b.model))
             });
-            // The reference as the first row (unless it ran as a candidate
-            // too): its figures as its candidates' outcomes hold them.
-            if !rows.iter().any(|r| &r.model == reference) {
-                let mut m = Metrics::new();
-                for (show, from) in kinds.keys().flat_map(|k| &catalog[*k].reference) {
-                    if let Some(v) = rows.iter().find_map(|r| r.metrics.get(*from)) {
-                        m.entry(show.to_string()).or_insert(*v);
-                    }
-                }
-                for o in beside.iter().filter(|o| &o.model == reference) {
-                    for (k, v) in &o.metrics {
-                        m.entry(k.clone()).or_insert(*v);
-                    }
-                }
-                if !m.is_empty() {
-                    rows.insert(
-                        0,
-                        Row {
-                            model: reference.clone(),
-                            facts: facts(reference),
-                            status: Status::Pass,
-                            metrics: m,
-                            series: BTreeMap::new(),
-                            by_case: BTreeMap::new(),
-                            failures: Vec::new(),
-                            gates: 0,
-                            thresholds: Vec::new(),
-                            reference: true,
-                        },
-                    );
-                }
-            }
             // An optional column only where some row has its metrics.
             let has = |r: &Row, c: &ViewColumn| {
                 let m = match &c.case {
