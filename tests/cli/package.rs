@@ -120,19 +120,10 @@ fn the_books_metrics_tables_are_the_kinds_declarations() {
     );
 }
 
-/// One `Config` is built at the edge and passed down: no library code
-/// reads the environment or a process-wide config.
-#[test]
-fn the_config_is_read_at_the_edge_and_passed_down() {
-    // The environment is read by core/config/ alone, besides a worker's
-    // own protocol (its alias, plan, parent and threads); nothing reads a
-    // process-wide config.
-    let protocol = [
-        "src/core/config/mod.rs",
-        "src/main.rs",
-        "src/harness/mod.rs",
-        "src/schedule/worker.rs",
-    ];
+/// Every line of code (comments cut) of every `.rs` file under src/ for
+/// which `hit(path relative to the repository, code)` holds, as
+/// `path:line: text`.
+fn src_lines_where(hit: impl Fn(&str, &str) -> bool) -> Vec<String> {
     let mut found = Vec::new();
     for e in walkdir::WalkDir::new(repo().join("src")) {
         let e = e.unwrap();
@@ -147,18 +138,36 @@ fn the_config_is_read_at_the_edge_and_passed_down() {
         }
         let text = std::fs::read_to_string(e.path()).unwrap();
         for (n, line) in text.lines().enumerate() {
-            let code = line.split("//").next().unwrap_or("");
-            let global = ["Config::current", "try_current", "EngineOptions::current"]
-                .iter()
-                .any(|g| code.contains(g));
-            let env = ["env::var(", "env::var_os(", "env::vars("]
-                .iter()
-                .any(|g| code.contains(g));
-            if global || (env && !protocol.contains(&rel.as_str())) {
+            if hit(&rel, line.split("//").next().unwrap_or("")) {
                 found.push(format!("{rel}:{}: {}", n + 1, line.trim()));
             }
         }
     }
+    found
+}
+
+/// One `Config` is built at the edge and passed down: no library code
+/// reads the environment or a process-wide config.
+#[test]
+fn the_config_is_read_at_the_edge_and_passed_down() {
+    // The environment is read by core/config/ alone, besides a worker's
+    // own protocol (its alias, plan, parent and threads); nothing reads a
+    // process-wide config.
+    let protocol = [
+        "src/core/config/mod.rs",
+        "src/main.rs",
+        "src/harness/mod.rs",
+        "src/schedule/worker.rs",
+    ];
+    let found = src_lines_where(|rel, code| {
+        let global = ["Config::current", "try_current", "EngineOptions::current"]
+            .iter()
+            .any(|g| code.contains(g));
+        let env = ["env::var(", "env::var_os(", "env::vars("]
+            .iter()
+            .any(|g| code.contains(g));
+        global || (env && !protocol.contains(&rel))
+    });
     assert!(
         found.is_empty(),
         "library code reads the environment or a process-wide config (take a &Config):\n{}",
@@ -184,26 +193,10 @@ fn only_the_edges_write_to_stderr() {
         "src/engine/fake.rs",
         "src/schedule/worker.rs",
     ];
-    let mut found = Vec::new();
-    for e in walkdir::WalkDir::new(repo().join("src")) {
-        let e = e.unwrap();
-        let rel = e
-            .path()
-            .strip_prefix(repo())
-            .unwrap()
-            .to_string_lossy()
-            .into_owned();
-        if !rel.ends_with(".rs") || edges.iter().any(|x| rel.starts_with(x)) {
-            continue;
-        }
-        let text = std::fs::read_to_string(e.path()).unwrap();
-        for (n, line) in text.lines().enumerate() {
-            let code = line.split("//").next().unwrap_or("");
-            if code.contains("eprintln!(") || code.contains("eprint!(") {
-                found.push(format!("{rel}:{}: {}", n + 1, line.trim()));
-            }
-        }
-    }
+    let found = src_lines_where(|rel, code| {
+        !edges.iter().any(|x| rel.starts_with(x))
+            && (code.contains("eprintln!(") || code.contains("eprint!("))
+    });
     assert!(
         found.is_empty(),
         "the library writes to stderr itself (use core::progress::say!):\n{}",

@@ -220,12 +220,7 @@ impl Config {
                 "the cache folder ",
             ),
         };
-        if cache.exists() && !cache.is_dir() {
-            return Err(Error::input(format!(
-                "{cache_from}{}: exists and is not a directory",
-                cache.display()
-            )));
-        }
+        usable_cache(&cache, cache_from)?;
         let out = get("QUANTGATE_OUT").map(PathBuf::from);
         let ci = flag("CI");
         let update = update_mode_from(
@@ -474,13 +469,7 @@ impl ConfigBuilder {
                     .to_string(),
             ));
         }
-        if c.cache.exists() && !c.cache.is_dir() {
-            return Err(Error::input(format!(
-                "{}{}: exists and is not a directory",
-                c.cache_from,
-                c.cache.display()
-            )));
-        }
+        usable_cache(&c.cache, c.cache_from)?;
         Ok(c)
     }
 }
@@ -491,6 +480,18 @@ fn crate_root(var: &dyn Fn(&str) -> Option<String>) -> PathBuf {
     var("CARGO_MANIFEST_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| std::env::current_dir().unwrap_or_default())
+}
+
+/// The cache folder `cache` (named by `from` in messages) can be one: it
+/// is a folder, or nothing is there yet.
+fn usable_cache(cache: &std::path::Path, from: &str) -> Result<()> {
+    if cache.exists() && !cache.is_dir() {
+        return Err(Error::input(format!(
+            "{from}{}: exists and is not a directory",
+            cache.display()
+        )));
+    }
+    Ok(())
 }
 
 /// This user's quantgate folder as `var` gives it:
