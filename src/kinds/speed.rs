@@ -153,9 +153,10 @@ impl Speed {
 }
 
 /// `mean [lo, hi]`: a t/s mean with its 95% Student-t interval over the
-/// case's repetitions (`repetitions` values whose sd is `sd`).
+/// case's measurements (`repetitions` in each of `rounds`, whose sd is `sd`).
 fn tps_ci(m: &crate::core::present::Metrics, mean: &str, sd: &str) -> Option<String> {
-    let (x, s, n) = (*m.get(mean)?, *m.get(sd)?, *m.get("repetitions")?);
+    let (x, s) = (*m.get(mean)?, *m.get(sd)?);
+    let n = *m.get("repetitions")? * m.get("rounds").copied().unwrap_or(1.0);
     let (lo, hi) = crate::measure::stats::t_interval95_of(x, s, n as usize);
     Some(if lo.is_finite() {
         format!("{x:.1} [{lo:.1}, {hi:.1}]")

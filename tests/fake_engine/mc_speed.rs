@@ -239,10 +239,11 @@ fn speed_metrics_match_the_declared_speeds_and_join_the_report() {
     assert_eq!(views.len(), 1);
     let md = quantgate::report::ladder::markdown(&views);
     let row = md.lines().find(|l| l.starts_with("| cand ")).unwrap();
-    let pp = format!(
-        "{:.1} ± {:.1}",
-        o.metrics["pp_tps_mean"], o.metrics["pp_tps_sd"]
-    );
+    // Speed shows as the mean with its 95% Student-t interval over the six
+    // repetitions: t(0.975, 5) = 2.570582 from the printed tables.
+    let (mean, sd) = (o.metrics["pp_tps_mean"], o.metrics["pp_tps_sd"]);
+    let half = 2.570_581_835_6 * sd / 6f64.sqrt();
+    let pp = format!("{mean:.1} [{:.1}, {:.1}]", mean - half, mean + half);
     assert!(
         row.contains("12.5000 ± 0.2500") && row.contains(&pp),
         "{row}"
