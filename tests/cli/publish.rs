@@ -719,8 +719,9 @@ assert meta["base_model_relation"] == "quantized", meta
 assert {"gguf", "quantized"} <= set(d.tags), d.tags
 outcomes = {(o["case"], o["model"]): o for o in json.load(open(verdicts))}
 # A sequential case's PPL: over the windows every row decoded.
+# window_order: the windows visited; the per-window series are in window order.
 def windows(o, suffix=""):
-    order = [int(w) for w in o["series"]["window_order"]]
+    order = sorted(int(w) for w in o["series"]["window_order"])
     s = o["series"]
     return {w: (s["window_nll_sum" + suffix][i], s["window_tokens" + suffix][i])
             for i, w in enumerate(order)}

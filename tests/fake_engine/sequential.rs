@@ -183,6 +183,40 @@ fn a_sequential_case_stops_early_with_the_fixed_n_verdict() {
         );
         used_all.push(at);
     }
+    // The report shows both rows' PPL (and the reference's) over the
+    // windows both decoded: the first `min(used)` of the seeded order,
+    // summed from the fixed-N run's own per-window series.
+    assert_ne!(used_all[0], used_all[1], "the rows stopped apart");
+    let order = permutation(CHUNKS, 11);
+    let common = &order[..*used_all.iter().min().unwrap()];
+    let ppl_over = |o: &Outcome, suffix: &str| {
+        let (sum, tok) = (
+            &o.series[&format!("window_nll_sum{suffix}")],
+            &o.series[&format!("window_tokens{suffix}")],
+        );
+        let n: f64 = common.iter().map(|&w| tok[w]).sum();
+        (common.iter().map(|&w| sum[w]).sum::<f64>() / n).exp()
+    };
+    let views =
+        quantgate::report::ladder::views(&outs, &quantgate::kinds::presentations(), &|_| {
+            quantgate::report::ladder::ModelFacts::default()
+        });
+    for b in &base {
+        let r = views[0].rows.iter().find(|r| r.model == b.model).unwrap();
+        let (got, want) = (r.metrics["ppl"], ppl_over(b, ""));
+        assert!(
+            (got - want).abs() <= 1e-9 * want,
+            "{}: {got} {want}",
+            b.model
+        );
+        let (got, want) = (r.metrics["ppl_ref"], ppl_over(b, "_ref"));
+        assert!(
+            (got - want).abs() <= 1e-9 * want,
+            "{}: ref {got} {want}",
+            b.model
+        );
+        assert_eq!(r.metrics["ppl_windows"], common.len() as f64);
+    }
     // Windows go to the engine in pairs (its two lanes): a stop at the first
     // of a pair leaves the second decoded. The reference decoded once per
     // window some candidate needed, kept window by window; a damaged window

@@ -11,8 +11,10 @@ use crate::measure::WindowNll;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The per-window series a paired outcome carries (`suffix` `""`: the
-/// candidate's, `_ref`: its reference's), in the order its windows were
-/// scored: NLL sum, NLL² sum and scored tokens of each window.
+/// candidate's, `_ref`: its reference's), in window order (a sequential
+/// case's windows used sorted, as [`super::in_window_order`] keeps its
+/// scores; `window_order` says the order they were visited in): NLL sum,
+/// NLL² sum and scored tokens of each window.
 pub fn window_series(windows: &[WindowNll], suffix: &str) -> BTreeMap<String, Vec<f64>> {
     let of = |f: &dyn Fn(&WindowNll) -> f64| windows.iter().map(f).collect::<Vec<f64>>();
     BTreeMap::from([
@@ -23,9 +25,10 @@ pub fn window_series(windows: &[WindowNll], suffix: &str) -> BTreeMap<String, Ve
 }
 
 /// An outcome's windows by window index, from its series: the indices
-/// (`window_order` of a sequential case, else 0, 1, …) with each one's
-/// NLL sums and tokens (`suffix` as [`window_series`]). None when the
-/// series are missing or disagree in length.
+/// (the windows a sequential case visited, `window_order`, sorted, since
+/// its series are in window order; else 0, 1, …) with each one's NLL sums
+/// and tokens (`suffix` as [`window_series`]). None when the series are
+/// missing or disagree in length, or a window repeats.
 fn windows_of(o: &Outcome, suffix: &str) -> Option<BTreeMap<usize, WindowNll>> {
     let get = |k: &str| o.series.get(&format!("{k}{suffix}"));
     let (sum, sq, tokens) = (
@@ -38,7 +41,11 @@ fn windows_of(o: &Outcome, suffix: &str) -> Option<BTreeMap<usize, WindowNll>> {
         return None;
     }
     let ids: Vec<usize> = match o.series.get("window_order") {
-        Some(order) if order.len() == n => order.iter().map(|w| *w as usize).collect(),
+        Some(order) if order.len() == n => {
+            let mut ids: Vec<usize> = order.iter().map(|w| *w as usize).collect();
+            ids.sort_unstable();
+            ids
+        }
         Some(_) => return None,
         None => (0..n).collect(),
     };
@@ -142,9 +149,20 @@ mod tests {
             .collect()
     }
 
+    /// `nll` and `nll_ref` in visiting order (`order`), kept as a
+    /// sequential case keeps them: in window order.
     fn outcome(model: &str, order: Option<&[usize]>, nll: &[f64], nll_ref: &[f64]) -> Outcome {
         let build = crate::engine::Engine::build(&crate::engine::fake::FakeEngine::new());
         let mut o = Outcome::new("ppl/s", model, build);
+        let sorted = |x: &[f64]| -> Vec<f64> {
+            let Some(order) = order else {
+                return x.to_vec();
+            };
+            let mut by: Vec<(usize, f64)> = order.iter().copied().zip(x.iter().copied()).collect();
+            by.sort_by_key(|p| p.0);
+            by.into_iter().map(|p| p.1).collect()
+        };
+        let (nll, nll_ref) = (&sorted(nll)[..], &sorted(nll_ref)[..]);
         let w = windows(nll);
         o.metrics = perplexity_metrics(&w);
         o.metrics.insert("windows_total".into(), 6.0);

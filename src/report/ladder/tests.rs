@@ -324,8 +324,16 @@ fn a_card_shows_ppl_on_the_windows_every_row_decoded() {
     };
     // One visiting order; `q8` stopped after 2 windows, `q6` after 4.
     let order = [5.0, 1.0, 7.0, 0.0];
+    // The values in visiting order; an outcome keeps its windows' series
+    // in window order (`in_window_order`), `window_order` the visits.
     let row = |model: &str, nll: &[f64], nll_ref: &[f64], bytes: f64| {
         let n = nll.len();
+        let sorted = |x: &[f64]| -> Vec<f64> {
+            let mut by: Vec<(f64, f64)> = order.iter().copied().zip(x.iter().copied()).collect();
+            by.sort_by(|a, b| a.0.total_cmp(&b.0));
+            by.into_iter().map(|p| p.1).collect()
+        };
+        let (nll, nll_ref) = (&sorted(nll)[..], &sorted(nll_ref)[..]);
         let m = crate::measure::perplexity::perplexity_metrics(&w(nll));
         let mut o = outcome(
             "ppl/s",
