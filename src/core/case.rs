@@ -362,9 +362,50 @@ pub struct Gate {
     pub read: String,
     /// The metric's declared `ci95` interval, for the failure message.
     pub interval: Option<Interval>,
+    /// What a violation does: fail the test (the default), or warn.
+    pub level: Level,
+    /// The models it applies to (globs on the alias, `[[gate]] models`; a
+    /// glob led by `!` leaves out what it matches); empty: every model of
+    /// the case.
+    pub models: Vec<String>,
+}
+
+/// What a gate's violation does (`[[gate]] level`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    /// The test fails.
+    #[default]
+    Fail,
+    /// Reported (the card's ⚠, a note), and the test still passes: a
+    /// quant expected to be worse.
+    Warn,
+}
+
+impl Level {
+    /// Whether this is the default level (JSON leaves it out).
+    pub fn is_fail(&self) -> bool {
+        *self == Level::Fail
+    }
 }
 
 impl Gate {
+    /// Whether it applies to model `alias`: one of its `models` globs
+    /// matches (or it names none but `!` ones), and no `!` glob does. The
+    /// globs were checked when the case was parsed; one that cannot be
+    /// built here matches nothing.
+    pub fn applies_to(&self, alias: &str) -> bool {
+        let matches =
+            |g: &str| globset::Glob::new(g).is_ok_and(|g| g.compile_matcher().is_match(alias));
+        let (out, any): (Vec<&str>, Vec<&str>) = self
+            .models
+            .iter()
+            .map(String::as_str)
+            .partition(|g| g.starts_with('!'));
+        (any.is_empty() || any.iter().any(|g| matches(g)))
+            && !out.iter().any(|g| matches(&g[1..]))
+    }
+
     /// The metric whose value is gated: `metric`, or with `on = "ci95_hi"`
     /// the bound of the interval its kind declared (`read`).
     pub fn gated_metric(&self) -> String {

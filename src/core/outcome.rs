@@ -74,6 +74,10 @@ pub struct GateResult {
     /// gate), not a fixed-N interval.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sequence: Option<String>,
+    /// What its violation does: fail (the default, left out of JSON) or
+    /// warn.
+    #[serde(default, skip_serializing_if = "crate::core::case::Level::is_fail")]
+    pub level: crate::core::case::Level,
 }
 
 impl GateResult {
@@ -370,7 +374,7 @@ impl Outcome {
             Status::Error => TrialEnd::EngineError(self.error.clone().unwrap_or_default()),
             Status::Fail => {
                 let mut m = format!("{}::{}: gate violated\n", self.case, self.model);
-                for g in self.gates.iter().filter(|g| !g.passed) {
+                for g in self.gates.iter().filter(|g| !g.passed && g.level.is_fail()) {
                     m.push_str(&format!("  {}\n", g.describe()));
                 }
                 TrialEnd::Fail(m)

@@ -33,6 +33,10 @@ pub struct Presentation {
     pub align: Option<Align>,
     /// Its figures a model card's `model-index` lists (the Hub reads them).
     pub hub: Vec<HubMetric>,
+    /// The reference's own figures, as its row shows them: (the metric
+    /// the row shows, the metric of a candidate's outcome that holds the
+    /// reference's value), e.g. `("ppl", "ppl_ref")`.
+    pub reference: Vec<(&'static str, &'static str)>,
 }
 
 /// A metric as a Hugging Face model card's `model-index` names it.

@@ -138,9 +138,11 @@ pub fn body(outcome: &Outcome) -> String {
     for g in &outcome.gates {
         let op = if g.bound == "max" { "≤" } else { "≥" };
         let verdict = if g.passed { "pass" } else { "fail" };
+        // A warn gate says so (a fail gate, the default, as it always was).
+        let level = if g.level.is_fail() { "" } else { " (warn)" };
         let _ = writeln!(
             s,
-            "  {} {op} {}: {verdict}",
+            "  {} {op} {}{level}: {verdict}",
             g.metric,
             fmt_value(g.threshold)
         );

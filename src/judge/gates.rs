@@ -7,10 +7,10 @@ use crate::core::case::Gate;
 use crate::core::GateResult;
 use std::collections::BTreeMap;
 
-/// Evaluate `gates` on `metrics`.
-pub fn judge(gates: &[Gate], metrics: &BTreeMap<String, f64>) -> Vec<GateResult> {
+/// Evaluate the `gates` that apply to model `alias` on `metrics`.
+pub fn judge(gates: &[Gate], alias: &str, metrics: &BTreeMap<String, f64>) -> Vec<GateResult> {
     let mut out = Vec::new();
-    for g in gates {
+    for g in gates.iter().filter(|g| g.applies_to(alias)) {
         let observed = metrics.get(&g.read).copied();
         let label = match &g.on {
             Some(on) => format!("{}.{on}", g.metric),
@@ -47,6 +47,7 @@ pub fn judge(gates: &[Gate], metrics: &BTreeMap<String, f64>) -> Vec<GateResult>
                     .as_ref()
                     .filter(|iv| iv.name == "seq")
                     .and_then(|iv| iv.windows.clone()),
+                level: g.level,
             });
         }
     }
@@ -65,6 +66,8 @@ mod tests {
             on: None,
             read: metric.into(),
             interval: None,
+            level: Default::default(),
+            models: Vec::new(),
         }
     }
 
@@ -87,6 +90,7 @@ mod tests {
                 gate("ppl", None, Some(0.0)),
                 gate("nll_mean", Some(1.0), None),
             ],
+            "m",
             &m,
         );
         assert!(r.iter().all(|g| !g.passed), "{r:?}");
@@ -105,7 +109,7 @@ mod tests {
             interval: ci95(),
             ..gate("delta_nll_mean", Some(0.05), None)
         };
-        let r = judge(&[g], &m);
+        let r = judge(&[g], "m", &m);
         assert_eq!(
             r[0].describe(),
             "delta_nll_mean = 0.25 (95% CI 0.200000 … 0.300000 over 16 windows) violates delta_nll_mean ≤ 0.05 (max 0.05)"
@@ -127,8 +131,10 @@ mod tests {
             on: Some("ci95_hi".into()),
             read: "delta_nll_ci95_hi".into(),
             interval: ci95(),
+            level: Default::default(),
+            models: Vec::new(),
         };
-        let r = judge(&[g], &m);
+        let r = judge(&[g], "m", &m);
         assert!(!r[0].passed);
         assert_eq!(r[0].observed, Some(0.07));
         assert!(
@@ -141,9 +147,43 @@ mod tests {
     #[test]
     fn bounds_are_inclusive_and_all_listed() {
         let m = BTreeMap::from([("ppl".to_string(), 10.0)]);
-        let r = judge(&[gate("ppl", Some(10.0), Some(11.0))], &m);
+        let r = judge(&[gate("ppl", Some(10.0), Some(11.0))], "m", &m);
         assert!(r[0].passed);
         assert!(!r[1].passed);
         assert_eq!(r[1].describe(), "ppl = 10 violates ppl ≥ 11 (min 11)");
+    }
+
+    /// A gate with `models` applies to the aliases its globs match only;
+    /// a warn gate is evaluated as any other and says its level.
+    #[test]
+    fn a_gate_applies_to_its_models_and_keeps_its_level() {
+        let m = BTreeMap::from([("kld_mean".to_string(), 0.2)]);
+        let strict = gate("kld_mean", Some(0.1), None);
+        let loose = Gate {
+            models: vec!["*q2_k*".into(), "*Q2_K*".into()],
+            level: crate::core::case::Level::Warn,
+            ..gate("kld_mean", Some(0.15), None)
+        };
+        let strict = Gate {
+            models: vec!["*q8_0".into()],
+            ..strict
+        };
+        let r = judge(&[strict.clone(), loose.clone()], "smollm2-q2_k", &m);
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert_eq!(r[0].threshold, 0.15);
+        assert!(!r[0].passed);
+        assert_eq!(r[0].level, crate::core::case::Level::Warn);
+        let r = judge(&[strict, loose], "smollm2-q8_0", &m);
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert_eq!((r[0].threshold, r[0].level), (0.1, Default::default()));
+        // `!` leaves models out.
+        let but_q2 = Gate {
+            models: vec!["!*q2_k".into()],
+            ..gate("kld_mean", Some(0.1), None)
+        };
+        assert!(judge(std::slice::from_ref(&but_q2), "smollm2-q2_k", &m).is_empty());
+        assert_eq!(judge(&[but_q2], "smollm2-q4_k_m", &m).len(), 1);
+        // A gate naming no model applies to every one.
+        assert_eq!(judge(&[gate("kld_mean", Some(1.0), None)], "x", &m).len(), 1);
     }
 }

@@ -27,7 +27,7 @@ use std::path::Path;
 /// metric). For fresh results, cached ones and merged shards alike.
 pub fn rejudge(parsed: &crate::kinds::Parsed, out: &mut Outcome) {
     out.kind = parsed.case.kind.to_string();
-    out.gates = judge(&parsed.case.gates, &out.metrics);
+    out.gates = judge(&parsed.case.gates, &out.model, &out.metrics);
     out.notes = parsed.kind.notes(out);
     // The reference among the candidates: its gates compare it with itself.
     if out.reference_sha256.is_some() && out.reference_sha256 == out.model_sha256 {
@@ -50,14 +50,18 @@ pub fn rejudge(parsed: &crate::kinds::Parsed, out: &mut Outcome) {
             out.headline
                 .push(format!("{}s_total", parsed.kind.sequential_unit()));
         }
-        for g in &parsed.case.gates {
+        for g in parsed.case.gates.iter().filter(|g| g.applies_to(&out.model)) {
             let m = g.gated_metric();
             if !out.headline.contains(&m) {
                 out.headline.push(m);
             }
         }
     }
-    out.status = if out.gates.iter().all(|g| g.passed) {
+    // A warn gate's violation is said, and does not fail the test.
+    for g in out.gates.iter().filter(|g| !g.passed && !g.level.is_fail()) {
+        out.notes.push(format!("warning: {}", g.describe()));
+    }
+    out.status = if out.gates.iter().all(|g| g.passed || !g.level.is_fail()) {
         Status::Pass
     } else {
         Status::Fail

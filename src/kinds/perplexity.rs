@@ -166,6 +166,7 @@ pub fn present() -> Option<Presentation> {
             hub_type: "perplexity",
             name: "PPL",
         }],
+        reference: vec![("ppl", "ppl_ref")],
     })
 }
 

@@ -57,6 +57,7 @@ pub fn present() -> Option<Presentation> {
         ],
         align: None,
         hub: vec![],
+        reference: vec![],
     })
 }
 

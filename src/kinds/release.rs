@@ -54,7 +54,14 @@ fn delta_nll(models: &[String], reference: &str, text: &str, sha: &str) -> Strin
          # then the fixed-N one. Remove [decide] to score every window.\n\
          kind = \"perplexity\"\ndescription = \"paired ΔNLL against the reference, decided sequentially\"\n\
          models = [{}]\nreference = {reference:?}\n\n{}\n\
+         # Why +0.05: about a 5% rise in perplexity, the loss most readers of a\n\
+         # quant's card still call \"close to the original\".\n\
          [[gate]]\nmetric = \"delta_nll_mean\"\nmax = 0.05\n\n\
+         # A quant expected to be worse (a 2-bit one, say) can have a threshold of\n\
+         # its own, reported as a warning (⚠ on the card) that does not fail the\n\
+         # test: add models = [\"!*Q2_K*\"] to the gate above, and\n\
+         # [[gate]]\n# metric = \"delta_nll_mean\"\n# max = 0.25\n# level = \"warn\"\n\
+         # models = [\"*Q2_K*\"]\n\n\
          # alpha: each verdict's error level; seed: the window order; bounds: the range\n\
          # every window's ΔNLL is declared to lie in (a window outside it stops the\n\
          # sequential rule: the case then runs all windows and says why).\n\
@@ -71,7 +78,11 @@ fn kld(models: &[String], reference: &str, text: &str, sha: &str) -> String {
          # agreement and the flips where the reference is sure.\n\
          kind = \"kld\"\ndescription = \"KL divergence, same top, flips against the reference\"\n\
          models = [{}]\nreference = {reference:?}\n\n{}\n\
+         # Why 0.1 nats: a mean KL past it goes with a top token that differs from the\n\
+         # reference's at several percent of positions (llama.cpp's Q3-and-below range).\n\
          [[gate]]\nmetric = \"kld_mean\"\nmax = 0.1\n\n\
+         # Why 0.5 nats at p99: the mean hides rare, large departures; one position in\n\
+         # a hundred may move this far from the reference, no more.\n\
          [[gate]]\nmetric = \"kld_p99\"\nmax = 0.5\n",
         list(models),
         windows(text, sha, 16)
@@ -86,6 +97,8 @@ fn mc(models: &[String], reference: &str, sha: &str) -> String {
          kind = \"multiple_choice\"\ndescription = \"multiple choice against the reference\"\n\
          models = [{}]\nreference = {reference:?}\nn_ctx = 512\n\n\
          [tasks_file]\npath = \"../data/mc-computed.bin\"\nsha256 = \"{sha}\"\n\n\
+         # Why 10: at most 10 of the 64 questions the reference answers right may the\n\
+         # quant answer wrong (about one in six), whatever it gains elsewhere.\n\
          [[gate]]\nmetric = \"flips_right_to_wrong\"\nmax = 10\n",
         list(models)
     )
@@ -98,6 +111,8 @@ fn speed(models: &[String], reference: &str) -> String {
          # than its reference (lower `min` on machines where it may).\n\
          kind = \"speed\"\ndescription = \"speed against the reference\"\n\
          models = [{}]\nreference = {reference:?}\npp = 256\ntg = 32\nrepetitions = 3\nrounds = 3\n\n\
+         # Why 1.0: a quant that generates slower than its reference loses the reason\n\
+         # to use it; the ratio is of means over rotated rounds on one machine.\n\
          [[gate]]\nmetric = \"tg_ratio_vs_ref\"\nmin = 1.0\n",
         list(models)
     )

@@ -204,6 +204,7 @@ pub fn present() -> Option<Presentation> {
         ],
         align: None,
         hub: vec![],
+        reference: vec![],
     })
 }
 

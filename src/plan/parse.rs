@@ -6,7 +6,7 @@
 //! is reported together; a gate or tolerance on a metric the case does not
 //! produce is a parse-time error; nothing here touches a model.
 
-use crate::core::case::{Decide, Gate, Metric, Tolerance};
+use crate::core::case::{Decide, Gate, Level, Metric, Tolerance};
 use crate::core::error::{Error, Result};
 use crate::core::fsutil::sha256_bytes;
 use crate::core::outcome::PREREG_METRICS;
@@ -51,6 +51,8 @@ struct GateFile {
     max: Option<f64>,
     min: Option<f64>,
     on: Option<Spanned<String>>,
+    level: Option<Spanned<String>>,
+    models: Option<Spanned<Vec<String>>>,
 }
 
 #[derive(Deserialize)]
@@ -219,7 +221,20 @@ pub fn parse_case_with(
             .extend(PREREG_METRICS.iter().map(|m| Metric::count(*m)));
     }
     let why_not = |m: &str| kind.why_not(m);
-    case.gates = gates(&head.gate, &case.metrics, kind_name, &why_not, &mut diag);
+    // A gate's `models` must match a model of the case as written (with
+    // models from the command line, any may match none).
+    let aliases: Option<Vec<&str>> = overrides
+        .models
+        .is_none()
+        .then(|| case.models.iter().map(|(a, _)| a.as_str()).collect());
+    case.gates = gates(
+        &head.gate,
+        &case.metrics,
+        kind_name,
+        &why_not,
+        aliases.as_deref(),
+        &mut diag,
+    );
     if let Some(file) = &head.decide {
         let at = diag.at(file.span().start);
         sequential_gates(
@@ -240,12 +255,15 @@ pub fn parse_case_with(
 }
 
 /// The gates of a case whose kind declares `declared`: each gate's metric
-/// and, with `on`, the bound of an interval the metric declares.
+/// and, with `on`, the bound of an interval the metric declares; its
+/// `level` (`fail` or `warn`) and the `models` it applies to (globs, each
+/// matching one of `aliases` when given).
 fn gates(
     files: &[GateFile],
     declared: &[Metric],
     kind: &str,
     why_not: &dyn Fn(&str) -> Option<&'static str>,
+    aliases: Option<&[&str]>,
     diag: &mut Diagnostics,
 ) -> Vec<Gate> {
     let metrics: Vec<&str> = declared.iter().map(|m| m.name.as_str()).collect();
@@ -310,6 +328,48 @@ fn gates(
                 ),
             }
         }
+        let level = match g.level.as_ref().map(|l| (l, l.get_ref().as_str())) {
+            None | Some((_, "fail")) => Level::Fail,
+            Some((_, "warn")) => Level::Warn,
+            Some((l, other)) => {
+                diag.push_at(
+                    l.span().start,
+                    format!("gate[{i}].level: `{other}` is not one of \"fail\", \"warn\""),
+                );
+                Level::Fail
+            }
+        };
+        let models = g.models.as_ref().map_or(Vec::new(), |ms| {
+            if ms.get_ref().is_empty() {
+                diag.push_at(
+                    ms.span().start,
+                    format!(
+                        "gate[{i}].models: empty; leave `models` out for a gate on every model"
+                    ),
+                );
+            }
+            for pattern in ms.get_ref() {
+                match globset::Glob::new(pattern.strip_prefix('!').unwrap_or(pattern)) {
+                    Err(e) => diag.push_at(
+                        ms.span().start,
+                        format!("gate[{i}].models: error parsing glob '{pattern}': {e}"),
+                    ),
+                    Ok(glob) => {
+                        let matcher = glob.compile_matcher();
+                        if let Some(aliases) = aliases.filter(|a| !a.iter().any(|a| matcher.is_match(a))) {
+                            diag.push_at(
+                                ms.span().start,
+                                format!(
+                                    "gate[{i}].models: '{pattern}' matches none of the case's models ({})",
+                                    aliases.join(", ")
+                                ),
+                            );
+                        }
+                    }
+                }
+            }
+            ms.get_ref().clone()
+        });
         gates.push(Gate {
             metric: m.clone(),
             max: g.max,
@@ -317,6 +377,8 @@ fn gates(
             on: g.on.as_ref().map(|o| o.get_ref().clone()),
             read,
             interval: intervals.iter().find(|iv| iv.name == "ci95").cloned(),
+            level,
+            models,
         });
     }
     gates

@@ -380,6 +380,7 @@ mod tests {
             passed: false,
             interval: None,
             sequence: None,
+            level: Default::default(),
         };
         let mut wide = o.clone();
         wide.model = "a-model-with-a-long-name.Q4_K_M-00001-of-00003".into();

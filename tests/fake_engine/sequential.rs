@@ -621,3 +621,100 @@ fn a_sequential_kld_case_stops_early_and_at_n_is_the_fixed_n_case() {
         f.rows.as_ref().unwrap().columns
     );
 }
+
+/// Thresholds that fit a ladder: a gate with `models` applies to those
+/// models only, and a `level = "warn"` gate is reported (a note, the
+/// card's ⚠) without failing the test. Fixed-N and sequential alike, each
+/// model decided by its own gates: the far candidate violates its warn
+/// gate and passes its looser fail gate; the near one has one strict gate.
+#[test]
+fn gates_per_model_and_warn_gates_decide_each_model_by_its_own() {
+    let fx = Fx::new("per-model");
+    let base = fixed(&fx, "");
+    let (far, near) = (
+        mean(&base[0].series["delta_nll_per_window"]),
+        mean(&base[1].series["delta_nll_per_window"]),
+    );
+    let c = (near + far) / 2.0;
+    let loose = far + (far - near);
+    let gates = format!(
+        "[[gate]]\nmetric = \"delta_nll_mean\"\nmax = {c}\nmodels = [\"!far\"]\n\
+         [[gate]]\nmetric = \"delta_nll_mean\"\nmax = {c}\nlevel = \"warn\"\nmodels = [\"f*\"]\n\
+         [[gate]]\nmetric = \"delta_nll_mean\"\nmax = {loose}\nmodels = [\"far\"]\n"
+    );
+    let bounds = "[decide.bounds]\ndelta_nll_mean = [-5.0, 5.0]\n";
+    for (name, decide) in [
+        ("per_model", String::new()),
+        ("per_model_seq", format!("{DECIDE}{bounds}")),
+    ] {
+        fx.case(name, &format!("{gates}{decide}"));
+        let (outs, _) = fx.run(name);
+        let (o_far, o_near) = (&outs[0], &outs[1]);
+        assert_eq!((o_far.model.as_str(), o_near.model.as_str()), ("far", "near"));
+        for o in &outs {
+            assert!(o.error.is_none(), "{name} {}: {:?}", o.model, o.error);
+            assert_eq!(o.status, Status::Pass, "{name} {}: {:?}", o.model, o.gates);
+        }
+        // near: its one gate, held.
+        assert_eq!(o_near.gates.len(), 1, "{:?}", o_near.gates);
+        assert_eq!(o_near.gates[0].threshold, c);
+        assert!(o_near.gates[0].passed);
+        assert!(!o_near.notes.iter().any(|n| n.starts_with("warning")));
+        // far: the warn gate violated, the fail gate held; a pass that warns.
+        assert_eq!(o_far.gates.len(), 2, "{:?}", o_far.gates);
+        let warn = o_far.gates.iter().find(|g| g.threshold == c).unwrap();
+        assert!(!warn.passed);
+        assert_eq!(warn.level, quantgate::core::case::Level::Warn);
+        assert!(o_far.gates.iter().any(|g| g.threshold == loose && g.passed));
+        assert!(
+            o_far.notes.iter().any(|n| n.starts_with("warning: delta_nll_mean")),
+            "{:?}",
+            o_far.notes
+        );
+        assert_eq!(o_far.end(), quantgate::TrialEnd::Pass);
+        if !decide.is_empty() {
+            // Decided early by its own gates, far from both thresholds.
+            for o in &outs {
+                assert!(o.metrics["windows"] < CHUNKS as f64, "{}: {:?}", o.model, o.metrics);
+            }
+        }
+        // The JSON says the level of a warn gate only.
+        let json = serde_json::to_value(&o_far.gates).unwrap();
+        assert_eq!(json[0].get("level").or(json[1].get("level")).unwrap(), "warn");
+        assert!(json[0].get("level").is_none() || json[1].get("level").is_none());
+        // The card: ⚠ for far, ✓ for near.
+        let views = quantgate::report::ladder::views(
+            &outs,
+            &quantgate::kinds::presentations(),
+            &|_| quantgate::report::ladder::ModelFacts::default(),
+        );
+        let md = quantgate::report::ladder::markdown(&views);
+        let row = |m: &str| {
+            md.lines()
+                .find(|l| l.starts_with(&format!("| {m} ")))
+                .unwrap_or_else(|| panic!("{m}: {md}"))
+                .to_string()
+        };
+        assert!(
+            row("far").contains(&format!("⚠ pass (2 gates); ⚠ {name}: delta_nll_mean")),
+            "{md}"
+        );
+        assert!(row("near").contains("✓ pass (1 gates)"), "{md}");
+    }
+    // A gate's models that match none of the case's, or a bad level: errors
+    // naming the key.
+    fx.case(
+        "bad_models",
+        "[[gate]]\nmetric = \"delta_nll_mean\"\nmax = 0.1\nmodels = [\"q2*\"]\nlevel = \"maybe\"\n",
+    );
+    let (_, planned) = plan(&fx.root.join("suites"), &["bad_models".to_string()], &[]).unwrap();
+    let err = planned[0].case.as_ref().err().unwrap().to_string();
+    assert!(
+        err.contains("gate[0].models: 'q2*' matches none of the case's models (near, far)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("gate[0].level: `maybe` is not one of \"fail\", \"warn\""),
+        "{err}"
+    );
+}

@@ -217,5 +217,6 @@ pub fn present() -> Option<Presentation> {
                 name: "same top token",
             },
         ],
+        reference: vec![("ppl", "ppl_ref")],
     })
 }

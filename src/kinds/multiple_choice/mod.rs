@@ -309,6 +309,7 @@ pub fn present() -> Option<Presentation> {
             hub_type: "accuracy",
             name: "MC accuracy",
         }],
+        reference: vec![],
     })
 }
 

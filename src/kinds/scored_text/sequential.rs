@@ -268,7 +268,14 @@ pub fn run_sequence(
             }
         })
     };
-    for (i, g) in case.gates.iter().enumerate() {
+    // The gates of this model (`[[gate]] models`), numbered as the case
+    // numbers them; a warn gate is decided as a fail gate is.
+    for (i, g) in case
+        .gates
+        .iter()
+        .enumerate()
+        .filter(|(_, g)| g.applies_to(&out.model))
+    {
         let Some(k) = of(&mut tracked, &g.metric) else {
             continue;
         };

@@ -80,6 +80,7 @@ pub fn present() -> Option<Presentation> {
         ],
         align: None,
         hub: vec![],
+        reference: vec![],
     })
 }
 

@@ -38,6 +38,8 @@ fn a_good_case_parses() {
             on: None,
             read: "ppl".into(),
             interval: None,
+            level: Default::default(),
+            models: Vec::new(),
         }]
     );
     assert_eq!(c.kind, "perplexity");

@@ -34,7 +34,7 @@ pub fn csv(views: &[View]) -> String {
         s.push_str(&csv_field(f));
         s.push(',');
     }
-    let _ = writeln!(s, "status,failures");
+    let _ = writeln!(s, "status,failures,warnings");
     let f = |v: Option<f64>| v.map(|x| format!("{x}")).unwrap_or_default();
     for v in views {
         for r in &v.rows {
@@ -53,8 +53,13 @@ pub fn csv(views: &[View]) -> String {
                     .filter(|(_, k)| **k)
                     .map(|(f, _)| f),
             );
-            line.push(r.status.as_str().into());
+            line.push(if r.reference {
+                "reference".into()
+            } else {
+                r.status.as_str().into()
+            });
             line.push(csv_field(&r.failures.join("; ")));
+            line.push(csv_field(&r.warnings.join("; ")));
             let _ = writeln!(s, "{}", line.join(","));
         }
     }

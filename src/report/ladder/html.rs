@@ -204,7 +204,7 @@ pub fn html(views: &[View], outcomes: &[Outcome]) -> String {
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>Quant ladder report</title>\
          <style>body{font-family:sans-serif;margin:24px;color:#222}table{border-collapse:collapse;font-size:13px}\
          th,td{border:1px solid #ccc;padding:3px 6px;text-align:right}td:first-child,th:first-child,td:last-child{text-align:left}\
-         .fail{background:#fde0dc}.error{background:#f4c7c3}figure{display:inline-block;margin:8px}</style></head><body>\n\
+         .fail{background:#fde0dc}.warn{background:#fff4ce}.error{background:#f4c7c3}figure{display:inline-block;margin:8px}</style></head><body>\n\
          <h1>Quant ladder report</h1>\n",
     );
     for v in views {
@@ -219,6 +219,7 @@ pub fn html(views: &[View], outcomes: &[Outcome]) -> String {
         );
         for r in &v.rows {
             let class = match r.status {
+                Status::Pass if !r.warnings.is_empty() => "warn",
                 Status::Pass => "pass",
                 Status::Fail => "fail",
                 Status::Error => "error",

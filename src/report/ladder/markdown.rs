@@ -22,10 +22,18 @@ pub(crate) fn head(v: &View) -> Vec<String> {
 
 /// Cells of a row, as the Markdown table shows them.
 pub(crate) fn cells(v: &View, r: &Row) -> Vec<String> {
+    // ✓ every gate held, ⚠ a warn gate was violated, ✗ a gate failed.
+    let warned = if r.warnings.is_empty() {
+        String::new()
+    } else {
+        format!("; ⚠ {}", r.warnings.join("; ⚠ "))
+    };
     let verdict = match r.status {
-        Status::Pass => format!("pass ({} gates)", r.gates),
-        Status::Fail => format!("**FAIL** {}", r.failures.join("; ")),
-        Status::Error => format!("**ERROR** {}", r.failures.join("; ")),
+        _ if r.reference => "reference".to_string(),
+        Status::Pass if r.warnings.is_empty() => format!("✓ pass ({} gates)", r.gates),
+        Status::Pass => format!("⚠ pass ({} gates){warned}", r.gates),
+        Status::Fail => format!("✗ **FAIL** {}{warned}", r.failures.join("; ")),
+        Status::Error => format!("✗ **ERROR** {}{warned}", r.failures.join("; ")),
     };
     let mut c = vec![
         r.model.clone(),

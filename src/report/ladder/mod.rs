@@ -54,11 +54,16 @@ pub struct Row {
     pub by_case: BTreeMap<String, Metrics>,
     /// `case: metric` of every failed gate, and errors.
     pub failures: Vec<String>,
+    /// Its violated warn gates (`case: metric`): reported, not failed.
+    pub warnings: Vec<String>,
     /// Gates checked.
     pub gates: usize,
     /// Every gate's metric (`delta_nll_mean`, or `delta_nll_mean.ci95_hi`),
     /// bound (`max`, `min`) and threshold: the lines the plots draw.
     pub thresholds: Vec<(String, String, f64)>,
+    /// The view's reference itself, its figures from its candidates'
+    /// outcomes (no gate of its own).
+    pub reference: bool,
 }
 
 /// One reference's ladder.
@@ -300,8 +305,10 @@ pub fn views(
                         series: BTreeMap::new(),
                         by_case: BTreeMap::new(),
                         failures: Vec::new(),
+                        warnings: Vec::new(),
                         gates: 0,
                         thresholds: Vec::new(),
+                        reference: false,
                     });
                     fold(row, o);
                 }
@@ -323,6 +330,65 @@ pub fn views(
                     .cmp(&a.facts.bytes)
                     .then_with(|| a.model.cmp(&b.model))
             });
+            // The reference as the first row (unless it ran as a candidate
+            // too): its figures as its candidates' outcomes of each case
+            // hold them (aligned, as the rows' are). A figure comes from
+            // the case the rows take theirs from (the first, in kind
+            // order, whose rows show it), or is left out: never from
+            // another case, over other windows.
+            if !rows.iter().any(|r| &r.model == reference) {
+                let mut m = Metrics::new();
+                let mut decided: Vec<&str> = Vec::new();
+                for (k, case) in kinds {
+                    let of_case: Vec<&Outcome> = outcomes
+                        .iter()
+                        .filter(|o| &o.case == case && o.reference.as_ref() == Some(reference))
+                        .collect();
+                    for (show, from) in &catalog[*k].reference {
+                        if decided.contains(show)
+                            || !of_case.iter().any(|o| o.metrics.contains_key(*show))
+                        {
+                            continue;
+                        }
+                        decided.push(show);
+                        let values: Vec<f64> = of_case
+                            .iter()
+                            .filter_map(|o| o.metrics.get(*from).copied())
+                            .collect();
+                        // Every candidate of the case holds the same value
+                        // (the same windows); one that differs says the
+                        // figure is not the reference's alone.
+                        if let Some(v) = values.first() {
+                            if values.iter().all(|x| x.to_bits() == v.to_bits()) {
+                                m.insert(show.to_string(), *v);
+                            }
+                        }
+                    }
+                }
+                for o in beside.iter().filter(|o| &o.model == reference) {
+                    for (k, v) in &o.metrics {
+                        m.entry(k.clone()).or_insert(*v);
+                    }
+                }
+                if !m.is_empty() {
+                    rows.insert(
+                        0,
+                        Row {
+                            model: reference.clone(),
+                            facts: facts(reference),
+                            status: Status::Pass,
+                            metrics: m,
+                            series: BTreeMap::new(),
+                            by_case: BTreeMap::new(),
+                            failures: Vec::new(),
+                            warnings: Vec::new(),
+                            gates: 0,
+                            thresholds: Vec::new(),
+                            reference: true,
+                        },
+                    );
+                }
+            }
             // An optional column only where some row has its metrics.
             let has = |r: &Row, c: &ViewColumn| {
                 let m = match &c.case {
@@ -410,7 +476,12 @@ fn fold(row: &mut Row, o: &Outcome) {
         }
     }
     for g in o.gates.iter().filter(|g| !g.passed) {
-        row.failures.push(format!("{}: {}", o.case, g.metric));
+        let named = format!("{}: {}", o.case, g.metric);
+        if g.level.is_fail() {
+            row.failures.push(named);
+        } else {
+            row.warnings.push(named);
+        }
     }
     match o.status {
         Status::Error => {

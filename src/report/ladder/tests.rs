@@ -39,6 +39,7 @@ fn one_view_per_reference_sorted_by_size() {
         passed: false,
         interval: None,
         sequence: None,
+        level: Default::default(),
     });
     let swing = |p: f64| (p / (1.0 - p)).ln();
     let k = outcome(
@@ -375,9 +376,68 @@ fn a_card_shows_ppl_on_the_windows_every_row_decoded() {
     assert!(md.contains(&format!("{:.4}", 3.2f64.exp())), "{md}");
     // ΔNLL is each row's own.
     assert!(md.contains("| 0.0110 |"), "{md}");
+    // The reference is the first row, its PPL over the same windows (from
+    // its candidates' outcomes), marked as the reference, no gate.
+    let first = md
+        .lines()
+        .find(|l| l.starts_with("| ") && !l.starts_with("| model"))
+        .unwrap();
+    assert!(first.starts_with("| f16 "), "{md}");
+    assert!(first.contains(&format!("{:.4}", 3.0f64.exp())), "{first}");
+    assert!(first.ends_with("| reference |"), "{first}");
+    let csv = csv(&views);
+    assert!(csv.lines().nth(1).unwrap().contains(",reference,"), "{csv}");
     // Only the kinds that ran have columns (no column of dashes for MC,
     // KLD or speed), and their legends only.
     for absent in ["KLD mean", "MC accuracy", "pp t/s", "McNemar"] {
         assert!(!md.contains(absent), "{absent}: {md}");
     }
+}
+
+/// The reference row's PPL comes from the case its candidates' rows take
+/// theirs from, or is left out: when that case's reference figure cannot
+/// be said (a sequential case whose reference series are missing), the
+/// row shows none, never the PPL of another case over other windows (the
+/// bug CI's model-card test caught in 4f29954).
+#[test]
+fn the_reference_row_never_takes_a_figure_from_another_case() {
+    let ppl = outcome(
+        "ppl/x",
+        "q8",
+        &[("ppl", 20.0), ("ppl_se", 0.1), ("delta_nll_mean", 0.01)],
+    );
+    let kld = outcome(
+        "kld/x",
+        "q8",
+        &[("ppl", 19.0), ("ppl_ref", 18.5), ("kld_mean", 0.01)],
+    );
+    let views = views_of(&[ppl.clone(), kld.clone()]);
+    let no_ppl = |views: &[View]| {
+        views[0]
+            .rows
+            .iter()
+            .find(|r| r.reference)
+            .is_none_or(|r| !r.metrics.contains_key("ppl"))
+    };
+    assert!(no_ppl(&views), "{:?}", views[0].rows);
+    // With the perplexity case's own reference figure, the row shows it.
+    let mut with = ppl;
+    with.metrics.insert("ppl_ref".into(), 17.25);
+    let views = views_of(&[with, kld]);
+    let reference = views[0].rows.iter().find(|r| r.reference).unwrap();
+    assert_eq!(reference.metrics["ppl"], 17.25);
+    // Candidates of one case that disagree on the reference's figure
+    // (other windows): none shown.
+    let mut a = outcome("ppl/x", "q8", &[("ppl", 20.0), ("ppl_ref", 17.0)]);
+    let mut b = outcome("ppl/x", "q4", &[("ppl", 21.0), ("ppl_ref", 17.5)]);
+    a.status = Status::Pass;
+    b.status = Status::Pass;
+    let views = views_of(&[a, b]);
+    assert!(no_ppl(&views), "{:?}", views[0].rows);
+}
+
+fn views_of(outcomes: &[Outcome]) -> Vec<View> {
+    views(outcomes, &crate::kinds::presentations(), &|_| {
+        ModelFacts::default()
+    })
 }
