@@ -228,8 +228,10 @@ def main():
                         for art in sorted(artifacts.iterdir()):
                             if fnmatch.fnmatch(art.name, with_["pattern"]):
                                 shutil.copytree(art, into / art.name, dirs_exist_ok=True)
-                elif uses.startswith(("Swatinem/rust-cache@", "taiki-e/install-action@")):
-                    # Runner set-up: this machine's cargo cache and nextest.
+                elif uses.startswith(("Swatinem/rust-cache@", "taiki-e/install-action@",
+                                      "actions/setup-python@", "actions/cache@")):
+                    # Runner set-up: this machine's cargo cache, nextest, Python
+                    # and the Hub's cache.
                     say(f"{label}: {title}: runner set-up, not run here")
                     continue
                 elif uses.startswith("marocchino/sticky-pull-request-comment@"):

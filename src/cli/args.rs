@@ -119,6 +119,21 @@ pub enum ModelsAction {
     Pin {
         /// Files or globs (default: every file the lock pins).
         paths: Vec<String>,
+        /// Where the files are published on the Hugging Face Hub:
+        /// `ORG/NAME@COMMIT` (each file by its own name there). The lock
+        /// then pins the revision with the sha256, and `models download`
+        /// puts the files in place on a machine that lacks them.
+        #[arg(long, value_name = "ORG/NAME@COMMIT")]
+        hub: Option<String>,
+    },
+    /// Put the lock's files that are published on the Hub (`models pin
+    /// --hub`) in place: each missing file downloaded at its pinned commit
+    /// by the Hub's own client (Python's huggingface_hub) and verified
+    /// against the lock's bytes and sha256 before it is written; a file in
+    /// place verified. Exit 2 when a file differs from the lock.
+    Download {
+        /// Aliases (default: every lock entry with a Hub source).
+        aliases: Vec<String>,
     },
 }
 
@@ -244,6 +259,12 @@ pub struct InitArgs {
     /// knows its repository, else `path`.
     #[arg(long, value_name = "git|version|path|TABLE")]
     pub dependency: Option<String>,
+    /// Where the GGUF files are published on the Hugging Face Hub,
+    /// `ORG/NAME@COMMIT`: the lock pins that commit with each file's
+    /// sha256, and the workflow downloads the files from there (cached)
+    /// instead of taking them from the repository by Git LFS.
+    #[arg(long, value_name = "ORG/NAME@COMMIT")]
+    pub hub: Option<String>,
 }
 
 /// The flags of `quantgate report`.

@@ -96,6 +96,9 @@ pub fn run(a: InitArgs) -> Result<Conclusion, Error> {
         )));
     }
     let dependency = Dependency::of(a.dependency.as_deref())?;
+    if let Some(spec) = &a.hub {
+        quantgate::models::hub::HubFile::of_spec(spec, "file.gguf")?;
+    }
     std::fs::create_dir_all(&a.dir)
         .map_err(|e| Error::input(format!("{}: {e}", a.dir.display())))?;
     let dir = canonical(&a.dir)?;
@@ -155,8 +158,15 @@ pub fn run(a: InitArgs) -> Result<Conclusion, Error> {
         (".config/nextest.toml", NEXTEST.as_bytes().to_vec()),
         (
             ".github/workflows/release-gates.yml",
-            workflow(&dependency).into(),
+            workflow(&dependency, a.hub.is_some()).into(),
         ),
+        // The GGUF files: tracked by Git LFS, or (published on the Hub)
+        // never committed.
+        if a.hub.is_some() {
+            (".gitignore", GITIGNORE_HUB.as_bytes().to_vec())
+        } else {
+            (".gitattributes", GITATTRIBUTES_LFS.as_bytes().to_vec())
+        },
         ("README.md", README.as_bytes().to_vec()),
         (&text_path, text),
     ]);
@@ -186,7 +196,10 @@ pub fn run(a: InitArgs) -> Result<Conclusion, Error> {
     if !pinned.contains(&reference) {
         pinned.push(reference.clone());
     }
-    local::pin(&dir.join("suites/models.toml"), &[], &pinned, false)?;
+    let aliases = local::pin(&dir.join("suites/models.toml"), &[], &pinned, false)?;
+    if let Some(spec) = &a.hub {
+        local::publish(&dir.join("suites/models.toml"), &aliases, spec)?;
+    }
     println!(
         "quantgate: wrote a release repository in {} for {} quant(s) of {}:",
         dir.display(),
@@ -313,8 +326,51 @@ impl Dependency {
 const PUBLISHED: bool = false;
 
 /// The CI workflow, installing quantgate from where the Cargo.toml takes it.
-fn workflow(dependency: &Dependency) -> String {
-    WORKFLOW.replace("__INSTALL__", &dependency.install())
+/// `.gitattributes`: GGUF files by Git LFS (GitHub refuses files over
+/// 100 MiB in plain git).
+const GITATTRIBUTES_LFS: &str = "*.gguf filter=lfs diff=lfs merge=lfs -text\n";
+/// `.gitignore` with the files on the Hub: the lock pins them.
+const GITIGNORE_HUB: &str = "# The GGUF files are published on the Hugging Face Hub and pinned in\n\
+# suites/models.lock (commit and sha256); `quantgate models download` puts\n\
+# them in place.\n*.gguf\n/target/\n";
+
+/// The huggingface_hub release the workflow's download step installs
+/// (scripts/fetch-huggingface-hub.sh pins the same one for the tests).
+const HF_HUB_VERSION: &str = "0.36.0";
+
+/// The workflow, installing quantgate from `dependency`, its jobs taking
+/// the GGUF files from Git LFS or, with `hub`, from the Hub.
+fn workflow(dependency: &Dependency, hub: bool) -> String {
+    let models = |quantgate: &str| {
+        if !hub {
+            return String::new();
+        }
+        format!(
+            "      # The GGUF files from the Hub at the commit the lock pins, each\n\
+             \x20     # verified against its sha256 (the Hub's cache kept between runs).\n\
+             \x20     - uses: actions/setup-python@v5\n\
+             \x20       with:\n\
+             \x20         python-version: \"3.12\"\n\
+             \x20     - run: pip install huggingface_hub=={HF_HUB_VERSION}\n\
+             \x20     - uses: actions/cache@v4\n\
+             \x20       with:\n\
+             \x20         path: ~/.cache/huggingface/hub\n\
+             \x20         key: hf-models-${{{{ hashFiles('suites/models.lock') }}}}\n\
+             \x20     - name: Models from the Hub, pinned by commit and sha256\n\
+             \x20       env:\n\
+             \x20         HF_TOKEN: ${{{{ secrets.HF_TOKEN }}}}\n\
+             \x20       run: {quantgate} models download\n"
+        )
+    };
+    let lfs = if hub { "" } else { "        with:\n          lfs: true\n" };
+    WORKFLOW
+        .replace("__INSTALL__", &dependency.install())
+        .replace("        __LFS__\n", lfs)
+        .replace("      __MODELS_BUILD__\n", &models("quantgate"))
+        .replace(
+            "      __MODELS_GATES__\n",
+            &models("quantgate-build/bin/quantgate"),
+        )
 }
 
 /// `p` made absolute and free of `.`/`..`, the error naming it.
@@ -406,4 +462,19 @@ The first `cargo test` writes each outcome as a pending golden under
 Afterwards a changed number fails its test with a diff, and the new outcome
 is written beside the golden as `.snap.new` to accept or reject.
 `report/report.md` is a model-card table as it is; publish it with the files.
+
+## The GGUF files on GitHub
+
+GitHub refuses files over 100 MiB. Either commit them with Git LFS
+(`.gitattributes` tracks `*.gguf`; the workflow checks out with `lfs: true`),
+or publish them on the Hugging Face Hub and pin them there:
+
+```sh
+quantgate models pin --hub ORG/NAME@COMMIT out/*.gguf   # or: quantgate init --hub ORG/NAME@COMMIT
+quantgate models download                               # what CI runs: each file at that commit, sha256-checked
+```
+
+The lock (`suites/models.lock`) then holds each file's repository, commit and
+sha256; a download that differs from it is refused (exit 2) and never written.
+A private repository needs the secret `HF_TOKEN`.
 ";

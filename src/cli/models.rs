@@ -14,7 +14,8 @@ pub fn run(ctx: &Ctx, a: ModelsArgs) -> Result<Conclusion, Error> {
             list(ctx, &registry);
             Ok(Conclusion::Pass)
         }
-        Some(ModelsAction::Pin { paths }) => pin(ctx, &registry, &paths),
+        Some(ModelsAction::Pin { paths, hub }) => pin(ctx, &registry, &paths, hub.as_deref()),
+        Some(ModelsAction::Download { aliases }) => download(ctx, &aliases),
         Some(ModelsAction::Fetch { aliases }) => Ok(fetch(ctx, &registry, aliases)),
     }
 }
@@ -71,8 +72,63 @@ fn list(ctx: &Ctx, registry: &Registry) {
     }
 }
 
-/// Pin `paths` (default: every file the lock pins, again).
-fn pin(ctx: &Ctx, registry: &Registry, paths: &[String]) -> Result<Conclusion, Error> {
+/// Put the lock's Hub-published files in place (`aliases`, default all
+/// with a Hub source), verified; each failure said, the rest go on.
+fn download(ctx: &Ctx, aliases: &[String]) -> Result<Conclusion, Error> {
+    let lock = local::Lock::beside(&ctx.registry_file())?;
+    let chosen: Vec<(&String, &local::Pinned)> = if aliases.is_empty() {
+        lock.entries.iter().filter(|(_, p)| p.hub.is_some()).collect()
+    } else {
+        aliases
+            .iter()
+            .map(|a| {
+                lock.entries.get_key_value(a).ok_or_else(|| {
+                    Error::input(format!("`{a}`: not pinned in {}", lock.path.display()))
+                })
+            })
+            .collect::<Result<_, Error>>()?
+    };
+    if chosen.is_empty() {
+        return Err(Error::input(format!(
+            "{}: no entry names a Hub source (pin files with `quantgate models pin --hub              ORG/NAME@COMMIT PATHS`)",
+            lock.path.display()
+        )));
+    }
+    let mut end = Conclusion::Pass;
+    for (alias, p) in chosen {
+        match quantgate::models::hub::download(&ctx.config.python, alias, p) {
+            Ok(d) => {
+                let what = match d {
+                    quantgate::models::hub::Downloaded::Present => "in place".to_string(),
+                    quantgate::models::hub::Downloaded::Written(f) => {
+                        format!("downloaded {} file(s)", f.len())
+                    }
+                };
+                println!(
+                    "{alias:<24} ok {} {} bytes {} ({what})",
+                    p.sha256,
+                    p.bytes,
+                    p.path.display()
+                );
+            }
+            Err(e) => end = end.max(said(&e)),
+        }
+    }
+    Ok(end)
+}
+
+/// Pin `paths` (default: every file the lock pins, again), published at
+/// `hub` when given.
+fn pin(
+    ctx: &Ctx,
+    registry: &Registry,
+    paths: &[String],
+    hub: Option<&str>,
+) -> Result<Conclusion, Error> {
+    // A bad spec is refused before anything is pinned.
+    if let Some(spec) = hub {
+        quantgate::models::hub::HubFile::of_spec(spec, "file.gguf")?;
+    }
     let registry_file = ctx.registry_file();
     let files = if paths.is_empty() {
         let l = local::Lock::beside(&registry_file)?;
@@ -84,14 +140,20 @@ fn pin(ctx: &Ctx, registry: &Registry, paths: &[String]) -> Result<Conclusion, E
         })?
     };
     let aliases = local::pin(&registry_file, &registry.own_aliases(), &files, true)?;
+    if let Some(spec) = hub {
+        local::publish(&registry_file, &aliases, spec)?;
+    }
     let lock = local::Lock::beside(&registry_file);
     for (a, f) in aliases.iter().zip(&files) {
         let p = lock.as_ref().ok().and_then(|l| l.entries.get(a));
         println!(
-            "{a:<24} {} {} bytes {}",
+            "{a:<24} {} {} bytes {}{}",
             p.map(|p| p.sha256.as_str()).unwrap_or("-"),
             p.map(|p| p.bytes).unwrap_or(0),
-            f.display()
+            f.display(),
+            p.and_then(|p| p.hub.as_ref())
+                .map(|h| format!(" (hub {} {})", h.at(), h.file))
+                .unwrap_or_default()
         );
     }
     Ok(Conclusion::Pass)

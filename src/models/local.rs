@@ -44,6 +44,10 @@ pub struct Pinned {
     /// Every part of a split file, in order (empty for a single file).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub parts: Vec<Part>,
+    /// Where the file is published on the Hugging Face Hub, at a commit
+    /// (`quantgate models download` puts it in place from there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hub: Option<crate::models::hub::HubFile>,
 }
 
 /// One part of a split GGUF.
@@ -147,6 +151,11 @@ impl Lock {
                         f.2,
                         f.0.display()
                     )));
+                }
+            }
+            if let Some(h) = &p.hub {
+                for why in h.problems() {
+                    errors.push(Error::input(format!("{at}.hub: {why}")));
                 }
             }
             if !p.parts.is_empty() {
@@ -446,6 +455,7 @@ fn hash_parts(path: &Path) -> Result<Pinned> {
     }
     bar.finish_and_clear();
     Ok(Pinned {
+        hub: None,
         path: path.to_path_buf(),
         bytes,
         sha256: fsutil::hex(&total.finalize()),
@@ -455,6 +465,26 @@ fn hash_parts(path: &Path) -> Result<Pinned> {
             Vec::new()
         },
     })
+}
+
+/// Record in the lock beside `registry` that the files of `aliases` are
+/// published at `spec` (`ORG/NAME@REVISION`), each as its file name there.
+pub fn publish(registry: &Path, aliases: &[String], spec: &str) -> Result<()> {
+    let lock_path = registry.parent().unwrap_or(Path::new(".")).join(LOCK_FILE);
+    let _guard = lock_guard(&lock_path)?;
+    let mut lock = Lock::load(&lock_path)?;
+    for a in aliases {
+        let p = lock.entries.get_mut(a).ok_or_else(|| {
+            Error::input(format!("`{a}`: not pinned in {}", lock_path.display()))
+        })?;
+        let name = p
+            .path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        p.hub = Some(crate::models::hub::HubFile::of_spec(spec, &name)?);
+    }
+    lock.write()
 }
 
 /// Pin `files` (canonical model paths, from [`expand`]) in the lock beside
@@ -528,7 +558,9 @@ pub fn pin(
                 for part in crate::models::gguf::gguf_parts(f) {
                     crate::models::gguf::header_structure(&part)?;
                 }
-                let new = measured(f, repin)?;
+                let mut new = measured(f, repin)?;
+                // Where it is published stays with the alias.
+                new.hub = old.and_then(|o| o.hub.clone());
                 if let Some(o) = old {
                     if *o != new {
                         crate::core::progress::say!(

@@ -8,6 +8,7 @@
 
 mod fetch;
 pub mod gguf;
+pub mod hub;
 pub mod inspect;
 pub mod local;
 
@@ -525,6 +526,7 @@ fn verify_pinned(alias: &str, entry: &ModelEntry, lock: &Path, path: &Path) -> R
         bytes: entry.bytes.unwrap_or(0),
         sha256: entry.sha256.clone().unwrap_or_default(),
         parts: entry.parts.clone(),
+        hub: None,
     };
     let (was, is) = (pinned.files(), now.files());
     if was.len() != is.len() {

