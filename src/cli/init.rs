@@ -330,7 +330,8 @@ const PUBLISHED: bool = false;
 /// 100 MiB in plain git).
 const GITATTRIBUTES_LFS: &str = "*.gguf filter=lfs diff=lfs merge=lfs -text\n";
 /// `.gitignore` with the files on the Hub: the lock pins them.
-const GITIGNORE_HUB: &str = "# The GGUF files are published on the Hugging Face Hub and pinned in\n\
+const GITIGNORE_HUB: &str =
+    "# The GGUF files are published on the Hugging Face Hub and pinned in\n\
 # suites/models.lock (commit and sha256); `quantgate models download` puts\n\
 # them in place.\n*.gguf\n/target/\n";
 
@@ -362,7 +363,11 @@ fn workflow(dependency: &Dependency, hub: bool) -> String {
              \x20       run: {quantgate} models download\n"
         )
     };
-    let lfs = if hub { "" } else { "        with:\n          lfs: true\n" };
+    let lfs = if hub {
+        ""
+    } else {
+        "        with:\n          lfs: true\n"
+    };
     WORKFLOW
         .replace("__INSTALL__", &dependency.install())
         .replace("        __LFS__\n", lfs)

@@ -77,7 +77,10 @@ fn list(ctx: &Ctx, registry: &Registry) {
 fn download(ctx: &Ctx, aliases: &[String]) -> Result<Conclusion, Error> {
     let lock = local::Lock::beside(&ctx.registry_file())?;
     let chosen: Vec<(&String, &local::Pinned)> = if aliases.is_empty() {
-        lock.entries.iter().filter(|(_, p)| p.hub.is_some()).collect()
+        lock.entries
+            .iter()
+            .filter(|(_, p)| p.hub.is_some())
+            .collect()
     } else {
         aliases
             .iter()

@@ -136,23 +136,37 @@ pub fn run(ctx: &Ctx, a: RunArgs) -> Result<Conclusion, Error> {
         ..Job::default()
     };
     let mut write_failed = false;
+    // On a terminal, one board: tests done of all with an ETA, and a bar per
+    // decode in flight (workers' included); else a line per group.
+    let board = quantgate::core::progress::board_open(planned.len() as u64);
     let (outcomes, reference_work) = schedule.run(
         &planned,
         jobs.max(1),
         &job,
         &goldens,
-        &mut |names, provides| match names {
-            [] => eprintln!("quantgate: reference work for {provides} trials"),
-            [one] => eprintln!("quantgate: running {one}"),
-            _ => eprintln!("quantgate: running {} (one decode)", names.join(", ")),
+        &mut |names, provides| {
+            let line = match names {
+                [] => format!("reference work for {provides} trials"),
+                [one] => one.to_string(),
+                _ => format!("{} (one decode)", names.join(", ")),
+            };
+            if board {
+                quantgate::core::progress::board_tick(0, Some(&line));
+            } else if names.is_empty() {
+                eprintln!("quantgate: {line}");
+            } else {
+                eprintln!("quantgate: running {line}");
+            }
         },
         &mut |_, _, unwritten| {
+            quantgate::core::progress::board_tick(1, None);
             for e in unwritten {
-                eprintln!("error: {e}");
+                quantgate::core::progress::line_out(&format!("error: {e}"));
                 write_failed = true;
             }
         },
     );
+    quantgate::core::progress::board_close();
     drop(schedule);
     print!("{}", report::table(&outcomes));
     if let Some(dir) = &report_dir {

@@ -402,8 +402,7 @@ impl Gate {
             .iter()
             .map(String::as_str)
             .partition(|g| g.starts_with('!'));
-        (any.is_empty() || any.iter().any(|g| matches(g)))
-            && !out.iter().any(|g| matches(&g[1..]))
+        (any.is_empty() || any.iter().any(|g| matches(g))) && !out.iter().any(|g| matches(&g[1..]))
     }
 
     /// The metric whose value is gated: `metric`, or with `on = "ci95_hi"`

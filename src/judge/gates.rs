@@ -184,6 +184,9 @@ mod tests {
         assert!(judge(std::slice::from_ref(&but_q2), "smollm2-q2_k", &m).is_empty());
         assert_eq!(judge(&[but_q2], "smollm2-q4_k_m", &m).len(), 1);
         // A gate naming no model applies to every one.
-        assert_eq!(judge(&[gate("kld_mean", Some(1.0), None)], "x", &m).len(), 1);
+        assert_eq!(
+            judge(&[gate("kld_mean", Some(1.0), None)], "x", &m).len(),
+            1
+        );
     }
 }

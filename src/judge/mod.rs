@@ -50,7 +50,12 @@ pub fn rejudge(parsed: &crate::kinds::Parsed, out: &mut Outcome) {
             out.headline
                 .push(format!("{}s_total", parsed.kind.sequential_unit()));
         }
-        for g in parsed.case.gates.iter().filter(|g| g.applies_to(&out.model)) {
+        for g in parsed
+            .case
+            .gates
+            .iter()
+            .filter(|g| g.applies_to(&out.model))
+        {
             let m = g.gated_metric();
             if !out.headline.contains(&m) {
                 out.headline.push(m);

@@ -295,11 +295,18 @@ impl Kind for Speed {
         m.insert("repetitions".into(), self.repetitions as f64);
         m.insert("rounds".into(), self.rounds as f64);
         let t = Instant::now();
+        let runs = tests(self).len() * self.rounds * if reference.is_some() { 2 } else { 1 };
+        let bar = crate::core::progress::bar(
+            runs as u64,
+            &format!("speed {}", model.info().file.alias),
+            "runs",
+        );
         for (name, test, tokens) in tests(self) {
             let (mut cand, mut refr): (Vec<Vec<f64>>, Vec<Vec<f64>>) = (Vec::new(), Vec::new());
             for round in 0..self.rounds {
                 let seed = round as u64;
                 let measure = |who: &dyn LoadedModel| -> Result<Vec<f64>> {
+                    bar.inc(1);
                     let s = self.settings(who, cx.threads, cx.options());
                     who.bench(&s, test, self.repetitions, self.warmup, seed)
                         .map(|t| tps(tokens, &t))

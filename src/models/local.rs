@@ -474,9 +474,10 @@ pub fn publish(registry: &Path, aliases: &[String], spec: &str) -> Result<()> {
     let _guard = lock_guard(&lock_path)?;
     let mut lock = Lock::load(&lock_path)?;
     for a in aliases {
-        let p = lock.entries.get_mut(a).ok_or_else(|| {
-            Error::input(format!("`{a}`: not pinned in {}", lock_path.display()))
-        })?;
+        let p = lock
+            .entries
+            .get_mut(a)
+            .ok_or_else(|| Error::input(format!("`{a}`: not pinned in {}", lock_path.display())))?;
         let name = p
             .path
             .file_name()

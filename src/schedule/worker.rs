@@ -177,6 +177,7 @@ pub fn serve(fallback: &Selection, engine: Arc<dyn Engine>, alias: &str) -> Exit
         Err(e) => return said(e.message),
     };
     crate::core::progress::set_parent_terminal(config.parent_terminal);
+    crate::core::progress::set_forward(config.progress_board);
 
     // The whole plan: a job may do reference work for other models' trials.
     let (registry, planned) = match selection.plan() {
@@ -336,7 +337,11 @@ impl Worker {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        if crate::core::progress::stderr_is_terminal() {
+        // A parent with a board draws the worker's bars itself (sent on
+        // the worker's stdout); else a worker on a terminal draws its own.
+        if crate::core::progress::board_is_open() {
+            cmd.env(crate::core::progress::TERMINAL_ENV, "board");
+        } else if crate::core::progress::stderr_is_terminal() {
             cmd.env(crate::core::progress::TERMINAL_ENV, "1");
         }
         let mut child = cmd
@@ -400,7 +405,9 @@ impl Worker {
             if line == DONE {
                 return Ok(());
             }
-            if let Some(json) = line.strip_prefix(WORK) {
+            if let Some(rest) = line.strip_prefix(crate::core::progress::PROGRESS) {
+                crate::core::progress::board_remote(p.child.id(), rest);
+            } else if let Some(json) = line.strip_prefix(WORK) {
                 ran.work = serde_json::from_str(json)
                     .map_err(|e| format!("unreadable worker work line `{json}`: {e}"))?;
             } else if let Some(json) = line.strip_prefix(RESULT) {

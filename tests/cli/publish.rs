@@ -835,7 +835,10 @@ fn the_lock_pins_hub_files_by_commit_and_a_download_is_verified() {
             "{lock}"
         );
     }
-    assert!(lock.contains(&quantgate::core::fsutil::sha256_bytes(&q8)), "{lock}");
+    assert!(
+        lock.contains(&quantgate::core::fsutil::sha256_bytes(&q8)),
+        "{lock}"
+    );
     // A repin of every entry keeps where they are published.
     let (code, _, stderr) = run(&["models", "pin"], &[]);
     assert_eq!(code, 0, "{stderr}");
@@ -892,11 +895,19 @@ fn the_lock_pins_hub_files_by_commit_and_a_download_is_verified() {
     ];
     let (code, stdout, stderr) = run(&["models", "download"], &env);
     assert_eq!(code, 0, "{stdout}\n{stderr}");
-    assert_eq!(stdout.matches("(downloaded 1 file(s))").count(), 2, "{stdout}");
+    assert_eq!(
+        stdout.matches("(downloaded 1 file(s))").count(),
+        2,
+        "{stdout}"
+    );
     assert_eq!(std::fs::read(root.join("lm/m-q8_0.gguf")).unwrap(), q8);
     assert_eq!(std::fs::read(root.join("lm/m-f16.gguf")).unwrap(), f16);
     let (code, stdout, _) = run(&["models", "download"], &env);
-    assert_eq!((code, stdout.matches("(in place)").count()), (0, 2), "{stdout}");
+    assert_eq!(
+        (code, stdout.matches("(in place)").count()),
+        (0, 2),
+        "{stdout}"
+    );
     // The Hub's file differs from the lock (another commit's bytes under
     // this one, a corrupted cache): refused, both hashes, nothing written.
     std::fs::remove_file(root.join("lm/m-q8_0.gguf")).unwrap();

@@ -900,3 +900,63 @@ fn the_suites_folder_is_the_flag_else_the_variable() {
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("QUANTGATE_SUITES"), "{stderr}");
 }
+
+/// On a terminal, one board draws the run: an overall bar (tests done of
+/// all, with an ETA, and what runs) and the bars of the decodes in flight,
+/// the workers' sent to it on their stdout rather than drawn over each
+/// other; the per-group lines of a log are not printed there. Off a
+/// terminal the lines stay and nothing is drawn. (util-linux's `script`
+/// gives the run a pseudo-terminal.)
+#[test]
+fn a_run_on_a_terminal_draws_one_board_with_the_workers_bars() {
+    let root = suites("board");
+    // Long enough that a worker's decode bar is drawn (a board draws at
+    // most 20 times a second).
+    for (name, n_ctx) in [("a", 256), ("b", 128)] {
+        std::fs::write(
+            root.join(format!("ppl/{name}.toml")),
+            case(n_ctx, "[[gate]]\nmetric = \"ppl\"\nmax = 1000\n")
+                .replace("chunks = 2", "chunks = 6"),
+        )
+        .unwrap();
+    }
+    let log = root.join("pty.log");
+    let cmd = format!(
+        "{} --suites {} run --threads 2 --no-cache",
+        env!("CARGO_BIN_EXE_quantgate"),
+        root.display()
+    );
+    let out = Command::new("script")
+        .args(["-qec", &cmd])
+        .arg(&log)
+        .env("COLUMNS", "160")
+        .output()
+        .expect("script (util-linux)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let drawn = String::from_utf8_lossy(&std::fs::read(&log).unwrap()).into_owned();
+    assert!(drawn.contains("/2 tests"), "no overall bar: {drawn}");
+    assert!(drawn.contains("running ppl/"), "{drawn}");
+    // A worker's decode bar, drawn by the parent's board.
+    assert!(drawn.contains("decode tiny"), "{drawn}");
+    assert!(!drawn.contains("quantgate: running"), "{drawn}");
+    assert!(
+        drawn.contains("ppl/a::tiny") && drawn.contains("ppl/b::tiny"),
+        "{drawn}"
+    );
+    // Off a terminal: the lines, no bar.
+    let (code, _, stderr) = run(&root, &["ppl/b", "--no-cache"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("quantgate: running ppl/b::tiny"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("tests") && !stderr.contains('\x1b'),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&root);
+}

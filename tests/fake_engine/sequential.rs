@@ -650,7 +650,10 @@ fn gates_per_model_and_warn_gates_decide_each_model_by_its_own() {
         fx.case(name, &format!("{gates}{decide}"));
         let (outs, _) = fx.run(name);
         let (o_far, o_near) = (&outs[0], &outs[1]);
-        assert_eq!((o_far.model.as_str(), o_near.model.as_str()), ("far", "near"));
+        assert_eq!(
+            (o_far.model.as_str(), o_near.model.as_str()),
+            ("far", "near")
+        );
         for o in &outs {
             assert!(o.error.is_none(), "{name} {}: {:?}", o.model, o.error);
             assert_eq!(o.status, Status::Pass, "{name} {}: {:?}", o.model, o.gates);
@@ -667,7 +670,10 @@ fn gates_per_model_and_warn_gates_decide_each_model_by_its_own() {
         assert_eq!(warn.level, quantgate::core::case::Level::Warn);
         assert!(o_far.gates.iter().any(|g| g.threshold == loose && g.passed));
         assert!(
-            o_far.notes.iter().any(|n| n.starts_with("warning: delta_nll_mean")),
+            o_far
+                .notes
+                .iter()
+                .any(|n| n.starts_with("warning: delta_nll_mean")),
             "{:?}",
             o_far.notes
         );
@@ -675,19 +681,26 @@ fn gates_per_model_and_warn_gates_decide_each_model_by_its_own() {
         if !decide.is_empty() {
             // Decided early by its own gates, far from both thresholds.
             for o in &outs {
-                assert!(o.metrics["windows"] < CHUNKS as f64, "{}: {:?}", o.model, o.metrics);
+                assert!(
+                    o.metrics["windows"] < CHUNKS as f64,
+                    "{}: {:?}",
+                    o.model,
+                    o.metrics
+                );
             }
         }
         // The JSON says the level of a warn gate only.
         let json = serde_json::to_value(&o_far.gates).unwrap();
-        assert_eq!(json[0].get("level").or(json[1].get("level")).unwrap(), "warn");
+        assert_eq!(
+            json[0].get("level").or(json[1].get("level")).unwrap(),
+            "warn"
+        );
         assert!(json[0].get("level").is_none() || json[1].get("level").is_none());
         // The card: ⚠ for far, ✓ for near.
-        let views = quantgate::report::ladder::views(
-            &outs,
-            &quantgate::kinds::presentations(),
-            &|_| quantgate::report::ladder::ModelFacts::default(),
-        );
+        let views =
+            quantgate::report::ladder::views(&outs, &quantgate::kinds::presentations(), &|_| {
+                quantgate::report::ladder::ModelFacts::default()
+            });
         let md = quantgate::report::ladder::markdown(&views);
         let row = |m: &str| {
             md.lines()

@@ -132,6 +132,9 @@ pub struct Config {
     /// The parent process that passes this one's stderr on draws on a
     /// terminal (progress bars are drawn for it).
     pub parent_terminal: bool,
+    /// The parent draws a board of every bar (`QUANTGATE_PROGRESS_TERMINAL=board`):
+    /// this worker sends its bars there instead of drawing them.
+    pub progress_board: bool,
     /// Running under CI: goldens are never written.
     pub ci: bool,
     /// Running under nextest (a process per test: no workers).
@@ -307,6 +310,7 @@ impl Config {
             python: get("QUANTGATE_PYTHON").unwrap_or_else(|| "python3".into()),
             llama_log: get("QUANTGATE_LLAMA_LOG").is_some(),
             parent_terminal: get(TERMINAL_ENV).is_some(),
+            progress_board: get(TERMINAL_ENV).as_deref() == Some("board"),
             ci,
             nextest: get("NEXTEST").is_some(),
         })

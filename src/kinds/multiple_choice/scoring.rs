@@ -117,8 +117,10 @@ pub fn score_winogrande_part(
     if token_batches.is_empty() {
         return Ok((scores, batches));
     }
+    let bar = tasks_bar(model, &token_batches, &which, &batches);
     model.decode_batches(settings, &token_batches, &mut |b, rows| {
         let (a, e) = batches[which[b]];
+        bar.inc((e - a) as u64);
         let mut at = 0; // the task's first row (its prefix's last token)
         for (k, p) in prepared[a..e].iter().enumerate() {
             let skip = p.seqs[0].len() - p.prefix > K_MIN_TRAILING_CTX
@@ -145,6 +147,7 @@ pub fn score_winogrande_part(
         }
         Ok(())
     })?;
+    bar.finish_and_clear();
     Ok((scores, batches))
 }
 
@@ -374,8 +377,10 @@ pub fn score_part(
     if token_batches.is_empty() {
         return Ok((scores, batches));
     }
+    let bar = tasks_bar(model, &token_batches, &which, &batches);
     model.decode_batches(settings, &token_batches, &mut |b, rows| {
         let (a, e) = batches[which[b]];
+        bar.inc((e - a) as u64);
         let mut r = 0;
         for (ti, p) in prepared[a..e].iter().enumerate() {
             let first = rows[r];
@@ -401,6 +406,7 @@ pub fn score_part(
         }
         Ok(())
     })?;
+    bar.finish_and_clear();
     Ok((scores, batches))
 }
 
@@ -476,4 +482,20 @@ pub fn margin(scores: &[f64]) -> f64 {
     let mut p = choice_probs(scores);
     p.sort_by(|a, b| b.total_cmp(a));
     p[0] - p.get(1).copied().unwrap_or(0.0)
+}
+
+/// The progress bar of a multiple-choice decode: the tasks of the batches
+/// `which` (of `batches`) on `model`.
+fn tasks_bar<T>(
+    model: &dyn LoadedModel,
+    _tokens: &[T],
+    which: &[usize],
+    batches: &[(usize, usize)],
+) -> crate::core::progress::Bar {
+    let n: usize = which.iter().map(|&w| batches[w].1 - batches[w].0).sum();
+    crate::core::progress::bar(
+        n as u64,
+        &format!("MC {}", model.info().file.alias),
+        "tasks",
+    )
 }
