@@ -43,17 +43,7 @@ pub(crate) fn pareto(v: &View, metric: &str, spread: Spread, label: &str) -> Opt
         label,
     );
     for (label, bound, threshold) in &gates {
-        let y = f.py(*threshold);
-        let op = if bound == "max" { "≤" } else { "≥" };
-        let _ = write!(
-            s,
-            "<line class=\"gate\" x1=\"{ML}\" y1=\"{y:.1}\" x2=\"{x2}\" y2=\"{y:.1}\" stroke=\"#c00\" stroke-dasharray=\"6 3\"/>\
-             <text x=\"{tx}\" y=\"{ty:.1}\" fill=\"#c00\" text-anchor=\"end\">gate {} {op} {threshold}</text>",
-            esc(label),
-            x2 = f.w - MR,
-            tx = f.w - MR - 4.0,
-            ty = y - 4.0,
-        );
+        gate_line(&mut s, &f, label, bound, *threshold, *threshold);
     }
     let mut sorted = pts.clone();
     sorted.sort_by(|a, b| a.2.total_cmp(&b.2));
@@ -139,6 +129,22 @@ pub(crate) fn per_window(
     Some(s)
 }
 
+/// A gate's threshold as a dashed red line at `y` (the threshold, or
+/// where a log scale draws it), labelled `gate <metric> ≤ <threshold>`.
+fn gate_line(s: &mut String, f: &Frame, label: &str, bound: &str, threshold: f64, y: f64) {
+    let y = f.py(y);
+    let op = if bound == "max" { "≤" } else { "≥" };
+    let _ = write!(
+        s,
+        "<line class=\"gate\" x1=\"{ML}\" y1=\"{y:.1}\" x2=\"{x2}\" y2=\"{y:.1}\" stroke=\"#c00\" stroke-dasharray=\"6 3\"/>\
+         <text x=\"{tx}\" y=\"{ty:.1}\" fill=\"#c00\" text-anchor=\"end\">gate {} {op} {threshold}</text>",
+        esc(label),
+        x2 = f.w - MR,
+        tx = f.w - MR - 4.0,
+        ty = y - 4.0,
+    );
+}
+
 /// A distribution per model from its nine quantiles (p01, p05, p10,
 /// median, p90, p95, p99, p99.9, max): a box from p10 to p90 with the
 /// median, whiskers to p01 and p99, and marks at p99.9 and the maximum; log
@@ -165,11 +171,22 @@ pub(crate) fn quantiles(
     if rows.is_empty() {
         return None;
     }
-    let ys: Vec<f64> = rows.iter().flat_map(|r| r.2.iter().copied()).collect();
+    // The gates on a quantile (kld_p99 ≤ 0.5): a line each, in range.
+    let mut gates: Vec<(String, String, f64)> = Vec::new();
+    for t in v.rows.iter().flat_map(|r| &r.thresholds) {
+        if q.contains(&t.0.as_str()) && t.2.is_finite() && !gates.contains(t) {
+            gates.push(t.clone());
+        }
+    }
+    let mut ys: Vec<f64> = rows.iter().flat_map(|r| r.2.iter().copied()).collect();
+    ys.extend(gates.iter().map(|g| g.2.max(floor)));
     let mut f = Frame::new(&[-0.5, rows.len() as f64 - 0.5], &ys, true);
     f.x = (-0.5, rows.len() as f64 - 0.5);
     f.xticks = XTicks::None;
-    let mut s = f.open(title, "", ylabel);
+    let mut s = f.open(title, "model", ylabel);
+    for (label, bound, threshold) in &gates {
+        gate_line(&mut s, &f, label, bound, *threshold, threshold.max(floor));
+    }
     for (slot, (i, r, q)) in rows.iter().enumerate() {
         let c = PALETTE[i % PALETTE.len()];
         let x = f.px(slot as f64);

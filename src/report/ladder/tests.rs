@@ -441,3 +441,50 @@ fn views_of(outcomes: &[Outcome]) -> Vec<View> {
         ModelFacts::default()
     })
 }
+
+/// The KL distribution draws the gate on a quantile (kld_p99 ≤ 0.5) as a
+/// line, as the frontier draws the gate on the mean; both plots label
+/// their axes.
+#[test]
+fn the_kl_distribution_draws_the_gate_on_its_p99() {
+    let q = [
+        "kld_p01",
+        "kld_p05",
+        "kld_p10",
+        "kld_median",
+        "kld_p90",
+        "kld_p95",
+        "kld_p99",
+        "kld_p999",
+        "kld_max",
+    ];
+    let mut m: Vec<(&str, f64)> = q
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (*k, 1e-4 * (i + 1) as f64))
+        .collect();
+    m.push(("kld_mean", 0.01));
+    m.push(("kld_mean_se", 0.001));
+    let mut o = outcome("kld/x", "q4", &m);
+    for (metric, t) in [("kld_p99", 0.5), ("kld_mean", 0.1)] {
+        o.gates.push(GateResult {
+            metric: metric.into(),
+            bound: "max".into(),
+            threshold: t,
+            observed: Some(0.01),
+            passed: true,
+            interval: None,
+            sequence: None,
+            level: Default::default(),
+        });
+    }
+    let facts = |_: &str| ModelFacts {
+        bytes: Some(100),
+        bpw: Some(4.5),
+    };
+    let vs = views(&[o], &crate::kinds::presentations(), &facts);
+    let html = html(&vs, &[]);
+    assert_eq!(html.matches("gate kld_p99 ≤ 0.5<").count(), 1, "{html}");
+    assert_eq!(html.matches("gate kld_mean ≤ 0.1<").count(), 1, "{html}");
+    assert!(html.contains(">KL (nats), log scale<") && html.contains(">bits per weight<"));
+}
