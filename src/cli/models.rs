@@ -99,11 +99,11 @@ fn download(ctx: &Ctx, aliases: &[String]) -> Result<Conclusion, Error> {
     }
     let mut end = Conclusion::Pass;
     for (alias, p) in chosen {
-        match quantgate::models::hub::download(&ctx.config.python, alias, p) {
+        match quantgate::models::download::download(&ctx.config.python, alias, p) {
             Ok(d) => {
                 let what = match d {
-                    quantgate::models::hub::Downloaded::Present => "in place".to_string(),
-                    quantgate::models::hub::Downloaded::Written(f) => {
+                    quantgate::models::download::Downloaded::Present => "in place".to_string(),
+                    quantgate::models::download::Downloaded::Written(f) => {
                         format!("downloaded {} file(s)", f.len())
                     }
                 };

