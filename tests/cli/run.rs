@@ -911,7 +911,8 @@ fn the_suites_folder_is_the_flag_else_the_variable() {
 fn a_run_on_a_terminal_draws_one_board_with_the_workers_bars() {
     let root = suites("board");
     // Long enough that a worker's decode bar is drawn (a board draws at
-    // most 20 times a second).
+    // most 20 times a second), and decoded: a cache of its own, as the
+    // scores of these windows, kept by another run, are not decoded again.
     for (name, n_ctx) in [("a", 256), ("b", 128)] {
         std::fs::write(
             root.join(format!("ppl/{name}.toml")),
@@ -930,6 +931,7 @@ fn a_run_on_a_terminal_draws_one_board_with_the_workers_bars() {
         .args(["-qec", &cmd])
         .arg(&log)
         .env("COLUMNS", "160")
+        .env("QUANTGATE_CACHE", root.join("cache"))
         .output()
         .expect("script (util-linux)");
     assert!(
