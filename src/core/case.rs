@@ -179,6 +179,27 @@ pub struct Metric {
     /// `[tolerance]` for the metric overrides it); None: the case's
     /// default.
     pub tolerance: Option<(Tolerance, &'static str)>,
+    /// What a reader calls it (`KLD mean`): the model card's gates and the
+    /// book say this; None: its name.
+    pub label: Option<&'static str>,
+    /// Its unit (`nats/token`, `t/s`); None: a count, a ratio or a
+    /// fraction.
+    pub unit: Option<&'static str>,
+}
+
+/// What a reader calls a kind's metrics, as the kind declares it ([`Metric::label`],
+/// [`Metric::unit`]): (metric, label, unit or "").
+pub type About = &'static [(&'static str, &'static str, &'static str)];
+
+/// `metrics` with the labels and units `about` declares.
+pub fn with_about(mut metrics: Vec<Metric>, about: About) -> Vec<Metric> {
+    for m in &mut metrics {
+        if let Some((_, label, unit)) = about.iter().find(|(n, _, _)| *n == m.name) {
+            m.label = Some(label);
+            m.unit = (!unit.is_empty()).then_some(*unit);
+        }
+    }
+    metrics
 }
 
 /// An interval a metric carries, declared by its kind.
@@ -202,6 +223,8 @@ impl Metric {
             ty,
             intervals: Vec::new(),
             tolerance: None,
+            label: None,
+            unit: None,
         }
     }
 
@@ -368,6 +391,9 @@ pub struct Gate {
     /// glob led by `!` leaves out what it matches); empty: every model of
     /// the case.
     pub models: Vec<String>,
+    /// What a reader calls its metric and the metric's unit, as the kind
+    /// declares them ([`Metric::label`]); None: the metric's name.
+    pub about: Option<(&'static str, Option<&'static str>)>,
 }
 
 /// What a gate's violation does (`[[gate]] level`).
@@ -409,5 +435,35 @@ impl Gate {
     /// the bound of the interval its kind declared (`read`).
     pub fn gated_metric(&self) -> String {
         self.read.clone()
+    }
+
+    /// The gate as a reader says it, with the kind's plain name for its
+    /// metric, for the bound `bound` (`max`, `min`) at `threshold`:
+    /// `KLD mean ≤ 0.1 nats`, `ΔNLL ≤ 0.05 nats/token (decided sequentially)`,
+    /// `same top, Wilson 95% lower bound ≥ 0.9`.
+    pub fn title(&self, bound: &str, threshold: f64) -> String {
+        let (label, unit) = match self.about {
+            Some((label, unit)) => (label.to_string(), unit),
+            None => (self.metric.clone(), None),
+        };
+        let op = if bound == "max" { "≤" } else { "≥" };
+        let unit = unit.map_or(String::new(), |u| format!(" {u}"));
+        let side = |s: &str| match s {
+            "lo" => "lower bound",
+            _ => "upper bound",
+        };
+        match self.on.as_deref().and_then(|on| on.rsplit_once('_')) {
+            None => format!("{label} {op} {threshold}{unit}"),
+            Some(("seq", _)) => format!("{label} {op} {threshold}{unit} (decided sequentially)"),
+            Some((interval, s)) => {
+                let name = match interval {
+                    "ci95" => "95% CI",
+                    "boot95" => "bootstrap 95%",
+                    "wilson95" => "Wilson 95%",
+                    other => other,
+                };
+                format!("{label}, {name} {} {op} {threshold}{unit}", side(s))
+            }
+        }
     }
 }

@@ -64,6 +64,73 @@ pub fn describe_from(cpuinfo: &str, meminfo: &str, host: &str, cpus: usize) -> O
     ))
 }
 
+/// A machine line ([`describe`], with the engine's ` | devices …` after
+/// it) as a reader wants it beside a speed figure: the processor's model
+/// name, the CPUs, the memory, and the GPUs among the devices (`no GPU`
+/// when every device is a CPU); the host name and the processor's
+/// identifying numbers are left out (they key results, they tell a reader
+/// nothing).
+pub fn plain(line: &str) -> String {
+    let mut cpu: Option<String> = None;
+    let mut cpu_fallback: Vec<String> = Vec::new();
+    let mut parts: Vec<String> = Vec::new();
+    let mut gpus: Option<Vec<String>> = None;
+    for field in line.split(" | ") {
+        if let Some(model) = field.strip_prefix("cpu ") {
+            for item in model.split(", ") {
+                match item.split_once('=') {
+                    Some(("model name", v)) => cpu = Some(v.to_string()),
+                    Some(("CPU implementer" | "CPU part" | "Hardware", v)) => {
+                        cpu_fallback.push(v.to_string())
+                    }
+                    _ => {}
+                }
+            }
+        } else if let Some(n) = field.strip_suffix(" cpus") {
+            parts.push(format!("{n} CPUs"));
+        } else if field.ends_with(" GiB") {
+            parts.push(format!("{field} RAM"));
+        } else if let Some(devices) = field.strip_prefix("devices ") {
+            // `name (description, bytes B)`, `; `-separated.
+            gpus = Some(
+                devices
+                    .split("; ")
+                    .filter(|d| !d.is_empty() && !d.starts_with("CPU"))
+                    .map(|d| match d.split_once(" (") {
+                        Some((_, rest)) => {
+                            let rest = rest.trim_end_matches(')');
+                            match rest.rsplit_once(", ") {
+                                Some((what, bytes)) => {
+                                    let gib = bytes
+                                        .trim_end_matches(" B")
+                                        .parse::<f64>()
+                                        .map(|b| format!(" ({:.0} GiB)", b / (1u64 << 30) as f64))
+                                        .unwrap_or_default();
+                                    format!("{what}{gib}")
+                                }
+                                None => rest.to_string(),
+                            }
+                        }
+                        None => d.to_string(),
+                    })
+                    .collect(),
+            );
+        }
+    }
+    let cpu = cpu.unwrap_or_else(|| match cpu_fallback.is_empty() {
+        true => "an unnamed CPU".into(),
+        false => format!("CPU {}", cpu_fallback.join(" ")),
+    });
+    let mut out = vec![cpu];
+    out.extend(parts);
+    match gpus {
+        Some(g) if g.is_empty() => out.push("no GPU".into()),
+        Some(g) => out.push(format!("GPU {}", g.join(", "))),
+        None => {}
+    }
+    out.join(", ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,6 +170,28 @@ mod tests {
         assert_eq!(
             describe_from("processor : 0\nbogomips : 1\n", MEM, "a", 2),
             None
+        );
+    }
+
+    /// A reader sees the processor's name, CPUs, memory and GPUs, not the
+    /// identifying numbers or the host.
+    #[test]
+    fn a_machine_line_reads_plainly() {
+        let line = describe_from(X86, MEM, "ci-1", 2).unwrap();
+        assert_eq!(
+            plain(&format!("{line} | devices CPU (Intel Xeon, 25276194816 B)")),
+            "Intel(R) Xeon(R) Platinum 8259CL CPU @ 2.50GHz, 2 CPUs, 23 GiB RAM, no GPU"
+        );
+        assert_eq!(
+            plain(&format!(
+                "{line} | devices CUDA0 (NVIDIA H100 80GB HBM3, 85045870592 B); CPU (Intel Xeon, 1 B)"
+            )),
+            "Intel(R) Xeon(R) Platinum 8259CL CPU @ 2.50GHz, 2 CPUs, 23 GiB RAM, GPU NVIDIA H100 \
+             80GB HBM3 (79 GiB)"
+        );
+        assert_eq!(
+            plain(&line),
+            "Intel(R) Xeon(R) Platinum 8259CL CPU @ 2.50GHz, 2 CPUs, 23 GiB RAM"
         );
     }
 }

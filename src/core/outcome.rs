@@ -78,9 +78,23 @@ pub struct GateResult {
     /// warn.
     #[serde(default, skip_serializing_if = "crate::core::case::Level::is_fail")]
     pub level: crate::core::case::Level,
+    /// The gate as a reader says it, in the kind's plain words
+    /// ([`crate::core::case::Gate::title`]): `KLD mean ≤ 0.1 nats`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub title: String,
 }
 
 impl GateResult {
+    /// The gate in a reader's words: its [`GateResult::title`], or, for a
+    /// result read back from before titles, `metric ≤ threshold`.
+    pub fn rule(&self) -> String {
+        if !self.title.is_empty() {
+            return self.title.clone();
+        }
+        let op = if self.bound == "max" { "≤" } else { "≥" };
+        format!("{} {op} {}", self.metric, self.threshold)
+    }
+
     /// One line for a failure message.
     pub fn describe(&self) -> String {
         let op = if self.bound == "max" { "≤" } else { "≥" };
@@ -278,6 +292,10 @@ pub struct Outcome {
     /// ΔNLL: `delta_nll_per_window`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub series: BTreeMap<String, Vec<f64>>,
+    /// The pinned files the case reads (its text, token ids or tasks):
+    /// (file name, sha256), so a report says what was measured.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub data: Vec<(String, String)>,
     /// Engine settings.
     pub settings: Option<Settings>,
     /// The machine a measurement of speed was taken on (CPU, CPUs, memory,
@@ -344,6 +362,7 @@ impl Outcome {
             reference: None,
             reference_sha256: None,
             series: BTreeMap::new(),
+            data: Vec::new(),
             settings: None,
             machine: None,
             build,

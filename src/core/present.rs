@@ -37,6 +37,11 @@ pub struct Presentation {
     /// the row shows, the metric of a candidate's outcome that holds the
     /// reference's value), e.g. `("ppl", "ppl_ref")`.
     pub reference: Vec<(&'static str, &'static str)>,
+    /// What a case of the kind counts (`windows`, `tasks`): the metric
+    /// holding how many it measured, and, for a sequential case, `<unit>_total`
+    /// how many it could have; the report says it beside the case's data.
+    /// None: it counts nothing the report names.
+    pub unit: Option<&'static str>,
 }
 
 /// A metric as a Hugging Face model card's `model-index` names it.
@@ -80,6 +85,10 @@ pub struct ReportColumn {
     /// Shown only in a view where some row has every metric its cell
     /// reads (a sequential case's columns), not as a column of dashes.
     pub optional: bool,
+    /// One of the few columns a model card's main table shows (PPL, ΔNLL,
+    /// KLD mean and p99, same top, MC accuracy, t/s); the rest are in its
+    /// details.
+    pub headline: bool,
 }
 
 impl ReportColumn {
@@ -95,12 +104,19 @@ impl ReportColumn {
             cell,
             csv,
             optional: false,
+            headline: false,
         }
     }
 
     /// The column, shown only where some row has its metrics.
     pub fn optional(mut self) -> Self {
         self.optional = true;
+        self
+    }
+
+    /// The column, in a model card's main table.
+    pub fn headline(mut self) -> Self {
+        self.headline = true;
         self
     }
 
@@ -111,6 +127,7 @@ impl ReportColumn {
             cell: Cell::Text(|_| None),
             csv: metrics.iter().map(|&m| (m, Field::Metric(m))).collect(),
             optional: false,
+            headline: false,
         }
     }
 }

@@ -48,6 +48,7 @@ pub fn judge(gates: &[Gate], alias: &str, metrics: &BTreeMap<String, f64>) -> Ve
                     .filter(|iv| iv.name == "seq")
                     .and_then(|iv| iv.windows.clone()),
                 level: g.level,
+                title: g.title(bound, threshold),
             });
         }
     }
@@ -68,6 +69,7 @@ mod tests {
             interval: None,
             level: Default::default(),
             models: Vec::new(),
+            about: None,
         }
     }
 
@@ -79,6 +81,48 @@ mod tests {
             hi: "delta_nll_ci95_hi".into(),
             windows: Some("windows".into()),
         })
+    }
+
+    /// A gate in a reader's words: the kind's name and unit for its
+    /// metric, the bound an `on` selects, a sequential gate said as such;
+    /// a metric the kind names no other way by its own name.
+    #[test]
+    fn a_gate_is_titled_in_the_kinds_words() {
+        let about = Some(("ΔNLL", Some("nats/token")));
+        let with = |on: Option<&str>| Gate {
+            on: on.map(String::from),
+            about,
+            ..gate("delta_nll_mean", Some(0.05), None)
+        };
+        assert_eq!(with(None).title("max", 0.05), "ΔNLL ≤ 0.05 nats/token");
+        assert_eq!(
+            with(Some("ci95_hi")).title("max", 0.05),
+            "ΔNLL, 95% CI upper bound ≤ 0.05 nats/token"
+        );
+        assert_eq!(
+            with(Some("seq_hi")).title("max", 0.05),
+            "ΔNLL ≤ 0.05 nats/token (decided sequentially)"
+        );
+        let same_top = Gate {
+            on: Some("wilson95_lo".into()),
+            about: Some(("same top token", None)),
+            ..gate("same_top", None, Some(0.9))
+        };
+        assert_eq!(
+            same_top.title("min", 0.9),
+            "same top token, Wilson 95% lower bound ≥ 0.9"
+        );
+        assert_eq!(
+            gate("x_rate", Some(1.0), None).title("max", 1.0),
+            "x_rate ≤ 1"
+        );
+        let r = judge(
+            &[with(None)],
+            "m",
+            &BTreeMap::from([("delta_nll_mean".into(), 0.01)]),
+        );
+        assert_eq!(r[0].title, "ΔNLL ≤ 0.05 nats/token");
+        assert_eq!(r[0].rule(), r[0].title);
     }
 
     #[test]
@@ -133,6 +177,7 @@ mod tests {
             interval: ci95(),
             level: Default::default(),
             models: Vec::new(),
+            about: None,
         };
         let r = judge(&[g], "m", &m);
         assert!(!r[0].passed);

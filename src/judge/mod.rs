@@ -27,6 +27,15 @@ use std::path::Path;
 /// metric). For fresh results, cached ones and merged shards alike.
 pub fn rejudge(parsed: &crate::kinds::Parsed, out: &mut Outcome) {
     out.kind = parsed.case.kind.to_string();
+    out.data = parsed
+        .case
+        .pins
+        .iter()
+        .map(|p| {
+            let name = p.path.file_name().unwrap_or(p.path.as_os_str());
+            (name.to_string_lossy().into_owned(), p.sha256.clone())
+        })
+        .collect();
     out.gates = judge(&parsed.case.gates, &out.model, &out.metrics);
     out.notes = parsed.kind.notes(out);
     // The reference among the candidates: its gates compare it with itself.

@@ -38,7 +38,14 @@ pub trait Kind: Send + Sync + std::fmt::Debug {
     /// among its metrics, over its `windows` when it counts them; a kind
     /// that names its bounds otherwise declares them itself.
     fn declared(&self) -> Vec<Metric> {
-        with_intervals(self.metrics())
+        crate::core::case::with_about(with_intervals(self.metrics()), self.about())
+    }
+
+    /// What a reader calls its metrics, and their units (the model card's
+    /// gates, the book's metrics tables); a metric it leaves out is said
+    /// by its name.
+    fn about(&self) -> crate::core::case::About {
+        &[]
     }
 
     /// The few metrics the terminal table shows, in order (the rest are in

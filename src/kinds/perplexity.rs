@@ -67,7 +67,8 @@ pub fn window_columns() -> Vec<ReportColumn> {
                 se: "ppl_se",
                 digits: 4,
             },
-        ),
+        )
+        .headline(),
         ReportColumn::new(
             "ΔNLL [95% CI]",
             Cell::Interval {
@@ -79,7 +80,8 @@ pub fn window_columns() -> Vec<ReportColumn> {
                 signed: true,
                 suffix: "",
             },
-        ),
+        )
+        .headline(),
         ReportColumn::new(
             "windows better",
             Cell::OutOf {
@@ -167,8 +169,58 @@ pub fn present() -> Option<Presentation> {
             name: "PPL",
         }],
         reference: vec![("ppl", "ppl_ref")],
+        unit: Some("windows"),
     })
 }
+
+/// What a reader calls the metrics of a scored text (perplexity and kld
+/// cases), and their units.
+pub const WINDOW_ABOUT: crate::core::case::About = &[
+    ("nll_mean", "NLL mean", "nats/token"),
+    ("ppl", "PPL", ""),
+    ("ppl_se", "PPL standard error", ""),
+    ("tokens_scored", "tokens scored", "tokens"),
+    ("top1_matches", "top-1 matches of the text", "tokens"),
+    ("windows", "windows", ""),
+    ("delta_nll_mean", "ΔNLL", "nats/token"),
+    (
+        "delta_nll_ci95_lo",
+        "ΔNLL, 95% CI lower bound",
+        "nats/token",
+    ),
+    (
+        "delta_nll_ci95_hi",
+        "ΔNLL, 95% CI upper bound",
+        "nats/token",
+    ),
+    (
+        "delta_nll_boot95_lo",
+        "ΔNLL, bootstrap 95% lower bound",
+        "nats/token",
+    ),
+    (
+        "delta_nll_boot95_hi",
+        "ΔNLL, bootstrap 95% upper bound",
+        "nats/token",
+    ),
+    ("windows_better", "windows better than the reference", ""),
+    ("ppl_ref", "reference PPL", ""),
+    ("nll_mean_ref", "reference NLL mean", "nats/token"),
+    (
+        "top1_matches_ref",
+        "the reference's top-1 matches of the text",
+        "tokens",
+    ),
+    ("ln_ppl_ratio", "ln(PPL ratio)", ""),
+    ("ln_ppl_ratio_se", "ln(PPL ratio) standard error", ""),
+    ("ppl_ratio", "PPL ratio to the reference", ""),
+    ("ppl_ratio_se", "PPL ratio standard error", ""),
+    (
+        "nll_token_corr",
+        "NLL correlation with the reference, per token",
+        "",
+    ),
+];
 
 /// The counts among [`PPL_METRICS`] and [`PAIRED_METRICS`].
 pub const COUNTS: &[&str] = &[
@@ -243,6 +295,10 @@ pub fn parse(case: &Case, src: &str, diag: &mut Diagnostics) -> Result<Arc<dyn K
 }
 
 impl Kind for Perplexity {
+    fn about(&self) -> crate::core::case::About {
+        WINDOW_ABOUT
+    }
+
     fn metrics(&self) -> Vec<Metric> {
         window_metrics(self.reference.is_some() || self.record.is_some())
     }

@@ -44,7 +44,8 @@ pub fn present() -> Option<Presentation> {
             part: "first_error",
             whole: "units_expected",
         },
-    );
+    )
+    .headline();
     first.csv.push(("complete", Field::Metric("complete")));
     Some(Presentation {
         kind: "recite",
@@ -58,6 +59,7 @@ pub fn present() -> Option<Presentation> {
         align: None,
         hub: vec![],
         reference: vec![],
+        unit: None,
     })
 }
 
@@ -189,7 +191,34 @@ pub fn parse(case: &Case, src: &str, diag: &mut Diagnostics) -> Result<Arc<dyn K
     }))
 }
 
+/// What a reader calls a recitation case's metrics, and their units.
+pub const RECITE_ABOUT: crate::core::case::About = &[
+    (
+        "first_error",
+        "first wrong unit of the recitation (its index)",
+        "units",
+    ),
+    ("digits_correct", "units right", "units"),
+    ("complete", "recited whole (1) or not (0)", ""),
+    ("units_expected", "units expected", "units"),
+    ("tokens_generated", "tokens generated", "tokens"),
+    (
+        "max_tokens_reached",
+        "stopped at max_tokens (1) or not (0)",
+        "",
+    ),
+    (
+        "error_gap",
+        "the wrong pick's logit margin over the runner-up",
+        "logits",
+    ),
+];
+
 impl Kind for Recite {
+    fn about(&self) -> crate::core::case::About {
+        RECITE_ABOUT
+    }
+
     fn metrics(&self) -> Vec<Metric> {
         metrics_of(METRICS, COUNTS)
     }

@@ -172,7 +172,7 @@ fn tps_ci(m: &crate::core::present::Metrics, mean: &str, sd: &str) -> Option<Str
 /// under the table.
 pub fn present() -> Option<Presentation> {
     let tps = |title, cell: fn(&crate::core::present::Metrics) -> Option<String>, mean, sd| {
-        let mut c = ReportColumn::new(title, Cell::Text(cell));
+        let mut c = ReportColumn::new(title, Cell::Text(cell)).headline();
         c.csv = vec![
             (mean, crate::core::present::Field::Metric(mean)),
             (sd, crate::core::present::Field::Metric(sd)),
@@ -205,10 +205,53 @@ pub fn present() -> Option<Presentation> {
         align: None,
         hub: vec![],
         reference: vec![],
+        unit: None,
     })
 }
 
+/// What a reader calls a speed case's metrics, and their units.
+pub const SPEED_ABOUT: crate::core::case::About = &[
+    ("model_bytes", "model size", "bytes"),
+    ("model_bpw", "bits per weight", ""),
+    ("repetitions", "repetitions per round", ""),
+    ("rounds", "rounds", ""),
+    ("pp_tokens", "prompt tokens", "tokens"),
+    ("pp_tps_mean", "pp t/s", "t/s"),
+    ("pp_tps_sd", "pp t/s standard deviation", "t/s"),
+    ("pp_ref_tps_mean", "the reference's pp t/s", "t/s"),
+    ("pp_ratio_vs_ref", "pp speed ÷ the reference's", ""),
+    (
+        "pp_ratio_vs_ref_ci95_lo",
+        "pp speed ÷ the reference's, 95% CI lower bound",
+        "",
+    ),
+    (
+        "pp_ratio_vs_ref_ci95_hi",
+        "pp speed ÷ the reference's, 95% CI upper bound",
+        "",
+    ),
+    ("tg_tokens", "generated tokens", "tokens"),
+    ("tg_tps_mean", "tg t/s", "t/s"),
+    ("tg_tps_sd", "tg t/s standard deviation", "t/s"),
+    ("tg_ref_tps_mean", "the reference's tg t/s", "t/s"),
+    ("tg_ratio_vs_ref", "tg speed ÷ the reference's", ""),
+    (
+        "tg_ratio_vs_ref_ci95_lo",
+        "tg speed ÷ the reference's, 95% CI lower bound",
+        "",
+    ),
+    (
+        "tg_ratio_vs_ref_ci95_hi",
+        "tg speed ÷ the reference's, 95% CI upper bound",
+        "",
+    ),
+];
+
 impl Kind for Speed {
+    fn about(&self) -> crate::core::case::About {
+        SPEED_ABOUT
+    }
+
     fn metrics(&self) -> Vec<Metric> {
         let m = |n: String, ty| Metric::new(n, ty);
         let mut out = vec![

@@ -379,6 +379,7 @@ fn gates(
             interval: intervals.iter().find(|iv| iv.name == "ci95").cloned(),
             level,
             models,
+            about: decl.and_then(|d| Some((d.label?, d.unit))),
         });
     }
     gates

@@ -1,7 +1,8 @@
 //! The book's metrics reference (`docs/src/metrics.md`), made from the
 //! kinds' metric declarations so that it cannot go stale: per kind, every
 //! metric its cases in a suites folder declare, how a golden compares it,
-//! the intervals a gate's `on` selects, and whether the terminal table and
+//! what the kind calls it and its unit, the intervals a gate's `on`
+//! selects, and whether the terminal table and
 //! a sequential gate use it. `tests/cli/package.rs` checks the book's copy.
 //!
 //! Contract: reads only declarations (`Kind::declared`, `headline`,
@@ -58,7 +59,9 @@ pub fn metrics_reference(suites: &Path) -> Result<String> {
          Rewrite it with `{BLESS}`. -->\n\n\
          Every metric a kind declares, as this repository's `suites/` declares them \
          (a case's parameters, such as kld's `bins`, a multiple-choice case's \
-         `margin_bins` or a sequential gate, decide which appear). *Golden* says how a \
+         `margin_bins` or a sequential gate, decide which appear). *What* is what the \
+         kind calls it (the words a model card's gates use) and *unit* its unit \
+         (none: a count, a ratio or a fraction). *Golden* says how a \
          golden compares the metric: a count exactly, a float within the kind's \
          tolerance (|a − b| ≤ atol + rtol·|b|; a case's `[tolerance]` overrides it), \
          or the case's default (atol {}, rtol {}). *Interval* names what a gate's \
@@ -75,13 +78,15 @@ pub fn metrics_reference(suites: &Path) -> Result<String> {
             continue;
         }
         let _ = writeln!(out, "Declared by {}.\n", cases.join(", "));
-        out.push_str("| metric | golden | interval | table | sequential |\n");
-        out.push_str("|---|---|---|---|---|\n");
+        out.push_str("| metric | what | unit | golden | interval | table | sequential |\n");
+        out.push_str("|---|---|---|---|---|---|---|\n");
         for r in rows {
             let _ = writeln!(
                 out,
-                "| `{}` | {} | {} | {} | {} |",
+                "| `{}` | {} | {} | {} | {} | {} | {} |",
                 r.metric.name,
+                r.metric.label.unwrap_or("").replace('|', "\\|"),
+                r.metric.unit.unwrap_or(""),
                 compared(&r.metric),
                 intervals(&r.metric),
                 if r.headline { "yes" } else { "" },

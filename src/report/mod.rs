@@ -381,6 +381,7 @@ mod tests {
             interval: None,
             sequence: None,
             level: Default::default(),
+            title: String::new(),
         };
         let mut wide = o.clone();
         wide.model = "a-model-with-a-long-name.Q4_K_M-00001-of-00003".into();

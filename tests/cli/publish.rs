@@ -125,15 +125,22 @@ fn a_folder_of_own_ggufs_is_gated_and_reported_in_one_command() {
     // The report: one view (one reference), every model a row, largest first.
     let md = std::fs::read_to_string(report.join("report.md")).unwrap();
     assert_eq!(md.matches("## Reference acme-135m-F16").count(), 1, "{md}");
+    // The card's main table (the first): a row per model.
     let rows: Vec<&str> = md
         .lines()
-        .filter(|l| l.starts_with("| acme") || l.starts_with("| smollm2"))
+        .skip_while(|l| !l.starts_with("| model "))
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
         .collect();
     assert_eq!(rows.len(), 5, "{md}");
     assert!(rows[0].starts_with("| acme-135m-F16 "), "{md}");
     assert!(
-        rows[4].starts_with("| acme-135m-Q2_K ")
-            && rows[4].contains("**FAIL** release/ppl: delta_nll_mean"),
+        rows[4].starts_with("| acme-135m-Q2_K ") && rows[4].contains("✗ **FAIL** ("),
+        "{md}"
+    );
+    assert!(
+        common::card_cell(&md, "acme-135m-Q2_K", "ΔNLL ≤ 0.05 nats/token")
+            .is_some_and(|c| c.starts_with('✗')),
         "{md}"
     );
     let csv = std::fs::read_to_string(report.join("report.csv")).unwrap();
@@ -363,20 +370,32 @@ fn the_readme_publisher_commands_gate_a_folder_of_quants() {
         "{stdout}"
     );
     let md = std::fs::read_to_string(root.join("report/report.md")).unwrap();
-    let head: Vec<&str> = md
+    // The card's main table: at most 12 columns, the plain figures a
+    // reader knows; the rest folded in its details.
+    let main_head = md
         .lines()
         .find(|l| l.starts_with("| model "))
-        .unwrap()
-        .split(" | ")
-        .collect();
+        .unwrap_or_else(|| panic!("no table: {md}"));
+    assert!(main_head.split(" | ").count() <= 12, "{main_head}");
+    for plain in [
+        "PPL",
+        "ΔNLL",
+        "KLD mean",
+        "KLD p99",
+        "same top",
+        "MC accuracy",
+        "pp t/s",
+        "tg t/s",
+    ] {
+        assert!(main_head.contains(plain), "{plain}: {main_head}");
+    }
+    assert!(
+        md.contains("<details>") && md.contains("</details>"),
+        "{md}"
+    );
     for model in ["mine-q8_0", "mine-q4_k_m", "mine-q2_k"] {
-        let row = md
-            .lines()
-            .find(|l| l.starts_with(&format!("| {model} ")))
-            .unwrap_or_else(|| panic!("{model}: {md}"));
         // Every kind's columns hold a number: PPL, ΔNLL (and the sequential
         // decision's), KLD, MC, speed.
-        let cells: Vec<&str> = row.split(" | ").collect();
         for col in [
             "PPL ± se",
             "ΔNLL [95% CI]",
@@ -387,13 +406,25 @@ fn the_readme_publisher_commands_gate_a_folder_of_quants() {
             "MC flips right→wrong / wrong→right",
             "tg t/s [95% CI]",
         ] {
-            let i = head
-                .iter()
-                .position(|h| *h == col)
-                .unwrap_or_else(|| panic!("{col}: {md}"));
-            assert_ne!(cells[i], "–", "{col} is missing: {row}");
+            let cell =
+                common::card_cell(&md, model, col).unwrap_or_else(|| panic!("{model} {col}: {md}"));
+            assert_ne!(cell, "–", "{model} {col} is missing: {md}");
+        }
+        // Each gate in the kind's words, with its mark: Q2_K fails them.
+        for gate in [
+            "ΔNLL ≤ 0.05 nats/token (decided sequentially)",
+            "KLD mean ≤ 0.1 nats",
+        ] {
+            let cell = common::card_cell(&md, model, gate)
+                .unwrap_or_else(|| panic!("{model} {gate}: {md}"));
+            let want = if model == "mine-q2_k" { '✗' } else { '✓' };
+            assert!(cell.starts_with(want), "{model} {gate}: {cell}");
         }
     }
+    assert!(
+        !md.contains("delta_nll_mean.seq_hi"),
+        "an internal name: {md}"
+    );
     // Speed with the machine it was measured on, and an interval of the
     // mean (never a ± wider than the mean).
     assert!(md.contains("release/speed measured on "), "{md}");

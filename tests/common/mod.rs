@@ -415,3 +415,33 @@ pub fn tool_kl(ref_row: &[f32], cand_row: &[f32]) -> f64 {
     }
     kl
 }
+
+/// The cell under column `col` in `model`'s row of a Markdown report,
+/// whichever of its tables (the card's main table, its gates, its
+/// details) has that column; None when none does.
+pub fn card_cell(md: &str, model: &str, col: &str) -> Option<String> {
+    let lines: Vec<&str> = md.lines().collect();
+    let split = |l: &str| -> Vec<String> {
+        l.trim()
+            .trim_start_matches('|')
+            .trim_end_matches('|')
+            .split(" | ")
+            .map(|c| c.trim().to_string())
+            .collect()
+    };
+    for (i, l) in lines.iter().enumerate() {
+        if !l.starts_with("| model |") {
+            continue;
+        }
+        let head = split(l);
+        let Some(at) = head.iter().position(|h| h == col) else {
+            continue;
+        };
+        let row = lines[i + 2..]
+            .iter()
+            .take_while(|l| l.starts_with('|'))
+            .find(|l| l.starts_with(&format!("| {model} ")))?;
+        return split(row).get(at).cloned();
+    }
+    None
+}

@@ -168,7 +168,12 @@ fn multiple_choice_scores_picks_and_flips_match_an_independent_scoring() {
         &facts,
     );
     let md = quantgate::report::ladder::markdown(&views);
-    let row = md.lines().find(|l| l.starts_with("| cand ")).unwrap();
+    // The model's rows: the card's main table, its gates, its details.
+    let row = md
+        .lines()
+        .filter(|l| l.starts_with("| cand "))
+        .collect::<Vec<_>>()
+        .join("\n");
     let acc = format!(
         "{:.1}% [{:.1}, {:.1}]",
         m("accuracy") * 100.0,

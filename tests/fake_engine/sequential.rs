@@ -702,17 +702,46 @@ fn gates_per_model_and_warn_gates_decide_each_model_by_its_own() {
                 quantgate::report::ladder::ModelFacts::default()
             });
         let md = quantgate::report::ladder::markdown(&views);
-        let row = |m: &str| {
+        // A model's rows: the main table's, then the gates table's.
+        let rows = |m: &str| -> Vec<String> {
             md.lines()
-                .find(|l| l.starts_with(&format!("| {m} ")))
-                .unwrap_or_else(|| panic!("{m}: {md}"))
-                .to_string()
+                .filter(|l| l.starts_with(&format!("| {m} ")))
+                .map(String::from)
+                .collect()
         };
+        let (far_rows, near_rows) = (rows("far"), rows("near"));
         assert!(
-            row("far").contains(&format!("⚠ pass (2 gates); ⚠ {name}: delta_nll_mean")),
+            far_rows[0].ends_with("| ⚠ pass (1 of 2 gates warned) |"),
             "{md}"
         );
-        assert!(row("near").contains("✓ pass (1 gates)"), "{md}");
+        assert!(near_rows[0].ends_with("| ✓ pass (1 gates) |"), "{md}");
+        // The gates table: a column per rule, the warn gate's marked as
+        // such; far warned on it and held its own fail gate, near held
+        // its one gate and has none of far's.
+        let head = md
+            .lines()
+            .filter(|l| l.starts_with("| model |"))
+            .nth(1)
+            .unwrap_or_else(|| panic!("no gates table: {md}"));
+        let cols: Vec<&str> = head.split(" | ").collect();
+        let at = |rule: &str| {
+            cols.iter()
+                .position(|c| c.trim_end_matches(" |") == rule)
+                .unwrap_or_else(|| panic!("{rule}: {head}"))
+        };
+        let cell = |row: &str, i: usize| row.split(" | ").nth(i).unwrap().to_string();
+        let how = match decide.is_empty() {
+            true => "",
+            false => " (decided sequentially)",
+        };
+        let strict = at(&format!("ΔNLL ≤ {c} nats/token{how}"));
+        let warned = at(&format!("ΔNLL ≤ {c} nats/token{how} (warn)"));
+        let own = at(&format!("ΔNLL ≤ {loose} nats/token{how}"));
+        assert!(cell(&far_rows[1], warned).starts_with('⚠'), "{md}");
+        assert!(cell(&far_rows[1], own).starts_with('✓'), "{md}");
+        assert!(cell(&far_rows[1], strict).starts_with('–'), "{md}");
+        assert!(cell(&near_rows[1], strict).starts_with('✓'), "{md}");
+        assert!(cell(&near_rows[1], warned).starts_with('–'), "{md}");
     }
     // A gate's models that match none of the case's, or a bad level: errors
     // naming the key.

@@ -163,6 +163,71 @@ fn block<'a>(
     }
 }
 
+/// What a reader calls a kld case's own metrics and their units (its
+/// scored-text metrics are [`crate::kinds::perplexity::WINDOW_ABOUT`]'s).
+pub const KLD_ABOUT: crate::core::case::About = &[
+    ("positions", "positions compared", "positions"),
+    ("kld_mean", "KLD mean", "nats"),
+    ("kld_mean_se", "KLD mean standard error", "nats"),
+    ("kld_max", "KLD max", "nats"),
+    ("kld_min", "KLD min", "nats"),
+    ("kld_median", "KLD median", "nats"),
+    ("kld_p90", "KLD p90", "nats"),
+    ("kld_p95", "KLD p95", "nats"),
+    ("kld_p99", "KLD p99", "nats"),
+    ("kld_p999", "KLD p99.9", "nats"),
+    ("kld_rev_mean", "reverse KLD mean", "nats"),
+    ("dp_mean", "Δp mean", ""),
+    ("dp_rms", "Δp RMS", ""),
+    ("same_top", "same top token", ""),
+    (
+        "same_top_wilson95_lo",
+        "same top token, Wilson 95% lower bound",
+        "",
+    ),
+    (
+        "same_top_wilson95_hi",
+        "same top token, Wilson 95% upper bound",
+        "",
+    ),
+];
+
+/// The flip bins [`kld_about`] names (a case has at most this many edges
+/// plus one).
+const FLIP_BINS_ABOUT: usize = 16;
+
+/// [`KLD_ABOUT`], the flip bins' and the scored-text metrics'.
+pub fn kld_about() -> crate::core::case::About {
+    static ALL: std::sync::OnceLock<Vec<(&str, &str, &str)>> = std::sync::OnceLock::new();
+    ALL.get_or_init(|| {
+        let mut all: Vec<(&str, &str, &str)> = crate::kinds::perplexity::WINDOW_ABOUT
+            .iter()
+            .chain(KLD_ABOUT)
+            .copied()
+            .collect();
+        // The flip bins (a case's `bins` set their edges): made once, kept
+        // for the process, as the declarations are.
+        let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
+        for b in 0..=FLIP_BINS_ABOUT {
+            for (s, what, unit) in [
+                ("n", "positions", "positions"),
+                ("flips", "flips", "positions"),
+                ("rate", "flip rate", ""),
+                ("rate_wilson95_lo", "flip rate, Wilson 95% lower bound", ""),
+                ("rate_wilson95_hi", "flip rate, Wilson 95% upper bound", ""),
+                ("min_swing", "smallest swing of a flip", "nats"),
+            ] {
+                all.push((
+                    leak(format!("flip_bin{b}_{s}")),
+                    leak(format!("{what} at reference p1 bin {b}")),
+                    unit,
+                ));
+            }
+        }
+        all
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -196,6 +196,10 @@ fn is_count(name: &str) -> bool {
 }
 
 impl Kind for Kld {
+    fn about(&self) -> crate::core::case::About {
+        metrics::kld_about()
+    }
+
     fn metrics(&self) -> Vec<Metric> {
         let mut m = window_metrics(self.reference.is_some());
         m.extend(metric_names(self.bins.len()).into_iter().map(|name| {

@@ -90,11 +90,11 @@ pub fn present() -> Option<Presentation> {
         )
     };
     let mut columns = window_columns();
-    let mut mean = number("KLD mean", "kld_mean", 5, 1.0);
+    let mut mean = number("KLD mean", "kld_mean", 5, 1.0).headline();
     mean.csv.push(("kld_mean_se", Field::Metric("kld_mean_se")));
     columns.extend([
         mean,
-        number("KLD p99", "kld_p99", 4, 1.0),
+        number("KLD p99", "kld_p99", 4, 1.0).headline(),
         number("KLD max", "kld_max", 3, 1.0),
         number("Δp RMS %", "dp_rms", 3, 100.0),
         ReportColumn::new(
@@ -108,7 +108,8 @@ pub fn present() -> Option<Presentation> {
                 signed: false,
                 suffix: "%",
             },
-        ),
+        )
+        .headline(),
         ReportColumn {
             title: "flips where p1 ≥ 0.99 [Wilson 95%]",
             cell: Cell::Text(flips_cell),
@@ -135,6 +136,7 @@ pub fn present() -> Option<Presentation> {
                 ),
             ],
             optional: false,
+            headline: false,
         },
     ]);
     // A sequential case's: windows used, and the sequences at the stop of
@@ -218,5 +220,6 @@ pub fn present() -> Option<Presentation> {
             },
         ],
         reference: vec![("ppl", "ppl_ref")],
+        unit: Some("windows"),
     })
 }

@@ -261,7 +261,8 @@ pub fn present() -> Option<Presentation> {
                     signed: false,
                     suffix: "%",
                 },
-            ),
+            )
+            .headline(),
             ReportColumn {
                 title: "MC flips right→wrong / wrong→right",
                 cell: Cell::Text(flips_cell),
@@ -276,6 +277,7 @@ pub fn present() -> Option<Presentation> {
                     ),
                 ],
                 optional: false,
+                headline: false,
             },
             ReportColumn::new(
                 "MC McNemar p",
@@ -310,10 +312,39 @@ pub fn present() -> Option<Presentation> {
             name: "MC accuracy",
         }],
         reference: vec![],
+        unit: Some("tasks"),
     })
 }
 
+/// What a reader calls a multiple-choice case's metrics, and their units.
+pub const MC_ABOUT: crate::core::case::About = &[
+    ("tasks", "tasks", "tasks"),
+    ("correct", "tasks answered right", "tasks"),
+    ("accuracy", "MC accuracy", ""),
+    ("accuracy_se", "MC accuracy standard error", ""),
+    (
+        "accuracy_wilson95_lo",
+        "MC accuracy, Wilson 95% lower bound",
+        "",
+    ),
+    (
+        "accuracy_wilson95_hi",
+        "MC accuracy, Wilson 95% upper bound",
+        "",
+    ),
+    ("ref_correct", "tasks the reference answers right", "tasks"),
+    ("ref_accuracy", "the reference's MC accuracy", ""),
+    ("agreement", "MC agreement with the reference", ""),
+    ("flips_right_to_wrong", "MC flips right→wrong", "tasks"),
+    ("flips_wrong_to_right", "MC flips wrong→right", "tasks"),
+    ("mcnemar_p", "MC McNemar p", ""),
+];
+
 impl Kind for MultipleChoice {
+    fn about(&self) -> crate::core::case::About {
+        MC_ABOUT
+    }
+
     fn metrics(&self) -> Vec<Metric> {
         self.metric_names()
             .into_iter()

@@ -65,7 +65,8 @@ pub fn present() -> Option<Presentation> {
             part: "first_flip",
             whole: "units",
         },
-    );
+    )
+    .headline();
     first
         .csv
         .extend(["flips", "p_true_mean", "kl_mean"].map(|m| (m, Field::Metric(m))));
@@ -81,6 +82,7 @@ pub fn present() -> Option<Presentation> {
         align: None,
         hub: vec![],
         reference: vec![],
+        unit: None,
     })
 }
 
@@ -269,7 +271,36 @@ pub fn parse(case: &Case, src: &str, diag: &mut Diagnostics) -> Result<Arc<dyn K
     }))
 }
 
+/// What a reader calls a teacher-forcing case's metrics, and their units.
+pub const TF_ABOUT: crate::core::case::About = &[
+    ("units", "units", "units"),
+    ("units_measured", "units measured", "units"),
+    (
+        "first_flip",
+        "first unit whose true token is not the top pick",
+        "units",
+    ),
+    (
+        "flips",
+        "units whose true token is not the top pick",
+        "units",
+    ),
+    ("first_flip_margin", "margin at the first flip", "nats"),
+    ("logprob_mean", "mean log-prob of the true tokens", "nats"),
+    ("p_true_mean", "mean p(true token)", ""),
+    ("margin_median", "median margin", "nats"),
+    ("kl_mean", "KL mean to the reference", "nats"),
+    ("kl_max", "KL max to the reference", "nats"),
+    ("kl_median", "KL median to the reference", "nats"),
+    ("ref_first_flip", "the reference's first flip", "units"),
+    ("ref_flips", "the reference's flips", "units"),
+];
+
 impl Kind for TeacherForcing {
+    fn about(&self) -> crate::core::case::About {
+        TF_ABOUT
+    }
+
     fn metrics(&self) -> Vec<Metric> {
         let mut m = metrics_of(METRICS, COUNTS);
         if self.reference.is_some() {

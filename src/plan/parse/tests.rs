@@ -40,6 +40,7 @@ fn a_good_case_parses() {
             interval: None,
             level: Default::default(),
             models: Vec::new(),
+            about: Some(("PPL", None)),
         }]
     );
     assert_eq!(c.kind, "perplexity");

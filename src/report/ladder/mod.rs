@@ -52,10 +52,14 @@ pub struct Row {
     /// The metrics of the model's cases of a kind that joins per case
     /// (recitation, teacher forcing), by case.
     pub by_case: BTreeMap<String, Metrics>,
-    /// `case: metric` of every failed gate, and errors.
+    /// `case: rule` of every failed gate (the rule in the kind's words,
+    /// [`crate::core::GateResult::rule`]), and errors.
     pub failures: Vec<String>,
-    /// Its violated warn gates (`case: metric`): reported, not failed.
+    /// Its violated warn gates (`case: rule`): reported, not failed.
     pub warnings: Vec<String>,
+    /// Every gate checked, in the views' case order: ✓ held, ⚠ violated at
+    /// level warn, ✗ failed.
+    pub marks: Vec<GateMark>,
     /// Gates checked.
     pub gates: usize,
     /// Every gate's metric (`delta_nll_mean`, or `delta_nll_mean.ci95_hi`),
@@ -64,6 +68,20 @@ pub struct Row {
     /// The view's reference itself, its figures from its candidates'
     /// outcomes (no gate of its own).
     pub reference: bool,
+}
+
+/// One gate of a row, as the card's gates table shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GateMark {
+    /// The case it belongs to.
+    pub case: String,
+    /// The gate in the kind's words (`KLD mean ≤ 0.1 nats`).
+    pub rule: String,
+    /// ✓ held, ⚠ violated at level warn, ✗ failed.
+    pub mark: char,
+    /// The value it read (a sequential gate: its sequence's bound at the
+    /// stop); None: missing.
+    pub observed: Option<f64>,
 }
 
 /// One reference's ladder.
@@ -260,7 +278,11 @@ pub fn views(
             .settings
             .as_ref()
             .map_or(String::new(), |s| format!(", {} threads", s.threads));
-        let line = format!("{} measured on {machine}{threads}.", o.case);
+        let line = format!(
+            "{} measured on {}{threads}.",
+            o.case,
+            crate::core::machine::plain(machine)
+        );
         if !measured_on.contains(&line) {
             measured_on.push(line);
         }
@@ -306,6 +328,7 @@ pub fn views(
                         by_case: BTreeMap::new(),
                         failures: Vec::new(),
                         warnings: Vec::new(),
+                        marks: Vec::new(),
                         gates: 0,
                         thresholds: Vec::new(),
                         reference: false,
@@ -382,6 +405,7 @@ pub fn views(
                             by_case: BTreeMap::new(),
                             failures: Vec::new(),
                             warnings: Vec::new(),
+                            marks: Vec::new(),
                             gates: 0,
                             thresholds: Vec::new(),
                             reference: true,
@@ -413,13 +437,58 @@ pub fn views(
                 legend: legend.clone(),
                 notes: kinds
                     .values()
-                    .filter_map(|c| notes.get(c).cloned())
+                    .filter_map(|c| measured(outcomes, catalog, c))
+                    .chain(kinds.values().filter_map(|c| notes.get(c).cloned()))
                     .chain(measured_on.iter().cloned())
                     .collect(),
                 rows,
             }
         })
         .collect()
+}
+
+/// What case `case` measured, in a line: its data files with their
+/// sha256, the context, how many of what its kind counts (its declared
+/// [`Presentation::unit`]: the most any row measured, or, for a sequential
+/// case, the most it could), and the llama.cpp build.
+fn measured(outcomes: &[Outcome], catalog: &[Presentation], case: &str) -> Option<String> {
+    let of_case = || outcomes.iter().filter(move |o| o.case == case);
+    let o = of_case().find(|o| o.error.is_none())?;
+    let mut parts: Vec<String> = o
+        .data
+        .iter()
+        .map(|(name, sha)| format!("{name} (sha256 {sha})"))
+        .collect();
+    if let Some(s) = &o.settings {
+        parts.push(format!("n_ctx {}", s.n_ctx));
+    }
+    let unit = catalog
+        .iter()
+        .find(|p| p.kind == o.kind)
+        .and_then(|p| p.unit);
+    if let Some(unit) = unit {
+        let most = |k: &str| {
+            of_case()
+                .filter_map(|o| o.metrics.get(k).copied())
+                .reduce(f64::max)
+        };
+        if let Some(total) = most(&format!("{unit}_total")) {
+            parts.push(format!(
+                "up to {total} {unit} (decided sequentially: each model stops once its gates are)"
+            ));
+        } else if let Some(n) = most(unit) {
+            parts.push(format!("{n} {unit}"));
+        }
+    }
+    let b = &o.build;
+    parts.push(format!(
+        "{} of llama-cpp-sys-2 {} (ggml {}, {})",
+        b.engine,
+        b.llama_cpp_sys_2,
+        b.ggml.trim_end_matches(" (unknown)"),
+        b.backend
+    ));
+    Some(format!("{case} measured: {}.", parts.join(", ")))
 }
 
 /// The outcomes with each case's rows (the models of one case and
@@ -475,12 +544,29 @@ fn fold(row: &mut Row, o: &Outcome) {
             row.thresholds.push(t);
         }
     }
-    for g in o.gates.iter().filter(|g| !g.passed) {
-        let named = format!("{}: {}", o.case, g.metric);
-        if g.level.is_fail() {
-            row.failures.push(named);
-        } else {
-            row.warnings.push(named);
+    for g in &o.gates {
+        let mark = match (g.passed, g.level.is_fail()) {
+            (true, _) => '✓',
+            (false, true) => '✗',
+            (false, false) => '⚠',
+        };
+        // A warn gate says so: its column is apart from a fail gate's of
+        // the same rule.
+        let rule = match g.level.is_fail() {
+            true => g.rule(),
+            false => format!("{} (warn)", g.rule()),
+        };
+        let named = format!("{}: {rule}", o.case);
+        row.marks.push(GateMark {
+            case: o.case.clone(),
+            rule,
+            mark,
+            observed: g.observed,
+        });
+        match mark {
+            '✗' => row.failures.push(named),
+            '⚠' => row.warnings.push(named),
+            _ => {}
         }
     }
     match o.status {

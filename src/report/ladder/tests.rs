@@ -1,6 +1,15 @@
 use super::*;
 use crate::core::GateResult;
 
+/// Every row of `model` in the card's tables (main, gates, details), one
+/// line each.
+fn card_rows(md: &str, model: &str) -> String {
+    md.lines()
+        .filter(|l| l.starts_with(&format!("| {model} ")))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 fn outcome(case: &str, model: &str, m: &[(&str, f64)]) -> Outcome {
     let build = crate::engine::Engine::build(&crate::engine::fake::FakeEngine::new());
     let mut o = Outcome::new(case, model, build);
@@ -40,6 +49,7 @@ fn one_view_per_reference_sorted_by_size() {
         interval: None,
         sequence: None,
         level: Default::default(),
+        title: "ΔNLL ≤ 0.05 nats/token".into(),
     });
     let swing = |p: f64| (p / (1.0 - p)).ln();
     let k = outcome(
@@ -88,8 +98,13 @@ fn one_view_per_reference_sorted_by_size() {
         q8.contains("10.0000 ± 0.1000") && q8.contains("| – |"),
         "{q8}"
     );
-    let q2 = md.lines().find(|l| l.starts_with("| q2 ")).unwrap();
-    assert!(q2.contains("**FAIL** ppl/x: delta_nll_mean"), "{q2}");
+    // The main table says FAIL; the gates table names the gate in the
+    // kind's words, with the value it read.
+    let q2 = card_rows(&md, "q2");
+    assert!(q2.contains("| ✗ **FAIL** (1 of 1 gates) |"), "{q2}");
+    assert!(md.contains("| model | ΔNLL ≤ 0.05 nats/token |"), "{md}");
+    assert!(q2.contains("| q2 | ✗ 0.2000 |"), "{q2}");
+    assert!(card_rows(&md, "q8").contains("| q8 | – |"), "{md}");
     assert!(q2.contains("4/40 = 10.00%"), "{q2}");
     let csv = csv(&vs);
     assert_eq!(csv.lines().count(), 3, "{csv}");
@@ -283,7 +298,7 @@ fn sequential_columns_show_only_where_a_row_has_them() {
     );
     let vs = views(&[seq], &crate::kinds::presentations(), &facts);
     let md = markdown(&vs);
-    let row = md.lines().find(|l| l.starts_with("| q8 ")).unwrap();
+    let row = card_rows(&md, "q8");
     assert!(md.contains("| windows used |"), "{md}");
     assert!(row.contains("| 31/80 |"), "{row}");
     assert!(row.contains("+0.0030 [-0.0430, +0.0490]"), "{row}");
@@ -476,6 +491,7 @@ fn the_kl_distribution_draws_the_gate_on_its_p99() {
             interval: None,
             sequence: None,
             level: Default::default(),
+            title: format!("{metric} ≤ {t}"),
         });
     }
     let facts = |_: &str| ModelFacts {
