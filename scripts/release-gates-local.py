@@ -3,16 +3,19 @@
 
     scripts/release-gates-local.py DIR [--work FOLDER] [--keep]
     scripts/release-gates-local.py --fixture DIR    # DIR made first, as below
+    scripts/release-gates-local.py --fixture DIR --quants q8_0 --text FILE
 
 DIR is a release repository `quantgate init` wrote (its GGUF files inside it,
 its goldens accepted). With --fixture, DIR (which must not exist) is made from
-the fixture ladder: copies of SmolLM2's F16, Q8_0, Q4_K_M and Q2_K as
-out/mine-*.gguf, `quantgate init --model 'out/*.gguf'`, and goldens written by
-`QUANTGATE_UPDATE=always cargo test --release`.
+the fixture ladder: copies of SmolLM2's F16 and its quants (--quants, default
+q8_0,q4_k_m,q2_k) as out/mine-*.gguf, `quantgate init --model 'out/*.gguf'`
+(with `--text FILE` when given: a shorter corpus, fewer windows), and goldens
+written by `QUANTGATE_UPDATE=always cargo test --release`.
 The script reads DIR/.github/workflows/release-gates.yml and runs its jobs in
 the order their `needs` give (build, the partitions of `gates` one after
 another, merge), each step's `run` script with bash as the runner would, in
-the order the file lists them, with the workflow's, the job's and the step's `env`:
+the order the file lists them, with the workflow's, the job's and the step's `env`
+(tests/cli/publish.rs runs it on a fixture of F16 and Q8_0 over a short text):
 
 - `actions/checkout`: a fresh copy of DIR's files (GGUF files hard-linked);
 - `actions/upload-artifact` / `download-artifact`: folders under the work
@@ -31,7 +34,8 @@ the order the file lists them, with the workflow's, the job's and the step's `en
 Then the same cases run unsharded (`quantgate run --json` in DIR), and the
 merged verdicts are compared with them: the same tests, the same statuses,
 every metric of every kind but speed bitwise (speed is measured again by
-each run: its counts and verdicts are compared). Exit 0 when everything the
+each run: its counts are compared, and a speed verdict that differs is said,
+not failed: a shared machine's speed is not asserted). Exit 0 when everything the
 workflow promises held, 1 naming the first difference.
 
 The build job reuses this checkout's target folder (CARGO_TARGET_DIR) and
@@ -140,10 +144,15 @@ def main():
     ap.add_argument("--work", type=pathlib.Path)
     ap.add_argument("--keep", action="store_true", help="keep the work folder after a pass")
     ap.add_argument("--fixture", action="store_true", help="make DIR from the fixture ladder first")
+    ap.add_argument("--quants", default="q8_0,q4_k_m,q2_k", help="the fixture's quants of F16")
+    ap.add_argument("--text", type=pathlib.Path, help="the fixture's corpus (init --text)")
     a = ap.parse_args()
     src = a.dir.resolve()
     if a.fixture:
-        make_fixture_repository(src)
+        quants = [q.strip() for q in a.quants.split(",") if q.strip()]
+        make_fixture_repository(src, quants, a.text.resolve() if a.text else None)
+    elif a.text or a.quants != ap.get_default("quants"):
+        die("--quants and --text shape a --fixture")
     workflow = src / ".github/workflows/release-gates.yml"
     if not workflow.is_file():
         die(f"{workflow}: no workflow (run `quantgate init` first)")
@@ -270,8 +279,25 @@ def main():
     report = next(merged_json.parent.glob("*report/report.md"), None)
     if report is None:
         die("the merge wrote no report")
-    if report.read_text() not in (work / "step-summary.md").read_text():
-        die("the step summary does not hold the merged report's table")
+    summary = (work / "step-summary.md").read_text()
+    card = report.read_text()
+    # The card's tables, its front matter left out (the Hub reads that).
+    body = card.split("\n---\n", 1)[1] if card.startswith("---\n") else card
+    if body.strip() not in summary or summary.lstrip().startswith("---"):
+        die("the step summary does not hold the merged report's tables (without front matter)")
+    if "## Quant ladder report" not in summary:
+        die("the step summary holds no ladder table")
+    # Each partition's JUnit file, as the workflow uploads it: one testcase
+    # per test of the partition.
+    junit = sorted(artifacts.glob("junit-*/junit.xml"))
+    partitions = [c for c in jobs.get("gates", {}).get("strategy", {}).get("matrix", {}).get("partition", [])]
+    if len(junit) != len(partitions):
+        die(f"{len(junit)} JUnit files uploaded for {len(partitions)} partitions")
+    cases = sum(j.read_text().count("<testcase ") for j in junit)
+    merged_tests = len(json.loads(merged_json.read_text()))
+    if cases < merged_tests:
+        die(f"the JUnit files hold {cases} test cases, the merge {merged_tests} outcomes")
+    say(f"JUnit: {len(junit)} files, {cases} test cases; step summary holds the card's tables")
     t = time.time()
     unsharded = work / "unsharded.json"
     env = dict(base_env)
@@ -289,15 +315,16 @@ def main():
         say(f"work folder kept: {work}")
 
 
-def make_fixture_repository(dir):
-    """A release repository of the fixture ladder's files, goldens accepted."""
+def make_fixture_repository(dir, quants, text):
+    """A release repository of the fixture ladder's F16 and `quants`, its
+    corpus `text` (None: init's default), goldens accepted."""
     if dir.exists():
         die(f"--fixture {dir}: exists already")
     target = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
     subprocess.run(["cargo", "build", "--release", "--bin", "quantgate"], cwd=ROOT, check=True)
     qg = str(target / "release/quantgate")
     (dir / "out").mkdir(parents=True)
-    for q in ("f16", "q8_0", "q4_k_m", "q2_k"):
+    for q in ["f16", *quants]:
         alias = f"smollm2-{q}"
         subprocess.run([qg, "models", "fetch", alias], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
         info = json.loads(
@@ -305,7 +332,10 @@ def make_fixture_repository(dir):
                            capture_output=True, text=True).stdout
         )
         shutil.copy2(info[0]["path"], dir / "out" / f"mine-{q}.gguf")
-    subprocess.run([qg, "init", "--model", "out/*.gguf"], cwd=dir, check=True)
+    init = [qg, "init", "--model", "out/*.gguf"]
+    if text is not None:
+        init += ["--text", str(text)]
+    subprocess.run(init, cwd=dir, check=True, stdout=subprocess.DEVNULL)
     shutil.copy2(ROOT / "Cargo.lock", dir / "Cargo.lock")
     env = dict(os.environ, QUANTGATE_UPDATE="always", CARGO_NET_OFFLINE="true",
                CARGO_TARGET_DIR=str(target))
@@ -315,8 +345,8 @@ def make_fixture_repository(dir):
     subprocess.run(["cargo", "test", "--release"], cwd=dir, env=env,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     goldens = sorted((dir / "goldens").rglob("*.snap"))
-    if len(goldens) != 12:
-        die(f"--fixture: {len(goldens)} goldens written, not 12")
+    if len(goldens) != 4 * len(quants):
+        die(f"--fixture: {len(goldens)} goldens written, not {4 * len(quants)} (4 cases × {len(quants)} quants)")
     say(f"fixture repository {dir}: {len(goldens)} goldens in {time.time() - t:.1f} s")
 
 
@@ -331,9 +361,11 @@ def compare(merged, unsharded):
         die(f"tests differ: merged only {sorted(set(m) - set(u))}, unsharded only {sorted(set(u) - set(m))}")
     for k in sorted(m):
         a, b = m[k], u[k]
-        if a["status"] != b["status"]:
-            die(f"{k}: merged {a['status']}, unsharded {b['status']}")
         speed = a.get("kind") == "speed"
+        if a["status"] != b["status"] and speed:
+            say(f"{k}: speed measured again: merged {a['status']}, unsharded {b['status']} (not asserted)")
+        elif a["status"] != b["status"]:
+            die(f"{k}: merged {a['status']}, unsharded {b['status']}")
         ma = {n: v for n, v in a["metrics"].items() if not (speed and SPEED_MEASURED.search(n))}
         mb = {n: v for n, v in b["metrics"].items() if not (speed and SPEED_MEASURED.search(n))}
         if ma != mb:

@@ -703,6 +703,59 @@ fn the_ci_workflow_init_writes_passes_actionlint() {
     let _ = std::fs::remove_dir_all(&root);
 }
 
+/// The CI workflow `init` writes, run step by step on this machine by
+/// `scripts/release-gates-local.py` (each `run:` script with bash in its
+/// job's order, checkout as a copy, artifacts as folders, the three
+/// partitions one after another, then the merge), on a release of F16 and
+/// Q8_0 over a short corpus: the merged verdicts and metrics equal the
+/// same cases run unsharded, each partition's JUnit file is uploaded, and
+/// the step summary holds the card's tables without its front matter.
+#[test]
+fn the_ci_workflow_init_writes_runs_step_by_step() {
+    let dir = fresh_dir("workflow-run");
+    std::fs::create_dir_all(&dir).unwrap();
+    // About six windows of 512 tokens of WikiText-2, cut at a line.
+    let wiki = std::fs::read_to_string(repo().join("suites/data/wikitext-2-test.txt")).unwrap();
+    let cut = wiki[..16_000].rfind('\n').unwrap() + 1;
+    let text = dir.join("short.txt");
+    std::fs::write(&text, &wiki[..cut]).unwrap();
+    let target = Path::new(env!("CARGO_BIN_EXE_quantgate"))
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .to_path_buf();
+    let (code, stdout, stderr) = output(
+        Command::new("python3")
+            .arg(repo().join("scripts/release-gates-local.py"))
+            .arg(dir.join("release"))
+            .args(["--fixture", "--quants", "q8_0", "--text"])
+            .arg(&text)
+            .arg("--work")
+            .arg(dir.join("work"))
+            .env("CARGO_TARGET_DIR", &target)
+            .env_remove("CI")
+            .env_remove("QUANTGATE_UPDATE"),
+    );
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    for job in ["build", "gates partition=1", "gates partition=2", "gates partition=3"] {
+        assert!(
+            stderr.contains(&format!("job {job}: passed")),
+            "{job}: {stderr}"
+        );
+    }
+    assert!(
+        stderr.contains("merged equals unsharded on 4 tests"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("JUnit: 3 files"), "{stderr}");
+    let summary = std::fs::read_to_string(dir.join("work/step-summary.md")).unwrap();
+    assert!(
+        summary.contains("## Quant ladder report") && summary.contains("| mine-q8_0 "),
+        "{summary}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The report's Markdown is a Hugging Face model card: huggingface_hub's
 /// own `ModelCard` and `metadata_load` (from PyPI, pinned:
 /// `scripts/fetch-huggingface-hub.sh`) read its front matter, with the
