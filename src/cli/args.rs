@@ -48,6 +48,14 @@ pub enum Command {
     Merge(MergeArgs),
     /// Print the token ids of a text file, one per line (to pin as a `[tokens]` file).
     Tokenize(TokenizeArgs),
+    /// Compare two sets of goldens for a reviewer: each case × model ×
+    /// metric unchanged, within noise (its declared tolerance, or its old
+    /// paired interval), moved, flipped (a gate's verdict), added or
+    /// removed, worst first. BASE and HEAD are git revisions (HEAD: the
+    /// working tree; BASE: the merge-base with origin/main), two goldens
+    /// folders, or two `--json` files. Exit 0: nothing beyond noise; 1: a
+    /// gate flipped or a metric moved (see --fail-on); 2: unusable input.
+    Diff(DiffArgs),
 }
 
 /// Which cases run on which models.
@@ -350,4 +358,26 @@ fn at_least_one<T: std::str::FromStr + PartialOrd + From<u8>>(v: &str) -> Result
         Ok(_) => Err(format!("`{v}` is less than 1; give at least 1")),
         Err(_) => Err(format!("`{v}` is not a whole number")),
     }
+}
+
+#[derive(clap::Args)]
+pub struct DiffArgs {
+    /// The old side: a git revision (default: the merge-base of HEAD with
+    /// origin/main), a folder of goldens, or a `--json` file of `quantgate run`.
+    pub base: Option<String>,
+    /// The new side, of the same sort as BASE (default, after a revision:
+    /// the working tree).
+    pub head: Option<String>,
+    /// `text`, `markdown` (a pull request comment: the summary, what moved
+    /// or flipped, the rest folded) or `json` (every change).
+    #[arg(long, default_value = "text", value_parser = ["text", "markdown", "json"])]
+    pub format: String,
+    /// When to exit 1: `moved` (a gate flipped or a metric moved beyond
+    /// noise) or `flipped` (a gate flipped).
+    #[arg(long, default_value = "moved", value_parser = ["moved", "flipped"])]
+    pub fail_on: String,
+    /// The goldens folder, in the repository (default: `goldens` beside
+    /// the suites folder).
+    #[arg(long)]
+    pub goldens: Option<PathBuf>,
 }

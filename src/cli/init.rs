@@ -21,8 +21,14 @@ const WIKITEXT: &[u8] = include_bytes!("../../suites/data/wikitext-2-test.txt");
 /// 64 computed multiple-choice questions in llama-perplexity's binary
 /// `--multiple-choice` format (`multiple_choice::computed_tasks(64, 2026)`).
 const MC_TASKS: &[u8] = include_bytes!("../../suites/data/mc-computed.bin");
-/// The CI workflow (`__INSTALL__`: the step that installs quantgate).
+/// The CI workflow (`__INSTALL__`: the step that installs quantgate;
+/// `__REVIEW_STEPS__`: [`REVIEW_STEPS`]).
 const WORKFLOW: &str = include_str!("release-gates.yml");
+/// The steps that review a pull request's goldens (`quantgate diff`, the
+/// summary, one updated comment), `__QUANTGATE__` the binary: the same in
+/// the workflow `init` writes and in quantgate's own
+/// `.github/workflows/review.yml` (a test compares them).
+pub const REVIEW_STEPS: &str = include_str!("review-steps.yml");
 
 /// Write the release repository `a` describes.
 pub fn run(a: InitArgs) -> Result<Conclusion, Error> {
@@ -369,6 +375,10 @@ fn workflow(dependency: &Dependency, hub: bool) -> String {
         "        with:\n          lfs: true\n"
     };
     WORKFLOW
+        .replace(
+            "__REVIEW_STEPS__\n",
+            &REVIEW_STEPS.replace("__QUANTGATE__", "quantgate-build/bin/quantgate"),
+        )
         .replace("__INSTALL__", &dependency.install())
         .replace("        __LFS__\n", lfs)
         .replace("      __MODELS_BUILD__\n", &models("quantgate"))

@@ -3,6 +3,7 @@
 //! mapping from a conclusion to the process's exit code.
 
 pub mod args;
+mod diff;
 mod init;
 mod inspect;
 mod merge;
@@ -295,5 +296,6 @@ pub fn dispatch(cli: Cli) -> Result<Conclusion, Error> {
         Command::Tokenize(a) => tokenize::run(&ctx, a),
         Command::Inspect(a) => inspect::run(&ctx, a),
         Command::Models(a) => models::run(&ctx, a),
+        Command::Diff(a) => diff::run(&ctx, a),
     }
 }

@@ -11,6 +11,7 @@
 
 use crate::core::Case;
 pub mod diff;
+pub mod review;
 pub mod snap;
 
 use crate::core::{MetricType, Outcome, Status};

@@ -5,6 +5,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod diff;
 mod harness;
 mod inspect;
 mod package;

@@ -691,6 +691,31 @@ fn the_ci_workflow_init_writes_passes_actionlint() {
     };
     let (code, said) = check(&wf);
     assert_eq!(code, Some(0), "actionlint: {said}");
+    // The pull request review (`quantgate diff`, the summary, one updated
+    // comment): the same steps in the workflow init writes and in
+    // quantgate's own .github/workflows/review.yml, which actionlint
+    // passes too.
+    let steps = std::fs::read_to_string(repo().join("src/cli/review-steps.yml")).unwrap();
+    assert!(
+        text.contains(&steps.replace("__QUANTGATE__", "quantgate-build/bin/quantgate")),
+        "{text}"
+    );
+    let own = repo().join(".github/workflows/review.yml");
+    let own_text = std::fs::read_to_string(&own).unwrap();
+    assert!(
+        own_text.contains(&steps.replace("__QUANTGATE__", "target/release/quantgate")),
+        "{own_text}"
+    );
+    for t in [&text, &own_text] {
+        assert!(
+            t.contains("diff \"$base\" HEAD --format markdown")
+                && t.contains("gh api")
+                && t.contains("fetch-depth: 0"),
+            "{t}"
+        );
+    }
+    let (code, said) = check(&own);
+    assert_eq!(code, Some(0), "actionlint: {said}");
     let bad = root.join("bad.yml");
     std::fs::write(
         &bad,
@@ -737,7 +762,12 @@ fn the_ci_workflow_init_writes_runs_step_by_step() {
             .env_remove("QUANTGATE_UPDATE"),
     );
     assert_eq!(code, 0, "{stdout}\n{stderr}");
-    for job in ["build", "gates partition=1", "gates partition=2", "gates partition=3"] {
+    for job in [
+        "build",
+        "gates partition=1",
+        "gates partition=2",
+        "gates partition=3",
+    ] {
         assert!(
             stderr.contains(&format!("job {job}: passed")),
             "{job}: {stderr}"
