@@ -8,6 +8,10 @@
 # on PyPI (pinned version and sha256); nothing of them is kept in this repository.
 # With the argument `bench`, builds llama.cpp's `llama-bench` instead (its
 # llama-bench.cpp from the same sdist), in the same build tree.
+# QUANTGATE_LLAMA_NATIVE=ON builds them with GGML_NATIVE on instead (ggml's
+# CPU code for this machine's SIMD: another path through the same arithmetic;
+# quantgate's own build, as llama-cpp-sys-2 makes it, has it off), in a build
+# folder of its own (`-native`): the `native` runtime of suites/runtimes.toml.
 # Prints the binary's path on stdout. Idempotent: a finished build (its stamp
 # names the binary's sha256) is reused; concurrent callers build once (flock).
 set -euo pipefail
@@ -29,7 +33,10 @@ find_src() {
 src=$(find_src) || { (cd "$here" && cargo fetch -q >&2); src=$(find_src); } \
   || { echo "llama-cpp-sys-2 $sys_version sources not found" >&2; exit 2; }
 
+native=${QUANTGATE_LLAMA_NATIVE:-OFF}
+case "$native" in ON|OFF) ;; *) echo "QUANTGATE_LLAMA_NATIVE: \`$native\` is not ON or OFF" >&2; exit 2;; esac
 out=${QUANTGATE_LLAMA_BUILD_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/quantgate/llama-perplexity-$sys_version}
+[ "$native" = ON ] && out="$out-native"
 bin="$out/build/llama-$tool"
 # A finished build leaves a stamp with the binary's sha256: a binary whose
 # build was interrupted (or that was changed since) is built again.
@@ -76,9 +83,10 @@ cat > "$out/CMakeLists.txt" <<CMAKE
 cmake_minimum_required(VERSION 3.14)
 project(quantgate_llama_perplexity C CXX)
 set(LLAMA_BUILD_COMMON ON CACHE BOOL "" FORCE)
-foreach(opt LLAMA_BUILD_TOOLS LLAMA_BUILD_TESTS LLAMA_BUILD_EXAMPLES LLAMA_BUILD_SERVER LLAMA_CURL GGML_NATIVE BUILD_SHARED_LIBS)
+foreach(opt LLAMA_BUILD_TOOLS LLAMA_BUILD_TESTS LLAMA_BUILD_EXAMPLES LLAMA_BUILD_SERVER LLAMA_CURL BUILD_SHARED_LIBS)
   set(\${opt} OFF CACHE BOOL "" FORCE)
 endforeach()
+set(GGML_NATIVE $native CACHE BOOL "" FORCE)
 add_subdirectory("$src" llama.cpp)
 add_executable(llama-perplexity main.cpp perplexity.cpp)
 target_link_libraries(llama-perplexity PRIVATE llama-common llama)

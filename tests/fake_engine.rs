@@ -5,6 +5,8 @@
 //! preregistered rules.
 
 mod common;
+#[path = "fake_engine/drift.rs"]
+mod drift;
 #[path = "fake_engine/golden_selftest.rs"]
 mod golden_selftest;
 #[path = "fake_engine/goldens_agree.rs"]

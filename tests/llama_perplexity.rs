@@ -698,3 +698,67 @@ fn multiple_choice_equals_llama_perplexity() {
         }
     }
 }
+
+/// An external runtime gives the numbers the linked build gives: llama.cpp's
+/// own llama-perplexity of the very sources and flags quantgate links (the
+/// `own` runtime of suites/runtimes.toml, built by the same script as the
+/// tool here) writes, through its `--kl-divergence-base` file, rows
+/// byte-equal to the ones quantgate encodes from its own logits, on F16 and
+/// Q4_K_M: `quantgate drift` finds every figure 0, each runtime's floor 0,
+/// and says the rows are bit-equal; `quantgate runtimes own` names its
+/// sha256 and version.
+#[test]
+fn an_external_runtime_of_the_linked_sources_gives_its_numbers_bit_for_bit() {
+    let (_lane, threads) = lane();
+    common::llama_perplexity_tool();
+    let bin = env!("CARGO_BIN_EXE_quantgate");
+    let out = Command::new(bin)
+        .current_dir(repo())
+        .args(["runtimes", "own"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        said.contains("own") && said.contains("sha256") && said.contains("version"),
+        "{said}"
+    );
+    let json = std::env::temp_dir().join(format!("qg-drift-own-{}.json", std::process::id()));
+    let out = Command::new(bin)
+        .current_dir(repo())
+        .args(["drift", "--runtime", "linked", "--runtime", "own"])
+        .args(["--model", "smollm2-f16", "--model", "smollm2-q4_k_m"])
+        .args(["--chunks", "2", "--threads", &threads.to_string(), "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{table}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let models = doc["models"].as_array().unwrap();
+    assert_eq!(models.len(), 2, "{doc}");
+    for m in models {
+        let g = |k: &str| m["metrics"][k].as_f64().unwrap_or(f64::NAN);
+        assert_eq!(g("bit_identical"), 1.0, "{}: {table}", m["model"]);
+        assert_eq!(g("floor_bit_identical"), 1.0, "{}", m["model"]);
+        for k in ["kld_max", "kld_mean", "delta_nll_mean", "floor_kld_max"] {
+            assert_eq!(g(k), 0.0, "{}: {k}", m["model"]);
+        }
+        assert_eq!(g("ppl_a"), g("ppl_b"));
+        assert_eq!(g("positions"), 2.0 * 255.0);
+    }
+    assert!(
+        table.contains("| smollm2-f16 |") && table.contains("| yes |"),
+        "{table}"
+    );
+    let _ = std::fs::remove_file(&json);
+}

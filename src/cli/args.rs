@@ -56,6 +56,16 @@ pub enum Command {
     /// folders, or two `--json` files. Exit 0: nothing beyond noise; 1: a
     /// gate flipped or a metric moved (see --fail-on); 2: unusable input.
     Diff(DiffArgs),
+    /// Each model through two runtimes (`linked`, the llama.cpp quantgate
+    /// links, or a llama-perplexity binary of `<suites>/runtimes.toml`)
+    /// over the same windows: ΔNLL (B − A) with its 95% interval, KLD(B‖A)
+    /// mean, p99 and max, same top, PPL each, the floor (A run twice;
+    /// each runtime against itself at another thread count) beside every figure. Exit 0:
+    /// within the build-upgrade gates; 1: beyond them; 2: unusable input.
+    Drift(DriftArgs),
+    /// The runtimes `<suites>/runtimes.toml` declares (and `linked`), each
+    /// verified: its sha256 against its pin, its `--help`, its `--version`.
+    Runtimes(RuntimesArgs),
 }
 
 /// Which cases run on which models.
@@ -380,4 +390,38 @@ pub struct DiffArgs {
     /// the suites folder).
     #[arg(long)]
     pub goldens: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+pub struct DriftArgs {
+    /// Runtime A (the baseline), then runtime B: `linked` or a name of
+    /// `<suites>/runtimes.toml`.
+    #[arg(long = "runtime", required = true)]
+    pub runtimes: Vec<String>,
+    /// The models: aliases, or GGUF files (paths or globs, pinned in
+    /// `<suites>/models.lock`).
+    #[arg(long = "model", required = true)]
+    pub models: Vec<String>,
+    /// The text (default: WikiText-2 test, shipped with quantgate).
+    #[arg(long)]
+    pub text: Option<PathBuf>,
+    /// Window length (llama-perplexity's `-c`).
+    #[arg(long, default_value_t = 512)]
+    pub n_ctx: u32,
+    /// Windows (llama-perplexity's `--chunks`).
+    #[arg(long, default_value_t = 16)]
+    pub chunks: usize,
+    /// Threads of every run (the floor runs each runtime again with 1, or
+    /// 2 when this is 1).
+    #[arg(long)]
+    pub threads: Option<u32>,
+    /// Also write every figure as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+pub struct RuntimesArgs {
+    /// The runtimes to verify (default: every one).
+    pub names: Vec<String>,
 }

@@ -17,7 +17,7 @@ use quantgate::models::local;
 use std::path::{Path, PathBuf};
 
 /// WikiText-2 test, the default corpus (llama-perplexity's usual one).
-const WIKITEXT: &[u8] = include_bytes!("../../suites/data/wikitext-2-test.txt");
+pub(crate) const WIKITEXT: &[u8] = include_bytes!("../../suites/data/wikitext-2-test.txt");
 /// 64 computed multiple-choice questions in llama-perplexity's binary
 /// `--multiple-choice` format (`multiple_choice::computed_tasks(64, 2026)`).
 const MC_TASKS: &[u8] = include_bytes!("../../suites/data/mc-computed.bin");

@@ -4,6 +4,7 @@
 
 pub mod args;
 mod diff;
+mod drift;
 mod init;
 mod inspect;
 mod merge;
@@ -297,5 +298,7 @@ pub fn dispatch(cli: Cli) -> Result<Conclusion, Error> {
         Command::Inspect(a) => inspect::run(&ctx, a),
         Command::Models(a) => models::run(&ctx, a),
         Command::Diff(a) => diff::run(&ctx, a),
+        Command::Drift(a) => drift::run(&ctx, a),
+        Command::Runtimes(a) => drift::runtimes(&ctx, a),
     }
 }

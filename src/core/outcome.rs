@@ -296,6 +296,11 @@ pub struct Outcome {
     /// (file name, sha256), so a report says what was measured.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub data: Vec<(String, String)>,
+    /// The runtimes a drift case compared (`A: linked (…)`, `B: NAME
+    /// sha256 … (version)`); empty for every other case (its numbers are
+    /// the linked build's, `build`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runtimes: Vec<String>,
     /// Engine settings.
     pub settings: Option<Settings>,
     /// The machine a measurement of speed was taken on (CPU, CPUs, memory,
@@ -363,6 +368,7 @@ impl Outcome {
             reference_sha256: None,
             series: BTreeMap::new(),
             data: Vec::new(),
+            runtimes: Vec::new(),
             settings: None,
             machine: None,
             build,

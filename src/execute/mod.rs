@@ -9,6 +9,7 @@ pub mod qgref;
 pub mod rans;
 pub mod record;
 pub mod reference;
+pub mod runtime;
 pub mod windows;
 
 pub use context::{cores, threads_per_trial, RunContext};

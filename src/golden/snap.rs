@@ -32,6 +32,9 @@ impl Inputs {
         if let Some(t) = &outcome.token_stream_sha256 {
             m.insert("token_stream_sha256".into(), t.clone());
         }
+        if !outcome.runtimes.is_empty() {
+            m.insert("runtimes".into(), outcome.runtimes.join("; "));
+        }
         if let Some(d) = &outcome.prereg {
             m.insert("prereg".into(), d.prereg.clone());
             m.insert("prereg_sha256".into(), d.prereg_sha256.clone());

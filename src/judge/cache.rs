@@ -18,7 +18,9 @@ use std::path::PathBuf;
 /// pinned sha256, the engine build, the threads and every engine option
 /// that changes numbers ([`engine_key`]); a trial that
 /// measures speed also by the machine ([`RunContext::machine`]), so a speed
-/// result is given again only where it was measured. None when the trial
+/// result is given again only where it was measured; and by what else its
+/// kind says keys it ([`crate::kinds::Kind::run_key`]: a drift case's
+/// runtimes, so two runtimes never share a result). None when the trial
 /// has no key (an unpinned model, or speed on a machine that cannot be told
 /// apart).
 fn entry(runner: &RunContext, p: &Planned) -> Option<PathBuf> {
@@ -29,6 +31,7 @@ fn entry(runner: &RunContext, p: &Planned) -> Option<PathBuf> {
     } else {
         String::new()
     };
+    let runtimes = parsed.kind.run_key(runner)?;
     let case = &parsed.case;
     let exe = EXE
         .get_or_init(|| {
@@ -46,7 +49,7 @@ fn entry(runner: &RunContext, p: &Planned) -> Option<PathBuf> {
     };
     let key = crate::core::fsutil::sha256_bytes(
         format!(
-            "{exe}|{}|{}|{}={model}|{reference}|{}|{}{machine}",
+            "{exe}|{}|{}|{}={model}|{reference}|{}|{}{machine}|{runtimes}",
             case.name,
             case.content_sha256,
             p.model,

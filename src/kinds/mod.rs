@@ -23,6 +23,7 @@ use std::sync::Arc;
 pub mod digit_rows;
 pub mod digit_text;
 pub mod digits;
+pub mod drift;
 pub mod reference_rows;
 pub mod scored_text;
 
@@ -148,6 +149,14 @@ pub trait Kind: Send + Sync + std::fmt::Debug {
         self.decides_sequentially()
     }
 
+    /// What else keys a trial's cached result, found at run time (a drift
+    /// case's runtimes, their sha256 and version); None: it cannot be told
+    /// now, and the trial is not answered from the cache. Nothing by
+    /// default.
+    fn run_key(&self, _cx: &RunContext) -> Option<String> {
+        Some(String::new())
+    }
+
     /// Whether a trial measures the machine's speed: its group runs with
     /// no other group beside it (`quantgate run --jobs N`), and its result
     /// cache entry is keyed by the machine as well.
@@ -270,6 +279,7 @@ pub const KINDS: &[(&str, Parse, Present)] = &[
         multiple_choice::parse,
         multiple_choice::present,
     ),
+    ("drift", drift::parse, drift::present),
 ];
 
 /// Every kind's part of the ladder report, in [`KINDS`] order.

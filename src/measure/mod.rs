@@ -6,6 +6,7 @@
 //! exponentials uses a vectorisable f64 `exp` (accurate to a few ulp), since
 //! a libm call per vocabulary entry would cost as much as the forward pass.
 
+pub mod drift;
 pub mod forecast;
 
 pub mod kld;

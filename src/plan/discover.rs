@@ -1,7 +1,8 @@
 //! Discover stage: which case files to run.
 //!
 //! Contract: a sorted list of `/`-separated paths relative to the suites
-//! root; dot-files, `models.toml` at the root and `data/` are skipped; a
+//! root; dot-files, the root's `models.toml` and `runtimes.toml` (not
+//! cases: [`NOT_CASES`]) and `data/` are skipped; a
 //! selection that matches nothing is an error naming the root and pattern.
 
 use crate::core::error::{Error, Result};
@@ -9,6 +10,10 @@ use crate::core::fsutil::rel_slash;
 use globset::{Glob, GlobSet, GlobSetBuilder};
 use std::path::{Path, PathBuf};
 use walkdir::WalkDir;
+
+/// The files at the suites root that are not cases: the model registry
+/// and the runtimes ([`crate::execute::runtime`]).
+pub const NOT_CASES: [&str; 2] = ["models.toml", "runtimes.toml"];
 
 /// A discovered case file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,7 +52,10 @@ fn walk(root: &Path) -> Result<Vec<Found>> {
         })?;
         let rel = rel_slash(root, entry.path());
         let name = entry.file_name().to_string_lossy();
-        if !entry.file_type().is_dir() && name.ends_with(".toml") && rel != "models.toml" {
+        if !entry.file_type().is_dir()
+            && name.ends_with(".toml")
+            && !NOT_CASES.contains(&rel.as_str())
+        {
             out.push(Found {
                 rel,
                 path: entry.path().to_path_buf(),
@@ -150,6 +158,8 @@ mod tests {
             "b/two.toml",
             "a/one.toml",
             "models.toml",
+            "runtimes.toml",
+            "a/runtimes.toml",
             "data/x.toml",
             ".hidden.toml",
             "a/notes.txt",
@@ -169,7 +179,7 @@ mod tests {
             .into_iter()
             .map(|f| f.rel)
             .collect();
-        assert_eq!(rels, vec!["a/one.toml", "b/two.toml"]);
+        assert_eq!(rels, vec!["a/one.toml", "a/runtimes.toml", "b/two.toml"]);
         let rels: Vec<_> = discover(&root, &["b/*".into()])
             .unwrap()
             .into_iter()
@@ -181,7 +191,7 @@ mod tests {
             .into_iter()
             .map(|f| f.rel)
             .collect();
-        assert_eq!(rels, vec!["a/one.toml"]);
+        assert_eq!(rels, vec!["a/one.toml", "a/runtimes.toml"]);
     }
 
     #[test]

@@ -14,6 +14,7 @@ mod reference;
 mod report;
 mod robustness;
 mod run;
+mod runtimes;
 mod trust;
 
 use quantgate::engine::llama::LlamaEngine;
