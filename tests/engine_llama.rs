@@ -448,3 +448,55 @@ fn inspect_agrees_with_llama_cpps_loader_on_every_fixture() {
         assert!(i.file_type.is_some_and(|(_, n)| n.is_some()), "{alias}");
     }
 }
+
+/// A model keeps its contexts across calls: a second call with the same
+/// settings sets none up, and a context that decoded other windows in
+/// between gives, after its cache is cleared, the rows a fresh one gave,
+/// bit for bit (one lane and two). Other settings get a context of their
+/// own.
+#[test]
+fn contexts_kept_across_calls_give_a_fresh_contexts_rows() {
+    let m = fixture();
+    let text = "Pi is 3.14159, e is 2.71828, and the capital of France is Paris. ";
+    let ids: Vec<i32> = common::token_ids(&*m, &text.repeat(6), BosPolicy::Always);
+    let window = |a: usize, b: usize, from: usize| Window {
+        tokens: ids[a..b].to_vec(),
+        logits_from: from,
+    };
+    let first = vec![window(0, 90, 10), window(20, 110, 45)];
+    let other = vec![window(5, 100, 0), window(30, 75, 3)];
+    for threads in [1, 2] {
+        // n_ctx 112 is this test's own: no other test's call keeps a
+        // context with these settings.
+        let settings = Settings::new(112, threads);
+        let rows = |windows: &[Window]| {
+            let mut out: Vec<(usize, usize, Vec<u32>)> = Vec::new();
+            m.score(&settings, windows, &mut |w, pos, row| {
+                out.push((w, pos, row.iter().map(|x| x.to_bits()).collect()));
+                Ok(())
+            })
+            .unwrap();
+            out
+        };
+        let before = m.contexts_made();
+        let fresh = rows(&first);
+        let made = m.contexts_made() - before;
+        assert!(made >= 1, "threads {threads}: {made} contexts made");
+        let _ = rows(&other);
+        let again = rows(&first);
+        assert_eq!(
+            m.contexts_made() - before,
+            made,
+            "threads {threads}: contexts set up again for the same settings"
+        );
+        assert_eq!(fresh.len(), again.len());
+        for (a, b) in fresh.iter().zip(&again) {
+            assert!(
+                a == b,
+                "threads {threads}: window {} position {}: a kept context's row differs from a fresh one's",
+                a.0,
+                a.1
+            );
+        }
+    }
+}

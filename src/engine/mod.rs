@@ -158,6 +158,12 @@ pub type BatchSink<'a> = dyn FnMut(usize, &[&[f32]]) -> Result<()> + 'a;
 pub trait LoadedModel: Send + Sync {
     /// Facts about the model.
     fn info(&self) -> &ModelInfo;
+    /// How many contexts this model has set up so far: calls whose
+    /// settings found one kept idle set up none (0 for an engine without
+    /// contexts).
+    fn contexts_made(&self) -> u64 {
+        0
+    }
     /// Tokenize `text` (special tokens not parsed) with pieces and offsets.
     fn tokenize(&self, text: &str, bos: BosPolicy) -> Result<Vec<Token>>;
     /// Tokenize a text that holds special tokens (a chat template's), which

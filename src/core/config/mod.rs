@@ -27,6 +27,7 @@
 //! | `QUANTGATE_N_GPU_LAYERS`, `_KV_TYPE`, `_FLASH_ATTN` | build default, `f16`, `off` | engine options |
 //! | `QUANTGATE_PYTHON` | `python3` | the Python that fetches fixture models |
 //! | `QUANTGATE_LLAMA_LOG` | unset | keep llama.cpp's own log |
+//! | `QUANTGATE_CONTEXT_POOL_MIB` | `1024` | idle llama.cpp contexts kept across calls, at most (MiB; 0: none) |
 //! | `CI`, `NEXTEST` | unset | set by CI and by nextest |
 
 use crate::core::auth::{Key, KEY_ENV, KEY_FILE_ENV};
@@ -35,6 +36,12 @@ use crate::core::settings::EngineOptions;
 use std::path::PathBuf;
 
 pub use crate::core::progress::TERMINAL_ENV;
+
+/// The variable of [`Config::context_pool`].
+pub const CONTEXT_POOL_ENV: &str = "QUANTGATE_CONTEXT_POOL_MIB";
+
+/// [`Config::context_pool`] by default: 1 GiB.
+pub const DEFAULT_CONTEXT_POOL: u64 = 1 << 30;
 
 /// What to do with a changed or missing golden (insta's modes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,6 +136,9 @@ pub struct Config {
     pub python: String,
     /// Keep llama.cpp's own log.
     pub llama_log: bool,
+    /// The most bytes of idle llama.cpp contexts kept across decode calls
+    /// (`QUANTGATE_CONTEXT_POOL_MIB`; default [`DEFAULT_CONTEXT_POOL`]).
+    pub context_pool: u64,
     /// The parent process that passes this one's stderr on draws on a
     /// terminal (progress bars are drawn for it).
     pub parent_terminal: bool,
@@ -236,6 +246,17 @@ impl Config {
             Some("off") => false,
             Some(v) => return Err(bad("QUANTGATE_RESULT_CACHE", v, "on, off")),
         };
+        let context_pool = match get(CONTEXT_POOL_ENV) {
+            None => DEFAULT_CONTEXT_POOL,
+            Some(v) => match v.trim().parse::<u64>() {
+                Ok(mib) if mib <= 1 << 20 => mib << 20,
+                _ => {
+                    return Err(Error::input(format!(
+                        "{CONTEXT_POOL_ENV}=`{v}` is not a whole number of MiB from 0 to 1048576"
+                    )))
+                }
+            },
+        };
         let isolation = match get("QUANTGATE_ISOLATION").as_deref() {
             None | Some("group") => Isolation::Group,
             Some("off") => Isolation::Off,
@@ -309,6 +330,7 @@ impl Config {
             config_home,
             python: get("QUANTGATE_PYTHON").unwrap_or_else(|| "python3".into()),
             llama_log: get("QUANTGATE_LLAMA_LOG").is_some(),
+            context_pool,
             parent_terminal: get(TERMINAL_ENV).is_some(),
             progress_board: get(TERMINAL_ENV).as_deref() == Some("board"),
             ci,
@@ -369,6 +391,7 @@ impl Config {
                 "QUANTGATE_LLAMA_LOG",
                 if self.llama_log { "1" } else { "" }.to_string(),
             ),
+            (CONTEXT_POOL_ENV, (self.context_pool >> 20).to_string()),
             (
                 "QUANTGATE_OUT",
                 self.out

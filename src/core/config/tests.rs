@@ -105,6 +105,8 @@ fn a_bad_value_names_its_variable() {
         ("QUANTGATE_CACHE", "/dev/null"),
         ("QUANTGATE_SUITES", "/no/such/folder"),
         ("QUANTGATE_GOLDENS", "/dev/null"),
+        ("QUANTGATE_CONTEXT_POOL_MIB", "lots"),
+        ("QUANTGATE_CONTEXT_POOL_MIB", "-1"),
     ] {
         let e = with(&[(k, v)]).unwrap_err();
         assert_eq!(e.kind, crate::core::ErrorKind::Input, "{k}");
@@ -130,6 +132,7 @@ fn a_workers_variables_give_the_parents_config() {
         ("QUANTGATE_FLASH_ATTN", "on"),
         ("QUANTGATE_KV_TYPE", "q8_0"),
         ("QUANTGATE_N_GPU_LAYERS", "7"),
+        ("QUANTGATE_CONTEXT_POOL_MIB", "0"),
         (REFERENCE_DIR_ENV, d.path().to_str().unwrap()),
         (REFERENCE_MISSING_ENV, "compute"),
     ])
@@ -147,6 +150,7 @@ fn a_workers_variables_give_the_parents_config() {
     assert_eq!(worker.update, parent.update);
     assert_eq!(worker.python, parent.python);
     assert_eq!(worker.llama_log, parent.llama_log);
+    assert_eq!((worker.context_pool, parent.context_pool), (0, 0));
     assert_eq!(worker.engine, parent.engine);
     assert_eq!(worker.reference, parent.reference);
     assert_eq!(worker.out, parent.out);
@@ -164,13 +168,15 @@ fn a_workers_variables_give_the_parents_config() {
             back.update,
             back.result_cache,
             back.isolation,
-            back.llama_log
+            back.llama_log,
+            back.context_pool
         ),
         (
             plain.update,
             plain.result_cache,
             plain.isolation,
-            plain.llama_log
+            plain.llama_log,
+            DEFAULT_CONTEXT_POOL
         )
     );
     assert_eq!(back.engine, plain.engine);

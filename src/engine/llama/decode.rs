@@ -13,7 +13,9 @@ impl Loaded {
         self.info.file.error(what)
     }
 
-    pub(super) fn context(&self, settings: &Settings) -> Result<LlamaContext<'_>> {
+    /// A new context for `settings` (most callers take one through
+    /// [`Loaded::context`], which keeps them across calls).
+    pub(super) fn fresh_context(&self, settings: &Settings) -> Result<LlamaContext<'_>> {
         if settings.n_ctx > self.info.n_ctx_train {
             return Err(Error::input(format!(
                 "model `{}`: n_ctx {} is larger than the model's training context {}",
@@ -192,7 +194,7 @@ impl Loaded {
         } else {
             vec![t]
         };
-        let mut lanes: Vec<(Settings, LlamaContext<'_>, LlamaBatch)> = threads
+        let mut lanes: Vec<(Settings, super::pool::Pooled<'_>, LlamaBatch)> = threads
             .into_iter()
             .map(|threads| {
                 let mut s = settings.clone();
@@ -202,31 +204,42 @@ impl Loaded {
             })
             .collect::<Result<_>>()?;
         let n = lanes.len();
-        for (c, group) in items.chunks(n).enumerate() {
-            let decoded: Vec<Result<R>> = if n == 1 {
-                let (s, ctx, batch) = &mut lanes[0];
-                vec![decode(ctx, batch, s, c, &group[0])]
-            } else {
-                std::thread::scope(|scope| {
-                    let running: Vec<_> = group
-                        .iter()
-                        .zip(lanes.iter_mut())
-                        .enumerate()
-                        .map(|(j, (item, (s, ctx, batch)))| {
-                            scope.spawn(move || decode(ctx, batch, s, c * n + j, item))
-                        })
-                        .collect();
-                    running
-                        .into_iter()
-                        .map(|h| h.join().expect("a decode lane panicked"))
-                        .collect()
-                })
-            };
-            for (j, r) in decoded.into_iter().enumerate() {
-                deliver(c * n + j, &lanes[j].1, r?)?;
+        let mut run = || -> Result<()> {
+            for (c, group) in items.chunks(n).enumerate() {
+                let decoded: Vec<Result<R>> = if n == 1 {
+                    let (s, ctx, batch) = &mut lanes[0];
+                    vec![decode(ctx, batch, s, c, &group[0])]
+                } else {
+                    std::thread::scope(|scope| {
+                        let running: Vec<_> = group
+                            .iter()
+                            .zip(lanes.iter_mut())
+                            .enumerate()
+                            .map(|(j, (item, (s, ctx, batch)))| {
+                                let ctx: &mut LlamaContext<'_> = ctx;
+                                scope.spawn(move || decode(ctx, batch, s, c * n + j, item))
+                            })
+                            .collect();
+                        running
+                            .into_iter()
+                            .map(|h| h.join().expect("a decode lane panicked"))
+                            .collect()
+                    })
+                };
+                for (j, r) in decoded.into_iter().enumerate() {
+                    deliver(c * n + j, &lanes[j].1, r?)?;
+                }
+            }
+            Ok(())
+        };
+        let done = run();
+        if done.is_err() {
+            // A context whose call failed is not kept.
+            for (_, ctx, _) in lanes {
+                ctx.discard();
             }
         }
-        Ok(())
+        done
     }
 
     /// Up to `k` tokens that greedy one-row passes (llama.cpp's usual
@@ -271,7 +284,7 @@ impl Loaded {
         settings: &Settings,
         prompt: &[TokenId],
         max_new: usize,
-    ) -> Result<LlamaContext<'_>> {
+    ) -> Result<super::pool::Pooled<'_>> {
         if prompt.is_empty() {
             return Err(self.err("generation needs a non-empty prompt"));
         }

@@ -32,6 +32,7 @@ mod files;
 pub use files::*;
 mod decode;
 mod model;
+mod pool;
 
 /// The pinned crate versions (checked against Cargo.lock by a test).
 pub const LLAMA_CPP_2_VERSION: &str = "0.1.160";
@@ -62,11 +63,24 @@ fn backend(log: bool) -> Result<&'static LlamaBackend> {
 
 /// The llama.cpp engine, with its options (GPU layers, KV cache type,
 /// flash attention) and whether llama.cpp's own log is kept.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Clone)]
 pub struct LlamaEngine {
     drafts: bool,
     options: crate::core::EngineOptions,
     log: bool,
+    /// The most bytes of idle contexts its models keep (`pool.rs`).
+    context_pool: u64,
+}
+
+impl Default for LlamaEngine {
+    fn default() -> Self {
+        LlamaEngine {
+            drafts: false,
+            options: crate::core::EngineOptions::default(),
+            log: false,
+            context_pool: crate::core::config::DEFAULT_CONTEXT_POOL,
+        }
+    }
 }
 
 impl LlamaEngine {
@@ -85,6 +99,7 @@ impl LlamaEngine {
             drafts: true,
             options: config.engine.clone(),
             log: config.llama_log,
+            context_pool: config.context_pool,
         }
     }
 
@@ -194,6 +209,7 @@ impl Engine for LlamaEngine {
             tokenizer_fingerprint: fingerprint(&model),
         };
         Ok(Arc::new(Loaded {
+            idle: pool::Idle::new(self.context_pool),
             model,
             info,
             drafts: self.drafts,
@@ -230,6 +246,8 @@ impl Engine for LlamaEngine {
 }
 
 struct Loaded {
+    /// Contexts kept across calls (before `model`: freed first).
+    idle: pool::Idle,
     model: LlamaModel,
     info: ModelInfo,
     /// Invariant generation checks drafted tokens (see `generate`).

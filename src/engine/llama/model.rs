@@ -8,6 +8,10 @@ impl LoadedModel for Loaded {
         &self.info
     }
 
+    fn contexts_made(&self) -> u64 {
+        self.idle.made()
+    }
+
     fn decode_batches(
         &self,
         settings: &Settings,
@@ -70,7 +74,8 @@ impl LoadedModel for Loaded {
         warmup: bool,
         seed: u64,
     ) -> Result<Vec<std::time::Duration>> {
-        let mut ctx = self.context(settings)?;
+        // A context of its own, as llama-bench makes one per test.
+        let mut ctx = self.fresh_context(settings)?;
         let n_vocab = self.info.n_vocab as u64;
         // The ids do not matter to the speed, only their count.
         let mut rng = crate::measure::SplitMix64(seed);

@@ -1,0 +1,206 @@
+//! Contexts kept across decode calls: a loaded model keeps the contexts its
+//! calls are done with, keyed by every parameter they were made with, and
+//! the next call with the same parameters takes one back with its KV cache
+//! cleared, as llama-perplexity clears its one context between chunks.
+//! Setting a context up (KV cache, compute buffers, the logits buffer
+//! touched page by page) is then paid once per model and settings, not once
+//! per call: a reference streamed a pair of windows at a time costs what it
+//! costs read whole.
+//!
+//! Contract: a context taken back computes what a fresh one computes (its
+//! whole memory cleared, data too); what is kept idle, over every loaded
+//! model, is bounded by the engine's budget
+//! ([`crate::core::config::Config::context_pool`]: 1 GiB unless
+//! `QUANTGATE_CONTEXT_POOL_MIB` says otherwise; an estimate of each
+//! context's logits, KV cache and compute buffers; a context over it is
+//! freed, never kept); a context whose call failed or panicked is freed;
+//! idle contexts are freed before their model.
+
+use super::*;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Bytes of idle contexts kept, over all loaded models.
+static IDLE_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// What a context is made with: two contexts with the same key compute the
+/// same.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct ContextKey {
+    n_ctx: u32,
+    n_batch: u32,
+    n_ubatch: u32,
+    n_seq: u32,
+    threads: u32,
+    flash_attn: bool,
+    kv_type: String,
+}
+
+impl ContextKey {
+    pub(super) fn of(settings: &Settings) -> Self {
+        ContextKey {
+            n_ctx: settings.n_ctx,
+            n_batch: settings.n_batch,
+            n_ubatch: settings.physical_batch(),
+            n_seq: settings.n_seq.max(1),
+            threads: settings.threads,
+            flash_attn: settings.flash_attn,
+            kv_type: settings.kv_type.clone(),
+        }
+    }
+}
+
+/// The idle contexts of one loaded model.
+pub(super) struct Idle {
+    /// The most bytes of idle contexts kept over all loaded models.
+    budget: u64,
+    /// Each with its key and its estimated bytes. `'static` stands for the
+    /// model's lifetime: [`Loaded`] frees them in its `Drop`, before its
+    /// model, and hands them out only as borrowing it.
+    kept: Mutex<Vec<(ContextKey, u64, LlamaContext<'static>)>>,
+    /// Contexts set up for the model so far.
+    made: AtomicU64,
+}
+
+impl Idle {
+    /// No idle context yet; at most `budget` bytes of them kept over all
+    /// loaded models (SmolLM2's context at n_ctx 512 is about 120 MiB, its
+    /// logits buffer 512 rows of 49,152, so 1 GiB keeps both lanes of a
+    /// five-model ladder; one of Gemma 3's 262k vocabulary, about 0.55 GiB,
+    /// is kept alone).
+    pub(super) fn new(budget: u64) -> Self {
+        Idle {
+            budget,
+            kept: Mutex::new(Vec::new()),
+            made: AtomicU64::new(0),
+        }
+    }
+
+    /// Free every idle context (the model is going).
+    pub(super) fn clear(&self) {
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        for (_, bytes, ctx) in kept.drain(..) {
+            drop(ctx);
+            IDLE_BYTES.fetch_sub(bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// How many contexts were set up for the model.
+    pub(super) fn made(&self) -> u64 {
+        self.made.load(Ordering::Relaxed)
+    }
+}
+
+/// A context of `Loaded`, given back to its model's idle contexts when
+/// dropped (unless [`Pooled::discard`]ed, over budget, or dropped by a
+/// panic).
+pub(super) struct Pooled<'m> {
+    ctx: Option<LlamaContext<'m>>,
+    key: ContextKey,
+    bytes: u64,
+    home: &'m Idle,
+}
+
+impl<'m> Pooled<'m> {
+    /// Free this context rather than keep it (its call failed).
+    pub(super) fn discard(mut self) {
+        self.ctx = None;
+    }
+}
+
+impl<'m> Deref for Pooled<'m> {
+    type Target = LlamaContext<'m>;
+    fn deref(&self) -> &LlamaContext<'m> {
+        self.ctx
+            .as_ref()
+            .expect("a pooled context is present until dropped")
+    }
+}
+
+impl DerefMut for Pooled<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        self.ctx
+            .as_mut()
+            .expect("a pooled context is present until dropped")
+    }
+}
+
+impl Drop for Pooled<'_> {
+    fn drop(&mut self) {
+        let Some(ctx) = self.ctx.take() else { return };
+        if std::thread::panicking() {
+            return;
+        }
+        let budget = self.home.budget;
+        let kept = IDLE_BYTES.fetch_add(self.bytes, Ordering::Relaxed) + self.bytes;
+        if kept > budget {
+            IDLE_BYTES.fetch_sub(self.bytes, Ordering::Relaxed);
+            return;
+        }
+        // SAFETY: the context borrows the model of `Loaded` (which owns
+        // `home`); it is kept only in `home`, freed by `Loaded`'s Drop
+        // before the model, and handed out again only as `Pooled<'m>`
+        // borrowing that `Loaded`. `LlamaContext` holds no Rust reference
+        // to the model (a marker only; the C context points at the C model,
+        // which does not move).
+        let ctx: LlamaContext<'static> = unsafe { std::mem::transmute(ctx) };
+        self.home
+            .kept
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((self.key.clone(), self.bytes, ctx));
+    }
+}
+
+impl Loaded {
+    /// A context for `settings`: one this model kept with the same key,
+    /// its memory cleared, else a new one.
+    pub(super) fn context(&self, settings: &Settings) -> Result<Pooled<'_>> {
+        let key = ContextKey::of(settings);
+        let taken = {
+            let mut kept = self.idle.kept.lock().unwrap_or_else(|p| p.into_inner());
+            kept.iter()
+                .position(|(k, _, _)| *k == key)
+                .map(|i| kept.swap_remove(i))
+        };
+        let (ctx, bytes) = match taken {
+            Some((_, bytes, mut ctx)) => {
+                IDLE_BYTES.fetch_sub(bytes, Ordering::Relaxed);
+                ctx.clear_kv_cache();
+                (ctx, bytes)
+            }
+            None => {
+                let ctx = self.fresh_context(settings)?;
+                self.idle.made.fetch_add(1, Ordering::Relaxed);
+                (ctx, self.context_bytes(settings))
+            }
+        };
+        Ok(Pooled {
+            ctx: Some(ctx),
+            key,
+            bytes,
+            home: &self.idle,
+        })
+    }
+
+    /// An estimate of what a context for `settings` holds: the logits of
+    /// a full batch, the KV cache, and compute buffers of the same order as
+    /// a batch of hidden states.
+    fn context_bytes(&self, settings: &Settings) -> u64 {
+        let n_vocab = self.info.n_vocab as u64;
+        let n_batch = u64::from(settings.n_batch.max(1));
+        let layers = u64::from(self.model.n_layer());
+        let embd = self.model.n_embd().max(0) as u64;
+        let kv_elt = if settings.kv_type == "f32" { 4 } else { 2 };
+        let logits = n_batch * n_vocab * 4;
+        let kv = 2 * u64::from(settings.n_ctx) * layers * embd * kv_elt;
+        let compute = 8 * u64::from(settings.physical_batch()) * embd * 4;
+        logits + kv + compute
+    }
+}
+
+impl Drop for Loaded {
+    fn drop(&mut self) {
+        self.idle.clear();
+    }
+}
