@@ -1,13 +1,20 @@
-//! `cargo bench --bench live`: the SmolLM2 ladder KLD job (F16 reference,
-//! Q8_0, Q6_K, Q4_K_M, Q2_K candidates, WikiText-2 test, n_ctx 512, 2
-//! threads) run in one process (`QUANTGATE_ISOLATION=off`, result cache
-//! off) two ways, on 4 and on 32 chunks (`QG_BENCH_CHUNKS=4,32`):
+//! `cargo bench --bench live`: a ladder KLD job (WikiText-2 test, n_ctx
+//! 512, 2 threads) run in one process (`QUANTGATE_ISOLATION=off`, result
+//! cache off) three ways, on 4 and on 32 chunks (`QG_BENCH_CHUNKS=4,32`).
+//! The ladder is `QG_BENCH_LADDER`: `smollm2` (default: F16 reference,
+//! Q8_0, Q6_K, Q4_K_M, Q2_K candidates; a 49,152-token vocabulary) or
+//! `gemma` (Gemma 3 270M F16 reference, Q8_0 candidate; 262,144 tokens).
 //!
 //! - live (`[kld] store = "none"`): the candidates read the reference's
 //!   rows as it decodes the same windows, two at a time; nothing is kept;
 //! - stored (the default compact store, reference cache emptied first):
 //!   the reference's rows built, written to `.qgref`, read by every
-//!   candidate.
+//!   candidate;
+//! - sequential (`suites/kld/sequential.toml`'s rule on the ladder's Q8_0:
+//!   KLD mean ≤ 0.1 and same top ≥ 0.8, decided sequentially over up to
+//!   all the chunks): the reference decoded and stored only for the
+//!   windows the candidate visits, each visit its own file. It stops where
+//!   its verdicts are decided, so the line says how many windows it used.
 //!
 //! Per run it prints wall seconds, the process's peak RSS (`wait4`'s
 //! `ru_maxrss`) and the bytes the run left in the reference cache; per
@@ -16,8 +23,8 @@
 //! is equal. Exits non-zero when the live run writes a reference file,
 //! when a KL metric differs by more than the store's declared tolerance
 //! (`kinds::reference_rows::store_tolerance`) or a count differs at all,
-//! or when the live run's peak RSS at the most chunks exceeds its peak at
-//! the fewest by more than 5%.
+//! or when a path's peak RSS at the most chunks exceeds its peak at the
+//! fewest by more than 5%.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -115,7 +122,14 @@ fn main() -> ExitCode {
         .split(',')
         .map(|c| c.trim().parse().expect("QG_BENCH_CHUNKS: numbers"))
         .collect();
-    let ladder = common::bench_ladder("live", CANDIDATES, "kld");
+    let which = std::env::var("QG_BENCH_LADDER").unwrap_or_else(|_| "smollm2".into());
+    let (reference, candidates): (&str, Vec<&str>) = match which.as_str() {
+        "smollm2" => ("smollm2-f16", CANDIDATES.to_vec()),
+        "gemma" => ("gemma3-270m-f16", vec!["gemma3-270m-q8_0"]),
+        other => panic!("QG_BENCH_LADDER: `{other}` is not smollm2 or gemma"),
+    };
+    let ladder = common::bench_ladder("live", &[&[reference][..], &candidates].concat(), "kld");
+    println!("ladder {which}: reference {reference}, candidates {candidates:?}");
     let text = repo.join("suites/data/wikitext-2-test.txt");
     let run = |case: &str, json: &Path, what: &str| {
         let mut c = Command::new(qg);
@@ -129,27 +143,43 @@ fn main() -> ExitCode {
         measured(&mut c, what)
     };
     let mut ok = true;
-    let mut live_rss = Vec::new();
+    let mut rss_of: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
     println!(
         "{:>6} {:<7} {:>8} {:>14} {:>22}",
         "chunks", "store", "wall_s", "peak_rss_MiB", "reference cache"
     );
     for &n in &chunks {
-        for (name, store) in [("live", "none"), ("stored", "compact")] {
+        for (name, store, decide) in [
+            ("live", "none", ""),
+            ("stored", "compact", ""),
+            (
+                "sequential",
+                "compact",
+                "[[gate]]\nmetric = \"kld_mean\"\nmax = 0.1\n\
+                 [[gate]]\nmetric = \"same_top\"\nmin = 0.8\n\
+                 [decide]\nsequential = true\nalpha = 0.05\nseed = 20261203\n\
+                 [decide.bounds]\nkld_mean = [0.0, 0.5]\nsame_top = [0.0, 1.0]\n",
+            ),
+        ] {
             std::fs::write(
                 ladder.suites.join(format!("kld/{name}.toml")),
                 format!(
-                    "kind = \"kld\"\nmodels = {CANDIDATES:?}\nreference = \"smollm2-f16\"\n\
+                    "kind = \"kld\"\nmodels = {:?}\nreference = \"{reference}\"\n\
                      [kld]\nstore = \"{store}\"\n\
                      [text]\npath = \"{}\"\nsha256 = \"{WIKI_SHA}\"\n\
-                     [window]\nmode = \"llama-perplexity\"\nn_ctx = 512\nchunks = {n}\n",
+                     [window]\nmode = \"llama-perplexity\"\nn_ctx = 512\nchunks = {n}\n{decide}",
+                    if decide.is_empty() {
+                        &candidates[..]
+                    } else {
+                        &candidates[..1]
+                    },
                     text.display()
                 ),
             )
             .unwrap();
         }
         let mut got = BTreeMap::new();
-        for name in ["live", "stored"] {
+        for name in ["live", "stored", "sequential"] {
             let _ = std::fs::remove_dir_all(ladder.cache.join("reference"));
             let json = ladder.dir.join(format!("{name}-{n}.json"));
             let (secs, rss) = run(&format!("kld/{name}"), &json, &format!("{name} {n} chunks"));
@@ -159,8 +189,16 @@ fn main() -> ExitCode {
                 rss as f64 / 1024.0,
                 format!("{count} files, {bytes} B")
             );
+            rss_of.entry(name).or_default().push(rss);
+            if name == "sequential" {
+                let used: Vec<String> = metrics(&json)
+                    .iter()
+                    .map(|(m, v)| format!("{m} {}", v.get("windows").copied().unwrap_or(f64::NAN)))
+                    .collect();
+                println!("{n:>6} sequential windows used: {}", used.join(", "));
+                continue;
+            }
             if name == "live" {
-                live_rss.push(rss);
                 let qgref = walk(&ladder.cache.join("reference"))
                     .into_iter()
                     .filter(|p| p.extension().is_some_and(|e| e == "qgref"))
@@ -210,14 +248,18 @@ fn main() -> ExitCode {
         );
         ok &= counts_equal;
     }
-    if let (Some(first), Some(last)) = (live_rss.first(), live_rss.last()) {
-        let growth = *last as f64 / *first as f64;
-        println!(
-            "live peak RSS {} chunks / {} chunks: {growth:.3}",
-            chunks.last().unwrap(),
-            chunks[0]
-        );
-        ok &= growth <= 1.05;
+    for (name, rss) in &rss_of {
+        if let (Some(first), Some(last)) = (rss.first(), rss.last()) {
+            let growth = *last as f64 / *first as f64;
+            println!(
+                "{which} {name}: peak RSS {} chunks / {} chunks: {growth:.3} ({:.0} / {:.0} MiB)",
+                chunks.last().unwrap(),
+                chunks[0],
+                *last as f64 / 1024.0,
+                *first as f64 / 1024.0
+            );
+            ok &= growth <= 1.05;
+        }
     }
     let _ = std::fs::remove_dir_all(&ladder.dir);
     if ok {
