@@ -499,4 +499,36 @@ fn contexts_kept_across_calls_give_a_fresh_contexts_rows() {
             );
         }
     }
+    // An engine whose budget keeps nothing (QUANTGATE_CONTEXT_POOL_MIB=0)
+    // sets a context up for every call, and computes the same rows.
+    let config = quantgate::Config::from_lookup(
+        &|k| match k {
+            "QUANTGATE_CONTEXT_POOL_MIB" => Some("0".into()),
+            _ => std::env::var(k).ok(),
+        },
+        [None; 3],
+    )
+    .unwrap();
+    assert_eq!(config.context_pool, 0);
+    let none = ModelPool::new(Arc::new(LlamaEngine::for_config(&config)))
+        .get(&m.info().file)
+        .unwrap();
+    let settings = Settings::new(112, 1);
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        let before = none.contexts_made();
+        let mut out: Vec<Vec<u32>> = Vec::new();
+        none.score(&settings, &first, &mut |_, _, row| {
+            out.push(row.iter().map(|x| x.to_bits()).collect());
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(
+            none.contexts_made() - before,
+            1,
+            "nothing kept: a context per call"
+        );
+        runs.push(out);
+    }
+    assert!(runs[0] == runs[1]);
 }

@@ -8,20 +8,30 @@
 //! costs read whole.
 //!
 //! Contract: a context taken back computes what a fresh one computes (its
-//! whole memory cleared, data too); what is kept idle, over every loaded
-//! model, is bounded by the engine's budget
+//! whole memory cleared, data too); a context is kept idle only while all
+//! contexts of all loaded models, in use and idle, fit the engine's budget
 //! ([`crate::core::config::Config::context_pool`]: 1 GiB unless
-//! `QUANTGATE_CONTEXT_POOL_MIB` says otherwise; an estimate of each
-//! context's logits, KV cache and compute buffers; a context over it is
-//! freed, never kept); a context whose call failed or panicked is freed;
-//! idle contexts are freed before their model.
+//! `QUANTGATE_CONTEXT_POOL_MIB` says otherwise; each context estimated at
+//! its logits, KV cache and compute buffers), and a model that must set one
+//! up frees other models' idle contexts first, so that keeping them never
+//! raises the peak past what the budget allows; a context whose call
+//! failed or panicked is freed; idle contexts are freed before their
+//! model.
 
 use super::*;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Weak;
+
+/// Bytes of contexts in use, over all loaded models.
+static LIVE_BYTES: AtomicU64 = AtomicU64::new(0);
 
 /// Bytes of idle contexts kept, over all loaded models.
 static IDLE_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// Every loaded model's idle contexts, so that a model that must set a
+/// context up can free other models' idle ones first.
+static EVERY: Mutex<Vec<Weak<Kept>>> = Mutex::new(Vec::new());
 
 /// What a context is made with: two contexts with the same key compute the
 /// same.
@@ -50,44 +60,88 @@ impl ContextKey {
     }
 }
 
+/// Idle contexts, each with its key and its estimated bytes. `'static`
+/// stands for the model's lifetime: [`Loaded`] frees them in its `Drop`,
+/// before its model, and hands them out only as borrowing it.
+type Kept = Mutex<Vec<(ContextKey, u64, LlamaContext<'static>)>>;
+
+/// Free the contexts of `kept` (all of them, or until `enough` says so).
+fn free(kept: &Kept, enough: &dyn Fn() -> bool) {
+    let mut kept = kept.lock().unwrap_or_else(|p| p.into_inner());
+    while !enough() {
+        let Some((_, bytes, ctx)) = kept.pop() else {
+            break;
+        };
+        drop(ctx);
+        IDLE_BYTES.fetch_sub(bytes, Ordering::Relaxed);
+    }
+}
+
 /// The idle contexts of one loaded model.
 pub(super) struct Idle {
-    /// The most bytes of idle contexts kept over all loaded models.
+    /// The most bytes of contexts, in use and idle, over all loaded models,
+    /// beyond which none is kept idle.
     budget: u64,
-    /// Each with its key and its estimated bytes. `'static` stands for the
-    /// model's lifetime: [`Loaded`] frees them in its `Drop`, before its
-    /// model, and hands them out only as borrowing it.
-    kept: Mutex<Vec<(ContextKey, u64, LlamaContext<'static>)>>,
+    kept: Arc<Kept>,
     /// Contexts set up for the model so far.
     made: AtomicU64,
 }
 
 impl Idle {
-    /// No idle context yet; at most `budget` bytes of them kept over all
-    /// loaded models (SmolLM2's context at n_ctx 512 is about 120 MiB, its
-    /// logits buffer 512 rows of 49,152, so 1 GiB keeps both lanes of a
-    /// five-model ladder; one of Gemma 3's 262k vocabulary, about 0.55 GiB,
-    /// is kept alone).
+    /// No idle context yet. A context is kept idle only while every
+    /// context of every loaded model, in use and idle, fits in `budget`
+    /// bytes, and a model that must set one up frees other models' idle
+    /// ones first until the new one fits: the pool never raises the peak
+    /// beyond `budget` (SmolLM2's context at n_ctx 512 is about 120 MiB, so
+    /// 1 GiB keeps the lanes of a few models; two of Gemma 3's 262k
+    /// vocabulary, 0.55 GiB each, do not fit, and nothing stays idle while
+    /// another Gemma model decodes).
     pub(super) fn new(budget: u64) -> Self {
+        let kept = Arc::new(Mutex::new(Vec::new()));
+        let mut every = EVERY.lock().unwrap_or_else(|p| p.into_inner());
+        every.retain(|w| w.strong_count() > 0);
+        every.push(Arc::downgrade(&kept));
         Idle {
             budget,
-            kept: Mutex::new(Vec::new()),
+            kept,
             made: AtomicU64::new(0),
         }
     }
 
     /// Free every idle context (the model is going).
     pub(super) fn clear(&self) {
-        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
-        for (_, bytes, ctx) in kept.drain(..) {
-            drop(ctx);
-            IDLE_BYTES.fetch_sub(bytes, Ordering::Relaxed);
-        }
+        free(&self.kept, &|| false);
     }
 
     /// How many contexts were set up for the model.
     pub(super) fn made(&self) -> u64 {
         self.made.load(Ordering::Relaxed)
+    }
+}
+
+/// Bytes of contexts in use and idle, over all loaded models.
+fn held() -> u64 {
+    LIVE_BYTES.load(Ordering::Relaxed) + IDLE_BYTES.load(Ordering::Relaxed)
+}
+
+/// Free idle contexts of any loaded model until `bytes` more fit in
+/// `budget` (or none is idle).
+fn make_room(bytes: u64, budget: u64) {
+    let enough = || held() + bytes <= budget;
+    if enough() {
+        return;
+    }
+    let every: Vec<Arc<Kept>> = EVERY
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .filter_map(Weak::upgrade)
+        .collect();
+    for kept in every {
+        free(&kept, &enough);
+        if enough() {
+            return;
+        }
     }
 }
 
@@ -127,22 +181,19 @@ impl DerefMut for Pooled<'_> {
 
 impl Drop for Pooled<'_> {
     fn drop(&mut self) {
+        LIVE_BYTES.fetch_sub(self.bytes, Ordering::Relaxed);
         let Some(ctx) = self.ctx.take() else { return };
-        if std::thread::panicking() {
+        if std::thread::panicking() || held() + self.bytes > self.home.budget {
             return;
         }
-        let budget = self.home.budget;
-        let kept = IDLE_BYTES.fetch_add(self.bytes, Ordering::Relaxed) + self.bytes;
-        if kept > budget {
-            IDLE_BYTES.fetch_sub(self.bytes, Ordering::Relaxed);
-            return;
-        }
+        IDLE_BYTES.fetch_add(self.bytes, Ordering::Relaxed);
         // SAFETY: the context borrows the model of `Loaded` (which owns
-        // `home`); it is kept only in `home`, freed by `Loaded`'s Drop
-        // before the model, and handed out again only as `Pooled<'m>`
-        // borrowing that `Loaded`. `LlamaContext` holds no Rust reference
-        // to the model (a marker only; the C context points at the C model,
-        // which does not move).
+        // `home`); it is kept only in `home`, freed before the model
+        // (`Loaded`'s Drop) or by `make_room` while the model lives (it
+        // holds `home.kept`'s lock, which `Loaded`'s Drop waits for), and
+        // handed out again only as `Pooled<'m>` borrowing that `Loaded`.
+        // `LlamaContext` holds no Rust reference to the model (a marker
+        // only; the C context points at the C model, which does not move).
         let ctx: LlamaContext<'static> = unsafe { std::mem::transmute(ctx) };
         self.home
             .kept
@@ -154,7 +205,8 @@ impl Drop for Pooled<'_> {
 
 impl Loaded {
     /// A context for `settings`: one this model kept with the same key,
-    /// its memory cleared, else a new one.
+    /// its memory cleared, else a new one (other models' idle contexts
+    /// freed first where the budget needs it).
     pub(super) fn context(&self, settings: &Settings) -> Result<Pooled<'_>> {
         let key = ContextKey::of(settings);
         let taken = {
@@ -170,11 +222,14 @@ impl Loaded {
                 (ctx, bytes)
             }
             None => {
+                let bytes = self.context_bytes(settings);
+                make_room(bytes, self.idle.budget);
                 let ctx = self.fresh_context(settings)?;
                 self.idle.made.fetch_add(1, Ordering::Relaxed);
-                (ctx, self.context_bytes(settings))
+                (ctx, bytes)
             }
         };
+        LIVE_BYTES.fetch_add(bytes, Ordering::Relaxed);
         Ok(Pooled {
             ctx: Some(ctx),
             key,
