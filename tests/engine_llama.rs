@@ -19,19 +19,24 @@ fn pool() -> &'static ModelPool {
 }
 
 fn fixture() -> Arc<dyn LoadedModel> {
+    pool().get(&fixture_file(FIXTURE)).unwrap()
+}
+
+/// The file of fixture `alias` (fetched or derived when missing).
+fn fixture_file(alias: &str) -> quantgate::engine::ModelFile {
     let reg =
         Registry::load(&quantgate::harness::project_root().join("suites/models.toml")).unwrap();
     let engine = LlamaEngine::new();
     let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 1);
-    let v = ensure(
+    ensure(
         &quantgate::Config::load().unwrap(),
         &reg,
-        FIXTURE,
+        alias,
         &engine.build().label(),
         &q,
     )
-    .unwrap();
-    pool().get(&v.file).unwrap()
+    .unwrap()
+    .file
 }
 
 /// Independent reference: naive f64 log-softmax with libm's exp.
@@ -456,7 +461,10 @@ fn inspect_agrees_with_llama_cpps_loader_on_every_fixture() {
 /// own.
 #[test]
 fn contexts_kept_across_calls_give_a_fresh_contexts_rows() {
-    let m = fixture();
+    // An engine of its own: what the other tests' models hold and free is
+    // not this one's.
+    let engine = ModelPool::new(Arc::new(LlamaEngine::new()));
+    let m = engine.get(&fixture_file(FIXTURE)).unwrap();
     let text = "Pi is 3.14159, e is 2.71828, and the capital of France is Paris. ";
     let ids: Vec<i32> = common::token_ids(&*m, &text.repeat(6), BosPolicy::Always);
     let window = |a: usize, b: usize, from: usize| Window {
@@ -466,8 +474,6 @@ fn contexts_kept_across_calls_give_a_fresh_contexts_rows() {
     let first = vec![window(0, 90, 10), window(20, 110, 45)];
     let other = vec![window(5, 100, 0), window(30, 75, 3)];
     for threads in [1, 2] {
-        // n_ctx 112 is this test's own: no other test's call keeps a
-        // context with these settings.
         let settings = Settings::new(112, threads);
         let rows = |windows: &[Window]| {
             let mut out: Vec<(usize, usize, Vec<u32>)> = Vec::new();
@@ -499,6 +505,25 @@ fn contexts_kept_across_calls_give_a_fresh_contexts_rows() {
             );
         }
     }
+    // Models that take turns free each other's idle contexts: keeping them
+    // never raises the peak above what one model's call had in use.
+    let other = engine.get(&fixture_file("smollm2-q8_0")).unwrap();
+    let settings = Settings::new(112, 2);
+    let score = |model: &Arc<dyn LoadedModel>| {
+        let before = model.contexts_made();
+        model
+            .score(&settings, &first, &mut |_, _, _| Ok(()))
+            .unwrap();
+        model.contexts_made() - before
+    };
+    assert_eq!(score(&m), 0, "its own contexts kept");
+    assert_eq!(
+        score(&other),
+        2,
+        "two lanes set up, the first model's freed"
+    );
+    assert_eq!(score(&other), 0, "kept for its next call");
+    assert_eq!(score(&m), 2, "the first model's were freed for the other's");
     // An engine whose budget keeps nothing (QUANTGATE_CONTEXT_POOL_MIB=0)
     // sets a context up for every call, and computes the same rows.
     let config = quantgate::Config::from_lookup(

@@ -161,16 +161,25 @@ impl Seal {
     pub fn check<'b>(&self, body: &'b [u8], tag: &[u8]) -> std::result::Result<&'b [u8], String> {
         let mut h = self.hasher();
         h.update(body);
-        h.verify(tag).map_err(|why| match self {
-            Seal::Keyed(k) if Seal::Plain.tag(body).as_slice() == tag => format!(
+        h.verify(tag)
+            .map_err(|why| self.explain(why, &mut || Seal::Plain.tag(body).as_slice() == tag))?;
+        Ok(body)
+    }
+
+    /// Why a seal did not verify, `why` as [`SealHasher::verify`] says it,
+    /// in words that tell an accident from an edit sealed again:
+    /// `plain_matches` says whether the tag is the contents' plain sha256
+    /// (asked only of a keyed seal).
+    pub fn explain(&self, why: String, plain_matches: &mut dyn FnMut() -> bool) -> String {
+        match self {
+            Seal::Keyed(k) if plain_matches() => format!(
                 "{why} ({}); it carries a plain sha256 seal instead: it was edited and sealed \
                  again, or written without the key",
                 k.source
             ),
             Seal::Keyed(k) => format!("{why} ({})", k.source),
             Seal::Plain => why,
-        })?;
-        Ok(body)
+        }
     }
 }
 

@@ -335,21 +335,32 @@ impl RowStream {
         }
         let end = len - 32;
         file.rewind().map_err(|e| e.to_string())?;
-        let mut h = seal.hasher();
         let mut buf = vec![0u8; 1 << 20];
-        let mut left = end;
-        while left > 0 {
-            let n = left.min(buf.len());
-            file.read_exact(&mut buf[..n]).map_err(|e| e.to_string())?;
-            h.update(&buf[..n]);
-            left -= n;
-        }
+        // The body [0, end), read from the start into `h`.
+        let mut feed = |file: &mut std::fs::File, h: &mut SealHasher| -> Result<(), String> {
+            file.rewind().map_err(|e| e.to_string())?;
+            let mut left = end;
+            while left > 0 {
+                let n = left.min(buf.len());
+                file.read_exact(&mut buf[..n]).map_err(|e| e.to_string())?;
+                h.update(&buf[..n]);
+                left -= n;
+            }
+            Ok(())
+        };
+        let mut h = seal.hasher();
+        feed(&mut file, &mut h)?;
         let mut digest = [0u8; 32];
         file.read_exact(&mut digest).map_err(|e| e.to_string())?;
-        h.verify(&digest).map_err(|why| match seal {
-            Seal::Keyed(k) => format!("{why} ({})", k.source),
-            Seal::Plain => why,
-        })?;
+        if let Err(why) = h.verify(&digest) {
+            // The body read again for its plain sha256 only when a seal
+            // failed, to tell an edit sealed again from an accident.
+            let mut plain_matches = || {
+                let mut p = Seal::Plain.hasher();
+                feed(&mut file, &mut p).is_ok() && p.finish() == digest
+            };
+            return Err(seal.explain(why, &mut plain_matches));
+        }
         file.seek(std::io::SeekFrom::Start(8))
             .map_err(|e| e.to_string())?;
         let mut src = FileSource {

@@ -830,8 +830,6 @@ fn run_jobs(
         1,
     );
     cx.references.dir = root.join("cache");
-    // Every stored reference read a pair of windows at a time.
-    cx.references.whole_bytes = 0;
     quantgate::schedule::Schedule::here(&std::sync::Arc::new(cx), &planned)
         .run(
             &planned,

@@ -68,8 +68,8 @@ pub struct LlamaEngine {
     drafts: bool,
     options: crate::core::EngineOptions,
     log: bool,
-    /// The most bytes of idle contexts its models keep (`pool.rs`).
-    context_pool: u64,
+    /// Its models' llama.cpp contexts, kept across calls (`pool.rs`).
+    contexts: Arc<pool::Contexts>,
 }
 
 impl Default for LlamaEngine {
@@ -78,7 +78,7 @@ impl Default for LlamaEngine {
             drafts: false,
             options: crate::core::EngineOptions::default(),
             log: false,
-            context_pool: crate::core::config::DEFAULT_CONTEXT_POOL,
+            contexts: pool::Contexts::new(crate::core::config::DEFAULT_CONTEXT_POOL),
         }
     }
 }
@@ -99,7 +99,7 @@ impl LlamaEngine {
             drafts: true,
             options: config.engine.clone(),
             log: config.llama_log,
-            context_pool: config.context_pool,
+            contexts: pool::Contexts::new(config.context_pool),
         }
     }
 
@@ -209,7 +209,7 @@ impl Engine for LlamaEngine {
             tokenizer_fingerprint: fingerprint(&model),
         };
         Ok(Arc::new(Loaded {
-            idle: pool::Idle::new(self.context_pool),
+            idle: pool::Idle::new(&self.contexts),
             model,
             info,
             drafts: self.drafts,

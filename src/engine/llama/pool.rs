@@ -9,29 +9,98 @@
 //!
 //! Contract: a context taken back computes what a fresh one computes (its
 //! whole memory cleared, data too); a context is kept idle only while all
-//! contexts of all loaded models, in use and idle, fit the engine's budget
-//! ([`crate::core::config::Config::context_pool`]: 1 GiB unless
-//! `QUANTGATE_CONTEXT_POOL_MIB` says otherwise; each context estimated at
-//! its logits, KV cache and compute buffers), and a model that must set one
-//! up frees other models' idle contexts first, so that keeping them never
-//! raises the peak past what the budget allows; a context whose call
-//! failed or panicked is freed; idle contexts are freed before their
-//! model.
+//! contexts of all loaded models, in use and idle, fit both the engine's
+//! budget ([`crate::core::config::Config::context_pool`]: 1 GiB unless
+//! `QUANTGATE_CONTEXT_POOL_MIB` says otherwise) and the most that were ever
+//! in use at once (each context estimated at its logits, KV cache and
+//! compute buffers), and a model that must set one up frees other models'
+//! idle contexts first: keeping contexts never raises the peak of memory
+//! above what the decodes themselves needed. Calls of one model in a row
+//! (a candidate reading a stored reference a pair of windows at a time,
+//! sequential visits, prompts) reuse its contexts; models that take turns
+//! (a live reference and its candidates) free each other's. A context
+//! whose call failed or panicked is freed; idle contexts are freed before
+//! their model.
 
 use super::*;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Weak;
 
-/// Bytes of contexts in use, over all loaded models.
-static LIVE_BYTES: AtomicU64 = AtomicU64::new(0);
+/// The contexts of one engine's loaded models: what is in use, what is
+/// idle, the most ever in use at once, and every model's idle contexts (so
+/// that a model that must set one up can free other models' first).
+#[derive(Debug)]
+pub(crate) struct Contexts {
+    /// The most bytes of contexts, in use and idle, held at once
+    /// ([`crate::core::config::Config::context_pool`]).
+    budget: u64,
+    live: AtomicU64,
+    idle: AtomicU64,
+    peak_live: AtomicU64,
+    every: Mutex<Vec<Weak<Kept>>>,
+}
 
-/// Bytes of idle contexts kept, over all loaded models.
-static IDLE_BYTES: AtomicU64 = AtomicU64::new(0);
+impl Contexts {
+    /// No context yet; at most `budget` bytes held.
+    pub(crate) fn new(budget: u64) -> Arc<Self> {
+        Arc::new(Contexts {
+            budget,
+            live: AtomicU64::new(0),
+            idle: AtomicU64::new(0),
+            peak_live: AtomicU64::new(0),
+            every: Mutex::new(Vec::new()),
+        })
+    }
 
-/// Every loaded model's idle contexts, so that a model that must set a
-/// context up can free other models' idle ones first.
-static EVERY: Mutex<Vec<Weak<Kept>>> = Mutex::new(Vec::new());
+    /// Bytes of contexts in use and idle.
+    fn held(&self) -> u64 {
+        self.live.load(Ordering::Relaxed) + self.idle.load(Ordering::Relaxed)
+    }
+
+    /// How many bytes of contexts, in use and idle, may be held: the
+    /// budget, and never more than were ever in use at once (so that idle
+    /// contexts never raise the peak). SmolLM2's context at n_ctx 512 is
+    /// about 145 MiB by the estimate, Gemma 3's (262k vocabulary) about
+    /// 0.55 GiB: a model's two lanes fit 1 GiB either way.
+    fn room(&self) -> u64 {
+        self.budget.min(self.peak_live.load(Ordering::Relaxed))
+    }
+
+    /// Free `kept`'s contexts (all of them, or until `enough` says so).
+    fn free(&self, kept: &Kept, enough: &dyn Fn() -> bool) {
+        let mut kept = kept.lock().unwrap_or_else(|p| p.into_inner());
+        while !enough() {
+            let Some((_, bytes, ctx)) = kept.pop() else {
+                break;
+            };
+            drop(ctx);
+            self.idle.fetch_sub(bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// Free idle contexts of any model until `bytes` more fit
+    /// ([`Contexts::room`]), or none is idle.
+    fn make_room(&self, bytes: u64) {
+        let enough = || self.held() + bytes <= self.room().max(bytes);
+        if enough() {
+            return;
+        }
+        let every: Vec<Arc<Kept>> = self
+            .every
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for kept in every {
+            self.free(&kept, &enough);
+            if enough() {
+                return;
+            }
+        }
+    }
+}
 
 /// What a context is made with: two contexts with the same key compute the
 /// same.
@@ -65,44 +134,24 @@ impl ContextKey {
 /// before its model, and hands them out only as borrowing it.
 type Kept = Mutex<Vec<(ContextKey, u64, LlamaContext<'static>)>>;
 
-/// Free the contexts of `kept` (all of them, or until `enough` says so).
-fn free(kept: &Kept, enough: &dyn Fn() -> bool) {
-    let mut kept = kept.lock().unwrap_or_else(|p| p.into_inner());
-    while !enough() {
-        let Some((_, bytes, ctx)) = kept.pop() else {
-            break;
-        };
-        drop(ctx);
-        IDLE_BYTES.fetch_sub(bytes, Ordering::Relaxed);
-    }
-}
-
 /// The idle contexts of one loaded model.
 pub(super) struct Idle {
-    /// The most bytes of contexts, in use and idle, over all loaded models,
-    /// beyond which none is kept idle.
-    budget: u64,
+    /// The engine's contexts.
+    all: Arc<Contexts>,
     kept: Arc<Kept>,
     /// Contexts set up for the model so far.
     made: AtomicU64,
 }
 
 impl Idle {
-    /// No idle context yet. A context is kept idle only while every
-    /// context of every loaded model, in use and idle, fits in `budget`
-    /// bytes, and a model that must set one up frees other models' idle
-    /// ones first until the new one fits: the pool never raises the peak
-    /// beyond `budget` (SmolLM2's context at n_ctx 512 is about 120 MiB, so
-    /// 1 GiB keeps the lanes of a few models; two of Gemma 3's 262k
-    /// vocabulary, 0.55 GiB each, do not fit, and nothing stays idle while
-    /// another Gemma model decodes).
-    pub(super) fn new(budget: u64) -> Self {
+    /// No idle context yet, one of the engine's `all`.
+    pub(super) fn new(all: &Arc<Contexts>) -> Self {
         let kept = Arc::new(Mutex::new(Vec::new()));
-        let mut every = EVERY.lock().unwrap_or_else(|p| p.into_inner());
+        let mut every = all.every.lock().unwrap_or_else(|p| p.into_inner());
         every.retain(|w| w.strong_count() > 0);
         every.push(Arc::downgrade(&kept));
         Idle {
-            budget,
+            all: all.clone(),
             kept,
             made: AtomicU64::new(0),
         }
@@ -110,38 +159,12 @@ impl Idle {
 
     /// Free every idle context (the model is going).
     pub(super) fn clear(&self) {
-        free(&self.kept, &|| false);
+        self.all.free(&self.kept, &|| false);
     }
 
     /// How many contexts were set up for the model.
     pub(super) fn made(&self) -> u64 {
         self.made.load(Ordering::Relaxed)
-    }
-}
-
-/// Bytes of contexts in use and idle, over all loaded models.
-fn held() -> u64 {
-    LIVE_BYTES.load(Ordering::Relaxed) + IDLE_BYTES.load(Ordering::Relaxed)
-}
-
-/// Free idle contexts of any loaded model until `bytes` more fit in
-/// `budget` (or none is idle).
-fn make_room(bytes: u64, budget: u64) {
-    let enough = || held() + bytes <= budget;
-    if enough() {
-        return;
-    }
-    let every: Vec<Arc<Kept>> = EVERY
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .iter()
-        .filter_map(Weak::upgrade)
-        .collect();
-    for kept in every {
-        free(&kept, &enough);
-        if enough() {
-            return;
-        }
     }
 }
 
@@ -181,12 +204,13 @@ impl DerefMut for Pooled<'_> {
 
 impl Drop for Pooled<'_> {
     fn drop(&mut self) {
-        LIVE_BYTES.fetch_sub(self.bytes, Ordering::Relaxed);
+        let all = &self.home.all;
+        all.live.fetch_sub(self.bytes, Ordering::Relaxed);
         let Some(ctx) = self.ctx.take() else { return };
-        if std::thread::panicking() || held() + self.bytes > self.home.budget {
+        if std::thread::panicking() || all.held() + self.bytes > all.room() {
             return;
         }
-        IDLE_BYTES.fetch_add(self.bytes, Ordering::Relaxed);
+        all.idle.fetch_add(self.bytes, Ordering::Relaxed);
         // SAFETY: the context borrows the model of `Loaded` (which owns
         // `home`); it is kept only in `home`, freed before the model
         // (`Loaded`'s Drop) or by `make_room` while the model lives (it
@@ -217,19 +241,21 @@ impl Loaded {
         };
         let (ctx, bytes) = match taken {
             Some((_, bytes, mut ctx)) => {
-                IDLE_BYTES.fetch_sub(bytes, Ordering::Relaxed);
+                self.idle.all.idle.fetch_sub(bytes, Ordering::Relaxed);
                 ctx.clear_kv_cache();
                 (ctx, bytes)
             }
             None => {
                 let bytes = self.context_bytes(settings);
-                make_room(bytes, self.idle.budget);
+                self.idle.all.make_room(bytes);
                 let ctx = self.fresh_context(settings)?;
                 self.idle.made.fetch_add(1, Ordering::Relaxed);
                 (ctx, bytes)
             }
         };
-        LIVE_BYTES.fetch_add(bytes, Ordering::Relaxed);
+        let all = &self.idle.all;
+        let live = all.live.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        all.peak_live.fetch_max(live, Ordering::Relaxed);
         Ok(Pooled {
             ctx: Some(ctx),
             key,

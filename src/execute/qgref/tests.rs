@@ -123,3 +123,43 @@ fn a_cache_written_and_read_row_by_row_is_the_whole_one() {
         .is_none());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Read a row at a time under a key, a file edited and sealed again with
+/// plain sha256 is refused in the words the whole read uses ("a plain
+/// sha256 seal instead"), and one corrupted without a seal as an accident
+/// or another key's file.
+#[test]
+fn a_stream_under_a_key_tells_an_edit_sealed_again_from_an_accident() {
+    let dir = tempfile::tempdir().unwrap();
+    let key: &'static crate::core::auth::Key = Box::leak(Box::new(
+        crate::core::auth::Key::new(b"stream-0123456789abcdef".to_vec(), "the stream key").unwrap(),
+    ));
+    let h = header();
+    let path = dir.path().join("x.qgref");
+    let bytes = encode(&h, &rows(), Seal::Keyed(key));
+    std::fs::write(&path, &bytes).unwrap();
+    assert!(RowStream::open(&path, &h, Seal::Keyed(key))
+        .unwrap()
+        .is_some());
+    let mut body = bytes[..bytes.len() - 32].to_vec();
+    body[20] ^= 1;
+    std::fs::write(&path, crate::core::fsutil::seal(body.clone())).unwrap();
+    let e = RowStream::open(&path, &h, Seal::Keyed(key)).err().unwrap();
+    assert!(
+        e.contains("plain sha256 seal instead") && e.contains("the stream key"),
+        "{e}"
+    );
+    let whole = decode(&std::fs::read(&path).unwrap(), &h, Seal::Keyed(key))
+        .err()
+        .unwrap();
+    assert_eq!(e, whole, "the stream and the whole read say the same");
+    // Corrupted, seal kept: no plain seal to speak of.
+    let mut b = bytes.clone();
+    b[20] ^= 1;
+    std::fs::write(&path, &b).unwrap();
+    let e = RowStream::open(&path, &h, Seal::Keyed(key)).err().unwrap();
+    assert!(
+        e.contains("does not verify") && !e.contains("plain sha256"),
+        "{e}"
+    );
+}

@@ -75,14 +75,6 @@ pub struct ReferenceStore {
     kept: Memo<dyn std::any::Any + Send + Sync>,
     /// Rows read live, never kept ([`live`]).
     pub live: LiveSlots,
-    /// Bytes up to which a stored reference is read whole into memory
-    /// (one read, one decode call per candidate) rather than a pair of
-    /// windows at a time ([`ReferenceStore::row_stream`]): each decode call
-    /// sets up its llama.cpp contexts, which measured 3–15% of a
-    /// candidate's decode in pairs (`cargo bench --bench ladder`), so only
-    /// a reference larger than this is streamed. Default
-    /// [`WHOLE_REFERENCE_BYTES`].
-    pub whole_bytes: u64,
     /// How the products this store writes into [`ReferenceStore::dir`] are
     /// sealed, and how those it reads there must be: keyed
     /// ([`Seal::local`]) in the local cache, so that a product edited and
@@ -95,9 +87,6 @@ pub struct ReferenceStore {
     /// Shipped files already named as unauthenticated (said once each).
     warned: Mutex<std::collections::BTreeSet<PathBuf>>,
 }
-
-/// [`ReferenceStore::whole_bytes`] by default: 1 GiB.
-pub const WHOLE_REFERENCE_BYTES: u64 = 1 << 30;
 
 /// A kept product's file: the id it was computed for, and the value.
 #[derive(serde::Deserialize)]
@@ -153,7 +142,6 @@ impl ReferenceStore {
             rows: Mutex::new(HashMap::new()),
             kept: Mutex::new(HashMap::new()),
             live: LiveSlots::default(),
-            whole_bytes: WHOLE_REFERENCE_BYTES,
             seal: Seal::local(config),
             shipped_seal: Seal::shipped(config),
             warned: Mutex::new(Default::default()),
@@ -415,9 +403,11 @@ impl ReferenceStore {
         self.write_rows(header, &path, n_vocab, fingerprint, rows)
     }
 
-    /// The rows of `header` when they would take more than
-    /// [`ReferenceStore::whole_bytes`] in memory, read as they are needed from the shipped
-    /// folder's or the cache's intact file (its seal checked over the whole
+    /// The rows of `header`, read a range of windows at a time as they are
+    /// needed (nothing holds them whole: peak memory does not grow with the
+    /// windows; a model's llama.cpp contexts are kept across the calls,
+    /// `engine/llama/pool.rs`), from the shipped folder's or the cache's
+    /// intact file (its seal checked over the whole
     /// file first, its header against `header`, its tokenizer against the
     /// candidate's), and the file; None when this process holds them in
     /// memory already, or no intact file does: then [`ReferenceStore::rows`]
@@ -431,10 +421,7 @@ impl ReferenceStore {
     ) -> Result<Option<(crate::execute::qgref::RowStream, PathBuf)>> {
         use crate::execute::qgref::RowStream;
         let (key, path) = self.rows_product(header);
-        // What the rows take in memory: a byte per vocabulary entry and
-        // the kept entries.
-        let whole = header.positions as u64 * (header.n_vocab as u64 + 8 * header.max_kept as u64);
-        if memo_holds(&self.rows, &key) || whole <= self.whole_bytes {
+        if memo_holds(&self.rows, &key) {
             return Ok(None);
         }
         let mut found = None;
