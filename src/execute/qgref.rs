@@ -218,9 +218,6 @@ trait Source {
     fn u32(&mut self, what: &str) -> Result<u32, String> {
         Ok(u32::from_le_bytes(self.take(4, what)?.try_into().unwrap()))
     }
-    fn i32(&mut self, what: &str) -> Result<i32, String> {
-        Ok(i32::from_le_bytes(self.take(4, what)?.try_into().unwrap()))
-    }
     fn f32(&mut self, what: &str) -> Result<f32, String> {
         Ok(f32::from_le_bytes(self.take(4, what)?.try_into().unwrap()))
     }

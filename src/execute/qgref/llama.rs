@@ -3,7 +3,7 @@
 //! the tokens, then per position a scale, a minimum and u16 log-probs),
 //! every length and value checked before a row is believed.
 
-use super::{Reader, Source};
+use crate::execute::runtime::basefile;
 use crate::execute::windows::ScoringPlan;
 use crate::measure::kld::RefPosition;
 
@@ -18,50 +18,15 @@ pub fn import_llama_kld(
     n_ctx: u32,
     n_vocab_cand: usize,
 ) -> Result<Vec<RefPosition>, String> {
-    if bytes.len() < 8 || &bytes[..8] != b"_logits_" {
-        return Err(
-            "offset 0: not a llama-perplexity KL-divergence base file (magic `_logits_` missing)"
-                .into(),
-        );
-    }
-    let mut r = Reader { b: bytes, at: 8 };
-    let f_ctx = r.u32("n_ctx")?;
-    let f_vocab = r.i32("n_vocab")?;
-    let f_chunk = r.i32("n_chunk")?;
-    if f_vocab <= 0 || f_chunk <= 0 || f_ctx < 4 {
+    // The layout, dimensions, length and every row's scale and minimum
+    // are checked by the runtimes' reader of the same files.
+    let mut r = basefile::Reader::new(bytes, bytes.len() as u64)?;
+    let head = r.head.clone();
+    let (n_vocab, n_chunk, n_ctx_f) = (head.n_vocab, head.n_chunk, head.n_ctx);
+    let per_chunk = head.per_chunk();
+    if n_ctx_f != n_ctx as usize {
         return Err(format!(
-            "offset 12: impossible dimensions n_ctx {f_ctx}, n_vocab {f_vocab}, n_chunk {f_chunk}"
-        ));
-    }
-    let (n_vocab, n_chunk, n_ctx_f) = (f_vocab as usize, f_chunk as usize, f_ctx as usize);
-    let per_chunk = n_ctx_f - 1 - n_ctx_f / 2;
-    let nv = 2 * n_vocab.div_ceil(2) + 4;
-    let expected_len = n_ctx_f
-        .checked_mul(n_chunk)
-        .and_then(|t| t.checked_mul(4))
-        .and_then(|t| {
-            per_chunk
-                .checked_mul(n_chunk)?
-                .checked_mul(nv)?
-                .checked_mul(2)?
-                .checked_add(t)
-        })
-        .and_then(|t| t.checked_add(20))
-        .ok_or("dimensions overflow")?;
-    if bytes.len() != expected_len {
-        return Err(format!(
-            "{} bytes, but n_ctx {f_ctx}, n_vocab {f_vocab}, n_chunk {f_chunk} make {expected_len}: {}",
-            bytes.len(),
-            if bytes.len() < expected_len {
-                "truncated"
-            } else {
-                "trailing bytes"
-            }
-        ));
-    }
-    if f_ctx != n_ctx {
-        return Err(format!(
-            "offset 8: n_ctx {f_ctx}, the case's window.n_ctx is {n_ctx}"
+            "offset 8: n_ctx {n_ctx_f}, the case's window.n_ctx is {n_ctx}"
         ));
     }
     if n_vocab != n_vocab_cand {
@@ -75,10 +40,7 @@ pub fn import_llama_kld(
             plan.windows.len()
         ));
     }
-    let mut tokens = Vec::with_capacity(n_ctx_f * n_chunk);
-    for _ in 0..n_ctx_f * n_chunk {
-        tokens.push(r.i32("tokens")?);
-    }
+    let tokens = &head.tokens;
     for (w, pw) in plan.windows.iter().enumerate() {
         let file = &tokens[w * n_ctx_f..(w + 1) * n_ctx_f];
         // Position 0 is replaced by BOS in the pass; compare the rest.
@@ -95,22 +57,19 @@ pub fn import_llama_kld(
         }
     }
     let mut rows = Vec::with_capacity(per_chunk * n_chunk);
+    let mut row = basefile::OwnedRow {
+        scale: 0.0,
+        min: 0.0,
+        q: Vec::new(),
+    };
     for (w, pw) in plan.windows.iter().enumerate() {
         for (k, &target) in pw.targets.iter().enumerate() {
-            let at = r.at;
-            let rec = r.take(nv * 2, "record")?;
-            let scale = f32::from_le_bytes(rec[0..4].try_into().unwrap());
-            let min_lp = f32::from_le_bytes(rec[4..8].try_into().unwrap());
-            if !scale.is_finite() || !min_lp.is_finite() || scale < 0.0 {
-                return Err(format!(
-                    "offset {at}: chunk {w}, scored position {k}: scale {scale}, min_log_prob {min_lp} (must be finite, scale ≥ 0)"
-                ));
+            let at = r.offset();
+            let place = |e: String| format!("chunk {w}, scored position {k}: {e}");
+            if !r.next_row(&mut row).map_err(place)? {
+                return Err(place(format!("offset {at}: the file ends")));
             }
-            let us = &rec[8..];
-            let lp = |j: usize| -> f32 {
-                let u = u16::from_le_bytes([us[2 * j], us[2 * j + 1]]);
-                scale * f32::from(u) + min_lp
-            };
+            let lp = |j: usize| -> f32 { row.scale * f32::from(row.q[j]) + row.min };
             let mut entries: Vec<(u32, f32)> = (0..n_vocab)
                 .map(|j| (j as u32, lp(j)))
                 .filter(|&(_, v)| v > -16.0)

@@ -77,9 +77,10 @@ impl OwnedRow {
     }
 }
 
-/// A base file read a row at a time.
-pub struct Reader {
-    file: BufReader<std::fs::File>,
+/// A base file read a row at a time (from a file, or from bytes already
+/// read and verified: a case's pinned `[reference_kld]`).
+pub struct Reader<R: Read = BufReader<std::fs::File>> {
+    file: R,
     /// Its head.
     pub head: Head,
     /// Bytes read so far (for offsets in errors).
@@ -93,7 +94,14 @@ impl Reader {
     pub fn open(path: &Path) -> Result<Reader, String> {
         let f = std::fs::File::open(path).map_err(|e| format!("{e}"))?;
         let size = f.metadata().map_err(|e| format!("{e}"))?.len();
-        let mut file = BufReader::with_capacity(1 << 20, f);
+        Reader::new(BufReader::with_capacity(1 << 20, f), size)
+    }
+}
+
+impl<R: Read> Reader<R> {
+    /// The base file `file` of `size` bytes: its head read and checked,
+    /// and its length against it.
+    pub fn new(mut file: R, size: u64) -> Result<Reader<R>, String> {
         let mut magic = [0u8; 8];
         file.read_exact(&mut magic)
             .map_err(|_| "offset 0: shorter than a head".to_string())?;
@@ -152,6 +160,11 @@ impl Reader {
             rows_left,
             buf,
         })
+    }
+
+    /// Where the next row starts (for offsets in errors).
+    pub fn offset(&self) -> u64 {
+        self.at
     }
 
     /// The next row, or None after the last; a row with a scale or minimum
