@@ -520,30 +520,24 @@ fn compare_test(t: &Test, o: &Parsed, n: &Parsed, case: Option<&Case>, out: &mut
             })
             .collect()
     };
-    let (og, ng) = (gates(o), gates(n));
-    for rule in og.keys().chain(ng.keys()).collect::<BTreeSet<_>>() {
-        let (a, b) = (og.get(rule).cloned(), ng.get(rule).cloned());
-        out.push(base(
-            Item::Gate(rule.clone()),
-            same_or(&a, &b, Class::Flipped),
-            a.map(Value::Text),
-            b.map(Value::Text),
-        ));
-    }
-    for name in o
-        .texts
-        .keys()
-        .chain(n.texts.keys())
-        .collect::<BTreeSet<_>>()
-    {
-        let (a, b) = (o.texts.get(name).cloned(), n.texts.get(name).cloned());
-        out.push(base(
-            Item::Text(name.clone()),
-            same_or(&a, &b, Class::Moved),
-            a.map(Value::Text),
-            b.map(Value::Text),
-        ));
-    }
+    // Texts keyed by name on either side: one row per name, `class` when
+    // they differ.
+    let mut texts = |o: &BTreeMap<String, String>,
+                     n: &BTreeMap<String, String>,
+                     item: fn(String) -> Item,
+                     class: Class| {
+        for name in o.keys().chain(n.keys()).collect::<BTreeSet<_>>() {
+            let (a, b) = (o.get(name).cloned(), n.get(name).cloned());
+            out.push(base(
+                item(name.clone()),
+                same_or(&a, &b, class),
+                a.map(Value::Text),
+                b.map(Value::Text),
+            ));
+        }
+    };
+    texts(&gates(o), &gates(n), Item::Gate, Class::Flipped);
+    texts(&o.texts, &n.texts, Item::Text, Class::Moved);
     for name in o
         .metrics
         .keys()
