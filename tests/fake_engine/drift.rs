@@ -117,6 +117,13 @@ impl Fx {
             ),
         )
         .unwrap();
+        self.declare(name, pin);
+    }
+
+    /// The script `<suites>/<name>.sh` made executable and declared in
+    /// runtimes.toml, pinned by its sha256 (or by `pin` when given).
+    fn declare(&self, name: &str, pin: Option<&str>) {
+        let script = self.suites().join(format!("{name}.sh"));
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
         let sha = match pin {
             Some(p) => p.to_string(),
@@ -317,16 +324,7 @@ fn a_drift_case_measures_runtimes_against_each_other_and_themselves() {
         ),
     )
     .unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let sha = quantgate::core::fsutil::sha256_file(&script, |_| {})
-        .unwrap()
-        .0;
-    let file = fx.suites().join("runtimes.toml");
-    let mut all = std::fs::read_to_string(&file).unwrap();
-    all.push_str(&format!(
-        "[jitter]\npath = \"jitter.sh\"\nsha256 = \"{sha}\"\n"
-    ));
-    std::fs::write(file, all).unwrap();
+    fx.declare("jitter", None);
     fx.case("jitter", "[\"jitter\", \"linked\"]");
     let o = fx.run("jitter");
     assert!(o.error.is_none(), "{:?}", o.error);
@@ -361,16 +359,7 @@ fn a_runtime_is_used_only_as_pinned_and_never_shares_a_result() {
     // Not llama-perplexity: its --help names no --kl-divergence-base.
     let script = fx.suites().join("hello.sh");
     std::fs::write(&script, "#!/bin/sh\necho hello\n").unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let sha = quantgate::core::fsutil::sha256_file(&script, |_| {})
-        .unwrap()
-        .0;
-    let file = fx.suites().join("runtimes.toml");
-    let mut all = std::fs::read_to_string(&file).unwrap();
-    all.push_str(&format!(
-        "[hello]\npath = \"hello.sh\"\nsha256 = \"{sha}\"\n"
-    ));
-    std::fs::write(&file, all).unwrap();
+    fx.declare("hello", None);
     fx.case("hello", "[\"linked\", \"hello\"]");
     let e = fx.run("hello").error.unwrap_or_default();
     assert!(e.contains("is not llama-perplexity-compatible"), "{e}");
@@ -399,6 +388,7 @@ fn a_runtime_is_used_only_as_pinned_and_never_shares_a_result() {
     assert_eq!(first.metrics["bit_identical"], 1.0);
     quantgate::judge::cache::write(&cx, &planned[0], &first);
     assert!(quantgate::judge::cache::read(&cx, &planned[0]).is_some());
+    let file = fx.suites().join("runtimes.toml");
     let toml = std::fs::read_to_string(&file).unwrap();
     let b_old = toml.split("[b]").nth(1).unwrap().to_string();
     std::fs::write(&file, toml.replace(&format!("[b]{b_old}"), "")).unwrap();
