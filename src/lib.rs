@@ -1,5 +1,9 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
+// The machinery modules below are hidden from the documentation; their doc
+// comments are read in the source, where a link to a crate-private item is
+// what the reader wants.
+#![allow(rustdoc::private_intra_doc_links)]
 
 // The library's API is what this file exports at its top and in
 // [`prelude`]: the `cargo test` entry point ([`gate!`], [`run_gate`]), its
@@ -37,6 +41,9 @@ pub mod schedule;
 pub use crate::core::config::{Config, ConfigBuilder, Isolation, Missing, Shipped, UpdateMode};
 pub use crate::core::error::{Error, ErrorKind, Result};
 pub use crate::core::outcome::{GateResult, Outcome, Status, TrialEnd};
+/// Where the library's notes go (a reference read unauthenticated, a model
+/// derived): stderr unless a program embedding quantgate sets its own.
+pub use crate::core::progress::{set_sink, Sink};
 
 /// What a crate that gates its quants with quantgate uses:
 /// `use quantgate::prelude::*;`.

@@ -19,13 +19,13 @@ use sha2::Sha256;
 use std::path::Path;
 
 /// The JSON field that carries an outcome's MAC.
-pub const MAC_FIELD: &str = "mac";
+pub(crate) const MAC_FIELD: &str = "mac";
 /// What a MAC's text starts with.
-pub const MAC_PREFIX: &str = "hmac-sha256:";
+pub(crate) const MAC_PREFIX: &str = "hmac-sha256:";
 /// The environment variable holding the signing key itself.
 pub const KEY_ENV: &str = "QUANTGATE_SIGNING_KEY";
 /// The environment variable naming a file that holds the signing key.
-pub const KEY_FILE_ENV: &str = "QUANTGATE_SIGNING_KEY_FILE";
+pub(crate) const KEY_FILE_ENV: &str = "QUANTGATE_SIGNING_KEY_FILE";
 /// The shortest key accepted, in bytes.
 const MIN_KEY: usize = 16;
 
@@ -45,7 +45,7 @@ impl std::fmt::Debug for Key {
 
 impl Key {
     /// A key of `bytes` from `source`; too short a key is an error naming it.
-    pub fn new(bytes: Vec<u8>, source: &str) -> Result<Key> {
+    pub(crate) fn new(bytes: Vec<u8>, source: &str) -> Result<Key> {
         if bytes.len() < MIN_KEY {
             return Err(Error::input(format!(
                 "{source}: a signing key of {} bytes is too short; give at least {MIN_KEY} \
@@ -60,7 +60,7 @@ impl Key {
     }
 
     /// `hmac-sha256:<hex>` of `bytes`.
-    pub fn mac(&self, bytes: &[u8]) -> String {
+    pub(crate) fn mac(&self, bytes: &[u8]) -> String {
         let mut m = Hmac::<Sha256>::new_from_slice(&self.bytes).expect("HMAC takes any key");
         m.update(bytes);
         let tag = m.finalize().into_bytes();
@@ -69,7 +69,7 @@ impl Key {
     }
 
     /// Whether `mac` is this key's MAC of `bytes` (compared in constant time).
-    pub fn verifies(&self, bytes: &[u8], mac: &str) -> bool {
+    pub(crate) fn verifies(&self, bytes: &[u8], mac: &str) -> bool {
         let Some(hex) = mac.strip_prefix(MAC_PREFIX) else {
             return false;
         };
@@ -89,7 +89,7 @@ impl Key {
 /// key: a regular file (not a symlink, which another user could point
 /// elsewhere) that neither its group nor others can read or write; else
 /// why not, naming the mode and the fix.
-pub fn private_key_file(path: &Path) -> std::result::Result<(), String> {
+pub(crate) fn private_key_file(path: &Path) -> std::result::Result<(), String> {
     let meta = std::fs::symlink_metadata(path).map_err(|e| e.to_string())?;
     if meta.file_type().is_symlink() {
         return Err(
@@ -138,7 +138,7 @@ impl Seal {
     }
 
     /// A hasher of contents for this seal, fed as they are written or read.
-    pub fn hasher(&self) -> SealHasher {
+    pub(crate) fn hasher(&self) -> SealHasher {
         match self {
             Seal::Plain => SealHasher::Plain(<Sha256 as sha2::Digest>::new()),
             Seal::Keyed(k) => {
@@ -150,7 +150,7 @@ impl Seal {
     }
 
     /// The 32-byte seal of `body`.
-    pub fn tag(&self, body: &[u8]) -> [u8; 32] {
+    pub(crate) fn tag(&self, body: &[u8]) -> [u8; 32] {
         let mut h = self.hasher();
         h.update(body);
         h.finish()
@@ -158,7 +158,11 @@ impl Seal {
 
     /// `body` when `tag` is its seal; else why not, in words that tell an
     /// accident from an edit sealed again where they can.
-    pub fn check<'b>(&self, body: &'b [u8], tag: &[u8]) -> std::result::Result<&'b [u8], String> {
+    pub(crate) fn check<'b>(
+        &self,
+        body: &'b [u8],
+        tag: &[u8],
+    ) -> std::result::Result<&'b [u8], String> {
         let mut h = self.hasher();
         h.update(body);
         h.verify(tag)
@@ -170,7 +174,7 @@ impl Seal {
     /// in words that tell an accident from an edit sealed again:
     /// `plain_matches` says whether the tag is the contents' plain sha256
     /// (asked only of a keyed seal).
-    pub fn explain(&self, why: String, plain_matches: &mut dyn FnMut() -> bool) -> String {
+    pub(crate) fn explain(&self, why: String, plain_matches: &mut dyn FnMut() -> bool) -> String {
         match self {
             Seal::Keyed(k) if plain_matches() => format!(
                 "{why} ({}); it carries a plain sha256 seal instead: it was edited and sealed \
@@ -184,7 +188,7 @@ impl Seal {
 }
 
 /// A running seal ([`Seal::hasher`]).
-pub enum SealHasher {
+pub(crate) enum SealHasher {
     /// sha256.
     Plain(Sha256),
     /// HMAC-SHA256.
@@ -193,7 +197,7 @@ pub enum SealHasher {
 
 impl SealHasher {
     /// Feed contents.
-    pub fn update(&mut self, bytes: &[u8]) {
+    pub(crate) fn update(&mut self, bytes: &[u8]) {
         match self {
             SealHasher::Plain(h) => sha2::Digest::update(h, bytes),
             SealHasher::Keyed(m) => m.update(bytes),
@@ -201,7 +205,7 @@ impl SealHasher {
     }
 
     /// The seal of everything fed.
-    pub fn finish(self) -> [u8; 32] {
+    pub(crate) fn finish(self) -> [u8; 32] {
         match self {
             SealHasher::Plain(h) => sha2::Digest::finalize(h).into(),
             SealHasher::Keyed(m) => m.finalize().into_bytes().into(),
@@ -210,7 +214,7 @@ impl SealHasher {
 
     /// Ok when `tag` is the seal of everything fed (a MAC compared in
     /// constant time); else why not.
-    pub fn verify(self, tag: &[u8]) -> std::result::Result<(), String> {
+    pub(crate) fn verify(self, tag: &[u8]) -> std::result::Result<(), String> {
         match self {
             SealHasher::Plain(h) => {
                 if sha2::Digest::finalize(h).as_slice() == tag {
@@ -247,7 +251,7 @@ fn canonical(value: &serde_json::Value) -> Vec<u8> {
 }
 
 /// Put `key`'s MAC of `value` into it (an object).
-pub fn sign(value: &mut serde_json::Value, key: &Key) {
+pub(crate) fn sign(value: &mut serde_json::Value, key: &Key) {
     let mac = key.mac(&canonical(value));
     if let serde_json::Value::Object(m) = value {
         m.insert(MAC_FIELD.into(), mac.into());
@@ -256,7 +260,7 @@ pub fn sign(value: &mut serde_json::Value, key: &Key) {
 
 /// Check `value`'s MAC with `key`: Ok when it verifies; Err(why) when it is
 /// missing, malformed or wrong. The `mac` field is taken out either way.
-pub fn verify(value: &mut serde_json::Value, key: &Key) -> std::result::Result<(), String> {
+pub(crate) fn verify(value: &mut serde_json::Value, key: &Key) -> std::result::Result<(), String> {
     let bytes = canonical(value);
     let mac = match value {
         serde_json::Value::Object(m) => m.remove(MAC_FIELD),

@@ -72,13 +72,13 @@ pub struct Decide {
 impl Decide {
     /// What is wrong with `alpha` as a design's error level, if anything
     /// (it must lie in (0, 0.5]); `key` names it in the message.
-    pub fn alpha_problem(key: &str, alpha: f64) -> Option<String> {
+    pub(crate) fn alpha_problem(key: &str, alpha: f64) -> Option<String> {
         (!(alpha > 0.0 && alpha <= 0.5)).then(|| format!("{key}: {alpha} is not in (0, 0.5]"))
     }
 
     /// What is wrong with `bounds` as a per-window value's declared range,
     /// if anything (finite, lo < hi); `key` names it in the message.
-    pub fn bounds_problem(key: &str, bounds: &[f64]) -> Option<String> {
+    pub(crate) fn bounds_problem(key: &str, bounds: &[f64]) -> Option<String> {
         match bounds {
             [lo, hi] if lo.is_finite() && hi.is_finite() && lo < hi => None,
             _ => Some(format!("{key}: give [lo, hi], finite, lo < hi")),
@@ -87,12 +87,12 @@ impl Decide {
 
     /// The metrics a sequential case adds for each gated metric `m`: the
     /// bounds of its confidence sequence at the stop.
-    pub fn bound_metrics(m: &str) -> [String; 2] {
+    pub(crate) fn bound_metrics(m: &str) -> [String; 2] {
         [format!("{m}_seq_lo"), format!("{m}_seq_hi")]
     }
 
     /// The design as one line (goldens, the report's notes, prereg).
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let bounds: Vec<String> = self
             .bounds
             .iter()
@@ -113,7 +113,7 @@ impl Case {
     /// [`Tolerance::DEFAULT`] for the rest — each bound widened to the
     /// kind's own tolerance for the metric where it declares a wider one
     /// ([`Metric::with_tolerance`]).
-    pub fn tolerance(&self, metric: &str) -> Tolerance {
+    pub(crate) fn tolerance(&self, metric: &str) -> Tolerance {
         if let Some(t) = self.tolerances.get(metric) {
             return *t;
         }
@@ -189,10 +189,10 @@ pub struct Metric {
 
 /// What a reader calls a kind's metrics, as the kind declares it ([`Metric::label`],
 /// [`Metric::unit`]): (metric, label, unit or "").
-pub type About = &'static [(&'static str, &'static str, &'static str)];
+pub(crate) type About = &'static [(&'static str, &'static str, &'static str)];
 
 /// `metrics` with the labels and units `about` declares.
-pub fn with_about(mut metrics: Vec<Metric>, about: About) -> Vec<Metric> {
+pub(crate) fn with_about(mut metrics: Vec<Metric>, about: About) -> Vec<Metric> {
     for m in &mut metrics {
         if let Some((_, label, unit)) = about.iter().find(|(n, _, _)| *n == m.name) {
             m.label = Some(label);
@@ -217,7 +217,7 @@ pub struct Interval {
 
 impl Metric {
     /// A metric of type `ty`.
-    pub fn new(name: impl Into<String>, ty: MetricType) -> Self {
+    pub(crate) fn new(name: impl Into<String>, ty: MetricType) -> Self {
         Metric {
             name: name.into(),
             ty,
@@ -229,25 +229,31 @@ impl Metric {
     }
 
     /// A count.
-    pub fn count(name: impl Into<String>) -> Self {
+    pub(crate) fn count(name: impl Into<String>) -> Self {
         Metric::new(name, MetricType::Count)
     }
 
     /// A float.
-    pub fn float(name: impl Into<String>) -> Self {
+    pub(crate) fn float(name: impl Into<String>) -> Self {
         Metric::new(name, MetricType::Float)
     }
 
     /// Compared with its golden within `tolerance` (unless the case sets
     /// one for it), for the reason `why`.
-    pub fn with_tolerance(mut self, tolerance: Tolerance, why: &'static str) -> Self {
+    pub(crate) fn with_tolerance(mut self, tolerance: Tolerance, why: &'static str) -> Self {
         self.tolerance = Some((tolerance, why));
         self
     }
 
     /// With an interval `name` whose bounds are the metrics `lo` and `hi`,
     /// over the windows that the metric `windows` counts.
-    pub fn with_interval(mut self, name: &str, lo: &str, hi: &str, windows: Option<&str>) -> Self {
+    pub(crate) fn with_interval(
+        mut self,
+        name: &str,
+        lo: &str,
+        hi: &str,
+        windows: Option<&str>,
+    ) -> Self {
         self.intervals.push(Interval {
             name: name.into(),
             lo: lo.into(),
@@ -259,7 +265,7 @@ impl Metric {
 }
 
 /// Declare metrics from names: those in `counts` are counts, the rest floats.
-pub fn metrics_of(names: &[&str], counts: &[&str]) -> Vec<Metric> {
+pub(crate) fn metrics_of(names: &[&str], counts: &[&str]) -> Vec<Metric> {
     names
         .iter()
         .map(|n| {
@@ -288,7 +294,7 @@ pub struct Pin {
 
 impl Pin {
     /// The file's bytes, checked against the pin; a mismatch names the pin's place.
-    pub fn read_bytes(&self) -> Result<Vec<u8>> {
+    pub(crate) fn read_bytes(&self) -> Result<Vec<u8>> {
         let (at, table, path) = (&self.at, self.table, &self.path);
         let bytes = std::fs::read(path)
             .map_err(|e| Error::input(format!("{at}: {table}.path: {}: {e}", path.display())))?;
@@ -312,13 +318,13 @@ impl Pin {
 }
 
 /// Why `sha` is not a sha256 pin (64 lower-case hex digits), if it is not.
-pub fn bad_sha(key: &str, sha: &str) -> Option<String> {
+pub(crate) fn bad_sha(key: &str, sha: &str) -> Option<String> {
     (!crate::core::fsutil::is_hex(sha, 64))
         .then(|| format!("{key}: `{sha}` is not 64 lower-case hex digits"))
 }
 
 /// A path relative to the case file.
-pub fn beside(case_file: &Path, rel: &str) -> PathBuf {
+pub(crate) fn beside(case_file: &Path, rel: &str) -> PathBuf {
     case_file.parent().unwrap_or(Path::new(".")).join(rel)
 }
 
@@ -345,7 +351,7 @@ fn default_rtol() -> f64 {
 impl Tolerance {
     /// Defaults: logits are bitwise reproducible for one build, so only
     /// summation noise is tolerated.
-    pub const DEFAULT: Tolerance = Tolerance {
+    pub(crate) const DEFAULT: Tolerance = Tolerance {
         atol: 1e-9,
         rtol: 1e-6,
     };
@@ -353,7 +359,7 @@ impl Tolerance {
     /// Measurements of a machine (tokens per second, their ratios), which
     /// another machine or a busy one changes: anything from 0 to 10× the
     /// golden counts as the same; gates carry the decision.
-    pub const MEASUREMENT: Tolerance = Tolerance {
+    pub(crate) const MEASUREMENT: Tolerance = Tolerance {
         atol: 0.0,
         rtol: 9.0,
     };
@@ -410,7 +416,7 @@ pub enum Level {
 
 impl Level {
     /// Whether this is the default level (JSON leaves it out).
-    pub fn is_fail(&self) -> bool {
+    pub(crate) fn is_fail(&self) -> bool {
         *self == Level::Fail
     }
 }
@@ -420,7 +426,7 @@ impl Gate {
     /// matches (or it names none but `!` ones), and no `!` glob does. The
     /// globs were checked when the case was parsed; one that cannot be
     /// built here matches nothing.
-    pub fn applies_to(&self, alias: &str) -> bool {
+    pub(crate) fn applies_to(&self, alias: &str) -> bool {
         let matches =
             |g: &str| globset::Glob::new(g).is_ok_and(|g| g.compile_matcher().is_match(alias));
         let (out, any): (Vec<&str>, Vec<&str>) = self
@@ -433,7 +439,7 @@ impl Gate {
 
     /// The metric whose value is gated: `metric`, or with `on = "ci95_hi"`
     /// the bound of the interval its kind declared (`read`).
-    pub fn gated_metric(&self) -> String {
+    pub(crate) fn gated_metric(&self) -> String {
         self.read.clone()
     }
 
@@ -441,7 +447,7 @@ impl Gate {
     /// metric, for the bound `bound` (`max`, `min`) at `threshold`:
     /// `KLD mean ≤ 0.1 nats`, `ΔNLL ≤ 0.05 nats/token (decided sequentially)`,
     /// `same top, Wilson 95% lower bound ≥ 0.9`.
-    pub fn title(&self, bound: &str, threshold: f64) -> String {
+    pub(crate) fn title(&self, bound: &str, threshold: f64) -> String {
         let (label, unit) = match self.about {
             Some((label, unit)) => (label.to_string(), unit),
             None => (self.metric.clone(), None),

@@ -37,7 +37,7 @@ impl Error {
         }
     }
     /// An engine error.
-    pub fn engine(message: impl Into<String>) -> Self {
+    pub(crate) fn engine(message: impl Into<String>) -> Self {
         Error {
             kind: ErrorKind::Engine,
             message: message.into(),

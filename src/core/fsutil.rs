@@ -11,13 +11,13 @@ use tempfile::NamedTempFile;
 use walkdir::WalkDir;
 
 /// Lower-case hex of a byte slice.
-pub fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Whether `s` is exactly `n` lower-case hex digits (a sha256 is 64, a git
 /// commit 40).
-pub fn is_hex(s: &str, n: usize) -> bool {
+pub(crate) fn is_hex(s: &str, n: usize) -> bool {
     s.len() == n
         && s.bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
@@ -33,7 +33,7 @@ pub fn sha256_bytes(bytes: &[u8]) -> String {
 /// started from is rebuilt or removed mid-run (`cargo build` during a long
 /// `cargo test`), so a worker started from it is its parent's build and a
 /// hash of it is this build's; elsewhere [`std::env::current_exe`].
-pub fn running_exe() -> std::io::Result<std::path::PathBuf> {
+pub(crate) fn running_exe() -> std::io::Result<std::path::PathBuf> {
     let held = Path::new("/proc/self/exe");
     if cfg!(target_os = "linux") && held.exists() {
         return Ok(held.to_path_buf());
@@ -61,7 +61,7 @@ pub fn sha256_file(path: &Path, mut progress: impl FnMut(u64)) -> Result<(String
 
 /// An exclusive `flock` on `path` (created, never truncated; its directory
 /// created), held until the file is dropped or the process dies, so never stale.
-pub fn lock_file(path: &Path) -> Result<File> {
+pub(crate) fn lock_file(path: &Path) -> Result<File> {
     if let Some(dir) = path.parent() {
         fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     }
@@ -77,14 +77,14 @@ pub fn lock_file(path: &Path) -> Result<File> {
 
 /// An exclusive `flock` on the folder `dir` (opened read-only; nothing is
 /// written), held until the handle is dropped or the process dies.
-pub fn lock_dir(dir: &Path) -> Result<File> {
+pub(crate) fn lock_dir(dir: &Path) -> Result<File> {
     let f = File::open(dir).map_err(|e| Error::io(dir, e))?;
     f.lock().map_err(|e| Error::io(dir, e))?;
     Ok(f)
 }
 
 /// The mark in the name of every temp file quantgate writes, and only those.
-pub const TEMP_MARK: &str = ".quantgate-tmp-";
+pub(crate) const TEMP_MARK: &str = ".quantgate-tmp-";
 
 /// The owner tag of a temp file for `name` made by process `pid`: 16 hex
 /// digits of a MAC with this user's key ([`crate::core::keys::process_user_key`]),
@@ -129,7 +129,7 @@ fn is_our_temp(file_name: &str) -> bool {
 /// it is written, so that [`clean_stale_temps`] can tell a dead writer's
 /// leftovers from a live one's in any PID namespace; removed when dropped
 /// unless [`commit`]ted (the lock goes with the file handle).
-pub fn temp_beside(dest: &Path) -> Result<NamedTempFile> {
+pub(crate) fn temp_beside(dest: &Path) -> Result<NamedTempFile> {
     let dir = match dest.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -154,7 +154,7 @@ pub fn temp_beside(dest: &Path) -> Result<NamedTempFile> {
 }
 
 /// Move a finished temp file into place: fsync it, rename, fsync the directory.
-pub fn commit(tmp: NamedTempFile, dest: &Path) -> Result<()> {
+pub(crate) fn commit(tmp: NamedTempFile, dest: &Path) -> Result<()> {
     tmp.as_file()
         .sync_all()
         .map_err(|e| Error::io(tmp.path(), e))?;
@@ -179,7 +179,7 @@ pub fn commit(tmp: NamedTempFile, dest: &Path) -> Result<()> {
 /// no lock is held on them (a live writer, in this PID namespace or
 /// another, holds one) and they are over a minute old. Nothing else is
 /// ever removed. Returns how many went.
-pub fn clean_stale_temps_to(dir: &Path, depth: usize) -> usize {
+pub(crate) fn clean_stale_temps_to(dir: &Path, depth: usize) -> usize {
     let mut removed = 0;
     for e in WalkDir::new(dir)
         .max_depth(depth)
@@ -212,7 +212,7 @@ pub fn clean_stale_temps_to(dir: &Path, depth: usize) -> usize {
 
 /// [`clean_stale_temps_to`] over the whole tree under `dir` (a folder that
 /// is quantgate's own: the cache, the goldens).
-pub fn clean_stale_temps(dir: &Path) -> usize {
+pub(crate) fn clean_stale_temps(dir: &Path) -> usize {
     clean_stale_temps_to(dir, usize::MAX)
 }
 
@@ -225,20 +225,15 @@ pub fn seal(bytes: Vec<u8>) -> Vec<u8> {
 }
 
 /// Seal `bytes` with `seal`: its 32-byte tag of everything before it appended.
-pub fn seal_with(mut bytes: Vec<u8>, seal: Seal) -> Vec<u8> {
+pub(crate) fn seal_with(mut bytes: Vec<u8>, seal: Seal) -> Vec<u8> {
     let tag = seal.tag(&bytes);
     bytes.extend_from_slice(&tag);
     bytes
 }
 
-/// The contents of sealed `bytes`, or why they are not intact.
-pub fn unseal(bytes: &[u8]) -> std::result::Result<&[u8], String> {
-    unseal_with(bytes, Seal::Plain)
-}
-
 /// The contents of `bytes` sealed with `seal`, or why they are not intact
 /// (or, with a key, not authentic).
-pub fn unseal_with(bytes: &[u8], seal: Seal) -> std::result::Result<&[u8], String> {
+pub(crate) fn unseal_with(bytes: &[u8], seal: Seal) -> std::result::Result<&[u8], String> {
     if bytes.len() < 32 {
         return Err("shorter than its seal: truncated".into());
     }
@@ -252,7 +247,7 @@ pub fn write_sealed(dest: &Path, bytes: Vec<u8>) -> Result<()> {
 }
 
 /// Write `bytes` sealed with `seal` to `dest` atomically.
-pub fn write_sealed_with(dest: &Path, bytes: Vec<u8>, seal: Seal) -> Result<()> {
+pub(crate) fn write_sealed_with(dest: &Path, bytes: Vec<u8>, seal: Seal) -> Result<()> {
     write_atomic(dest, &seal_with(bytes, seal))
 }
 
@@ -264,7 +259,10 @@ pub fn read_sealed(path: &Path) -> std::result::Result<Option<Vec<u8>>, String> 
 }
 
 /// [`read_sealed`] for a file sealed with `seal`.
-pub fn read_sealed_with(path: &Path, seal: Seal) -> std::result::Result<Option<Vec<u8>>, String> {
+pub(crate) fn read_sealed_with(
+    path: &Path,
+    seal: Seal,
+) -> std::result::Result<Option<Vec<u8>>, String> {
     match fs::read(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e.to_string()),
@@ -342,7 +340,7 @@ pub fn write_atomic(dest: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// 1-based line and column of a byte offset.
-pub fn line_col(src: &str, offset: usize) -> (usize, usize) {
+pub(crate) fn line_col(src: &str, offset: usize) -> (usize, usize) {
     let offset = offset.min(src.len());
     let before = &src[..offset];
     let line = before.matches('\n').count() + 1;

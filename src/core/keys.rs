@@ -15,7 +15,7 @@ use std::sync::OnceLock;
 /// its `config_home`). None when neither can be had (the result cache is
 /// then not used: a cached result that cannot be authenticated is not a
 /// result).
-pub fn result_cache_key(config: &Config) -> Option<&Key> {
+pub(crate) fn result_cache_key(config: &Config) -> Option<&Key> {
     config
         .signing_key()
         .or_else(|| user_key(config.config_home.as_deref()))
@@ -27,7 +27,7 @@ pub fn result_cache_key(config: &Config) -> Option<&Key> {
 /// result cache uses without a signing key, and what tags quantgate's temp
 /// files as its own. None (said once per folder) when it can be neither
 /// read nor made, or there is no such folder.
-pub fn user_key(config_home: Option<&Path>) -> Option<&'static Key> {
+pub(crate) fn user_key(config_home: Option<&Path>) -> Option<&'static Key> {
     type Keys = std::sync::Mutex<std::collections::HashMap<PathBuf, &'static Option<Key>>>;
     static LOCAL: OnceLock<Keys> = OnceLock::new();
     let path = config_home?.join("result-cache.key");
@@ -55,7 +55,7 @@ pub fn user_key(config_home: Option<&Path>) -> Option<&'static Key> {
 /// This user's own key as the environment places it
 /// ([`crate::core::config::user_config_home`]): the temp-file tag's key,
 /// which every process of the user must agree on.
-pub fn process_user_key() -> Option<&'static Key> {
+pub(crate) fn process_user_key() -> Option<&'static Key> {
     user_key(crate::core::config::user_config_home().as_deref())
 }
 
@@ -119,7 +119,7 @@ impl Seal {
     /// The seal of reference products kept in the local cache: keyed with
     /// the result-cache key (the signing key, else this user's own), as
     /// result-cache entries are; plain only when no key can be had.
-    pub fn local(config: &Config) -> Seal {
+    pub(crate) fn local(config: &Config) -> Seal {
         result_cache_key(config).map_or(Seal::Plain, |k| Seal::Keyed(interned(k)))
     }
 
@@ -135,7 +135,10 @@ impl Seal {
 
 /// An outcome as the JSON that `--json` and shards write: signed with
 /// `key` (the config's signing key) when one is given.
-pub fn outcome_json(o: &crate::core::Outcome, key: Option<&Key>) -> Result<serde_json::Value> {
+pub(crate) fn outcome_json(
+    o: &crate::core::Outcome,
+    key: Option<&Key>,
+) -> Result<serde_json::Value> {
     let mut v =
         serde_json::to_value(o).map_err(|e| Error::harness(format!("serialising results: {e}")))?;
     if let Some(key) = key {

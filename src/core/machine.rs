@@ -7,7 +7,7 @@
 
 /// This machine, or None when its CPU cannot be read (not Linux, or a
 /// `/proc/cpuinfo` without a processor model).
-pub fn describe() -> Option<String> {
+pub(crate) fn describe() -> Option<String> {
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     describe_from(
@@ -22,7 +22,12 @@ pub fn describe() -> Option<String> {
 /// `/proc/cpuinfo` keys that name a processor model (x86's vendor, family,
 /// model, stepping and cache; Arm's implementer, part, variant and
 /// revision), `MemTotal` rounded to GiB, `host` and `cpus`.
-pub fn describe_from(cpuinfo: &str, meminfo: &str, host: &str, cpus: usize) -> Option<String> {
+pub(crate) fn describe_from(
+    cpuinfo: &str,
+    meminfo: &str,
+    host: &str,
+    cpus: usize,
+) -> Option<String> {
     const MODEL_KEYS: [&str; 12] = [
         "vendor_id",
         "cpu family",
@@ -70,7 +75,7 @@ pub fn describe_from(cpuinfo: &str, meminfo: &str, host: &str, cpus: usize) -> O
 /// when every device is a CPU); the host name and the processor's
 /// identifying numbers are left out (they key results, they tell a reader
 /// nothing).
-pub fn plain(line: &str) -> String {
+pub(crate) fn plain(line: &str) -> String {
     let mut cpu: Option<String> = None;
     let mut cpu_fallback: Vec<String> = Vec::new();
     let mut parts: Vec<String> = Vec::new();

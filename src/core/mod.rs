@@ -7,13 +7,13 @@ pub mod case;
 pub mod config;
 pub mod error;
 pub mod fsutil;
-pub mod keys;
-pub mod machine;
-pub mod outcome;
+pub(crate) mod keys;
+pub(crate) mod machine;
+pub(crate) mod outcome;
 pub mod parse;
-pub mod present;
+pub(crate) mod present;
 pub mod progress;
-pub mod settings;
+pub(crate) mod settings;
 
 pub use case::{Case, Gate, Location, Metric, MetricType, Pin, Tolerance};
 pub use error::{Error, ErrorKind, Result};

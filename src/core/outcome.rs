@@ -136,7 +136,7 @@ pub enum Verdict {
 
 impl Verdict {
     /// +1, −1, 0.
-    pub fn as_metric(self) -> f64 {
+    pub(crate) fn as_metric(self) -> f64 {
         match self {
             Verdict::Win => 1.0,
             Verdict::Loss => -1.0,
@@ -145,7 +145,7 @@ impl Verdict {
     }
 
     /// The word.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Verdict::Win => "win",
             Verdict::Loss => "loss",
@@ -156,7 +156,7 @@ impl Verdict {
 
 /// Metrics a case with a prereg adds: the decision (+1 win, 0 tie, −1 loss)
 /// and whether the measured value fell inside the predicted interval (1/0).
-pub const PREREG_METRICS: &[&str] = &["prereg_outcome", "prereg_prediction_hit"];
+pub(crate) const PREREG_METRICS: &[&str] = &["prereg_outcome", "prereg_prediction_hit"];
 
 /// The recorded decision of a preregistered comparison.
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
@@ -185,7 +185,7 @@ pub struct Decision {
 
 impl Decision {
     /// `win; prediction hit` — the decision as the golden and the report show it.
-    pub fn line(&self) -> String {
+    pub(crate) fn line(&self) -> String {
         format!(
             "{}; prediction {}",
             self.outcome.as_str(),
@@ -209,18 +209,13 @@ pub enum Column {
 
 impl Column {
     /// Number of values.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         match self {
             Column::Str(v) => v.len(),
             Column::I32(v) => v.len(),
             Column::F64(v) => v.len(),
             Column::Bool(v) => v.len(),
         }
-    }
-
-    /// No values.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -441,6 +436,6 @@ impl TrialEnd {
 }
 
 /// `suite/case::model` → (`suite/case`, `model`); a name without `::` is all case.
-pub fn split_test_name(name: &str) -> (&str, &str) {
+pub(crate) fn split_test_name(name: &str) -> (&str, &str) {
     name.split_once("::").unwrap_or((name, ""))
 }

@@ -14,7 +14,7 @@ use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
 /// Parse `src` (read from `path`) into `T`.
-pub fn parse_toml<T: DeserializeOwned>(path: &Path, src: &str) -> Result<T> {
+pub(crate) fn parse_toml<T: DeserializeOwned>(path: &Path, src: &str) -> Result<T> {
     let (root, syntax) = DeTable::parse_recoverable(src);
     let mut errors: Vec<Error> = syntax
         .iter()
@@ -165,7 +165,10 @@ fn expected_names(msg: &str) -> Vec<String> {
 }
 
 /// The candidate closest to `word`, if it is close enough to be a typo.
-pub fn nearest<'a>(word: &str, candidates: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+pub(crate) fn nearest<'a>(
+    word: &str,
+    candidates: impl Iterator<Item = &'a str>,
+) -> Option<&'a str> {
     candidates
         .map(|c| (strsim::levenshtein(word, c), c))
         .filter(|(d, c)| *d <= (c.len().max(word.len()) / 3).max(2))
@@ -183,7 +186,7 @@ pub struct Diagnostics<'a> {
 
 impl<'a> Diagnostics<'a> {
     /// Collect errors of `src`, read from `path`.
-    pub fn new(path: &'a Path, src: &'a str) -> Self {
+    pub(crate) fn new(path: &'a Path, src: &'a str) -> Self {
         Diagnostics {
             path,
             src,
@@ -192,40 +195,29 @@ impl<'a> Diagnostics<'a> {
     }
 
     /// The file, as messages show it.
-    pub fn path(&self) -> &'a Path {
+    pub(crate) fn path(&self) -> &'a Path {
         self.path
     }
 
     /// `path:line:col` of a byte offset.
-    pub fn at(&self, offset: usize) -> Location {
+    pub(crate) fn at(&self, offset: usize) -> Location {
         let (l, c) = line_col(self.src, offset);
         Location(format!("{}:{l}:{c}", self.path.display()))
     }
 
     /// An error at `loc`: `loc: msg`.
-    pub fn push(&mut self, loc: &Location, msg: impl std::fmt::Display) {
+    pub(crate) fn push(&mut self, loc: &Location, msg: impl std::fmt::Display) {
         self.errors.push(Error::input(format!("{loc}: {msg}")));
     }
 
     /// An error at a byte offset.
-    pub fn push_at(&mut self, offset: usize, msg: impl std::fmt::Display) {
+    pub(crate) fn push_at(&mut self, offset: usize, msg: impl std::fmt::Display) {
         let loc = self.at(offset);
         self.push(&loc, msg);
     }
 
-    /// An error about the whole file: `path: msg`.
-    pub fn push_file(&mut self, msg: impl std::fmt::Display) {
-        self.errors
-            .push(Error::input(format!("{}: {msg}", self.path.display())));
-    }
-
-    /// Whether nothing is wrong so far.
-    pub fn is_empty(&self) -> bool {
-        self.errors.is_empty()
-    }
-
     /// `value`, or every error collected.
-    pub fn finish<T>(self, value: T) -> Result<T> {
+    pub(crate) fn finish<T>(self, value: T) -> Result<T> {
         if self.errors.is_empty() {
             Ok(value)
         } else {

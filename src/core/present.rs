@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 /// An outcome's metrics, by name.
-pub type Metrics = BTreeMap<String, f64>;
+pub(crate) type Metrics = BTreeMap<String, f64>;
 
 /// A kind's part of the ladder report.
 #[derive(Debug, Clone)]
@@ -56,7 +56,7 @@ pub struct HubMetric {
 }
 
 /// A kind's [`Presentation::align`].
-pub type Align = fn(&mut [crate::core::Outcome]) -> Option<String>;
+pub(crate) type Align = fn(&mut [crate::core::Outcome]) -> Option<String>;
 
 /// How a kind's outcomes join the report's views.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,7 +93,7 @@ pub struct ReportColumn {
 
 impl ReportColumn {
     /// A column whose CSV fields are the metrics `cell` reads, in order.
-    pub fn new(title: &'static str, cell: Cell) -> Self {
+    pub(crate) fn new(title: &'static str, cell: Cell) -> Self {
         let csv = cell
             .metrics()
             .into_iter()
@@ -109,19 +109,19 @@ impl ReportColumn {
     }
 
     /// The column, shown only where some row has its metrics.
-    pub fn optional(mut self) -> Self {
+    pub(crate) fn optional(mut self) -> Self {
         self.optional = true;
         self
     }
 
     /// The column, in a model card's main table.
-    pub fn headline(mut self) -> Self {
+    pub(crate) fn headline(mut self) -> Self {
         self.headline = true;
         self
     }
 
     /// A column only the CSV has: these metrics.
-    pub fn csv_only(metrics: &[&'static str]) -> Self {
+    pub(crate) fn csv_only(metrics: &[&'static str]) -> Self {
         ReportColumn {
             title: "",
             cell: Cell::Text(|_| None),
@@ -183,7 +183,7 @@ pub enum Cell {
 
 impl Cell {
     /// The metrics the cell reads, in order.
-    pub fn metrics(&self) -> Vec<&'static str> {
+    pub(crate) fn metrics(&self) -> Vec<&'static str> {
         match self {
             Cell::Number { metric, .. } => vec![metric],
             Cell::PlusMinus { metric, se, .. } => vec![metric, se],
@@ -194,7 +194,7 @@ impl Cell {
     }
 
     /// The cell's text for `m` (`–` when its metric is missing).
-    pub fn show(&self, m: &Metrics) -> String {
+    pub(crate) fn show(&self, m: &Metrics) -> String {
         let g = |k: &str| m.get(k).copied();
         match *self {
             Cell::Number {
@@ -243,7 +243,7 @@ pub enum Field {
 
 impl Field {
     /// The field's text for `m` (empty when missing).
-    pub fn show(&self, m: &Metrics) -> String {
+    pub(crate) fn show(&self, m: &Metrics) -> String {
         match self {
             Field::Metric(k) => m.get(*k).map(|x| format!("{x}")).unwrap_or_default(),
             Field::Derived(f) => f(m).unwrap_or_default(),
@@ -301,7 +301,7 @@ pub enum Spread {
 
 impl Spread {
     /// The bar's ends around `metric` in `m`, if its metrics are there.
-    pub fn of(self, metric: &str, m: &Metrics) -> Option<(f64, f64)> {
+    pub(crate) fn of(self, metric: &str, m: &Metrics) -> Option<(f64, f64)> {
         match self {
             Spread::Bounds(lo, hi) => Some((*m.get(lo)?, *m.get(hi)?)),
             Spread::Se95(se) => {
@@ -313,7 +313,7 @@ impl Spread {
 }
 
 /// `x` with `digits` decimals; `–` when missing.
-pub fn num(v: Option<f64>, digits: usize) -> String {
+pub(crate) fn num(v: Option<f64>, digits: usize) -> String {
     match v {
         Some(x) if x.is_finite() => format!("{x:.digits$}"),
         Some(x) => format!("{x}"),

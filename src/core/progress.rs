@@ -8,10 +8,10 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle, TermLike};
 use std::io::Write;
 
 /// Set by a parent whose stderr is a terminal, for its worker processes.
-pub const TERMINAL_ENV: &str = "QUANTGATE_PROGRESS_TERMINAL";
+pub(crate) const TERMINAL_ENV: &str = "QUANTGATE_PROGRESS_TERMINAL";
 
 /// Whether this process's stderr is a terminal.
-pub fn stderr_is_terminal() -> bool {
+pub(crate) fn stderr_is_terminal() -> bool {
     std::io::IsTerminal::is_terminal(&std::io::stderr())
 }
 
@@ -70,7 +70,7 @@ static PARENT_TERMINAL: std::sync::atomic::AtomicBool = std::sync::atomic::Atomi
 /// Say that the parent process passing this one's stderr on draws on a
 /// terminal (the config's `parent_terminal`), so bars are
 /// drawn for it: set by the edge (a worker) from its config.
-pub fn set_parent_terminal(on: bool) {
+pub(crate) fn set_parent_terminal(on: bool) {
     PARENT_TERMINAL.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
@@ -101,7 +101,7 @@ fn style(unit: &str) -> ProgressStyle {
 /// the plural of what is counted (`windows`). Drawn on this process's
 /// board when one is open ([`board_open`]), sent to the parent's board
 /// when this is a worker of one, else drawn on stderr (when a terminal).
-pub fn bar(len: u64, msg: &str, unit: &str) -> Bar {
+pub(crate) fn bar(len: u64, msg: &str, unit: &str) -> Bar {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     if FORWARD.load(std::sync::atomic::Ordering::Relaxed) {
         let b = Bar {
@@ -129,7 +129,7 @@ pub fn bar(len: u64, msg: &str, unit: &str) -> Bar {
 
 /// A progress bar ([`bar`]): drawn here, or sent to the parent's board;
 /// cleared when finished or dropped.
-pub struct Bar {
+pub(crate) struct Bar {
     bar: ProgressBar,
     forward: Option<Forward>,
 }
@@ -154,23 +154,23 @@ struct Forward {
 
 /// Prefix of a worker's progress lines on its stdout: `id pos len unit`,
 /// a tab, the bar's message (`pos` past `len`: the bar is finished).
-pub const PROGRESS: &str = "QUANTGATE-PROGRESS ";
+pub(crate) const PROGRESS: &str = "QUANTGATE-PROGRESS ";
 
 impl Bar {
     /// Advance by `n`.
-    pub fn inc(&self, n: u64) {
+    pub(crate) fn inc(&self, n: u64) {
         self.bar.inc(n);
         self.send(self.bar.position(), false);
     }
 
     /// Set the position.
-    pub fn set_position(&self, pos: u64) {
+    pub(crate) fn set_position(&self, pos: u64) {
         self.bar.set_position(pos);
         self.send(pos, false);
     }
 
     /// Done: cleared from where it was drawn.
-    pub fn finish_and_clear(&self) {
+    pub(crate) fn finish_and_clear(&self) {
         self.bar.finish_and_clear();
         self.send(0, true);
     }
@@ -218,7 +218,7 @@ static FORWARD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::n
 
 /// Send this process's bars to the parent's board (a worker of a parent
 /// that draws one): set by the edge from its config.
-pub fn set_forward(on: bool) {
+pub(crate) fn set_forward(on: bool) {
     FORWARD.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
@@ -262,7 +262,7 @@ pub fn board_open(total: u64) -> bool {
 }
 
 /// Whether a board is open (workers then send their bars to it).
-pub fn board_is_open() -> bool {
+pub(crate) fn board_is_open() -> bool {
     lock_board().is_some()
 }
 
@@ -280,7 +280,7 @@ pub fn board_tick(done: u64, running: Option<&str>) {
 /// A progress line from worker `worker` ([`PROGRESS`] taken off): its bar
 /// drawn, moved or (finished) cleared on the board. A line that does not
 /// parse is ignored (progress never fails a run).
-pub fn board_remote(worker: u32, rest: &str) {
+pub(crate) fn board_remote(worker: u32, rest: &str) {
     let Some((id, pos, len, unit, msg)) = parse_progress(rest) else {
         return;
     };
@@ -315,7 +315,7 @@ pub fn board_close() {
 
 /// A spinner for a step whose length is unknown (quantizing a model):
 /// `{what} {msg}` and the time elapsed, ticking until it is finished.
-pub fn spinner(what: &str, msg: &str) -> ProgressBar {
+pub(crate) fn spinner(what: &str, msg: &str) -> ProgressBar {
     let spinner = ProgressBar::with_draw_target(None, target());
     spinner.set_style(
         ProgressStyle::with_template(&format!("{{spinner}} {what} {{msg}} {{elapsed}}"))
@@ -345,7 +345,7 @@ pub fn set_sink(sink: Box<dyn Sink>) -> bool {
 
 /// Pass one note on: to the sink, else to stderr (above the board's bars
 /// when one is drawn).
-pub fn note(line: &str) {
+pub(crate) fn note(line: &str) {
     match SINK.get() {
         Some(s) => s.note(line),
         None => line_out(line),

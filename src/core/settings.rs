@@ -24,7 +24,7 @@ pub struct EngineOptions {
 }
 
 /// The KV cache types llama.cpp accepts (`-ctk`, `-ctv`).
-pub const KV_TYPES: &[&str] = &[
+pub(crate) const KV_TYPES: &[&str] = &[
     "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1",
 ];
 
@@ -88,7 +88,7 @@ impl EngineOptions {
     /// to its variable as `var` gives it (`QUANTGATE_N_GPU_LAYERS`,
     /// `QUANTGATE_KV_TYPE`, `QUANTGATE_FLASH_ATTN`; the config reads them);
     /// messages name the flag or the variable.
-    pub fn from_flags_or(
+    pub(crate) fn from_flags_or(
         flags: [Option<&str>; 3],
         var: &dyn Fn(&str) -> Option<String>,
     ) -> Result<EngineOptions> {
@@ -112,7 +112,7 @@ impl EngineOptions {
 
     /// The environment that gives a child process these options (a worker
     /// runs under the options its parent was given, flags included).
-    pub fn to_env(&self) -> [(&'static str, String); 3] {
+    pub(crate) fn to_env(&self) -> [(&'static str, String); 3] {
         [
             (
                 "QUANTGATE_N_GPU_LAYERS",
@@ -174,7 +174,7 @@ impl Settings {
     }
 
     /// These settings under engine options `o`.
-    pub fn with_options(self, o: &EngineOptions) -> Self {
+    pub(crate) fn with_options(self, o: &EngineOptions) -> Self {
         Settings {
             flash_attn: o.flash_attn,
             kv_type: o.kv_type.clone(),
@@ -198,7 +198,7 @@ impl Settings {
     }
 
     /// The settings line of golden headers and cache keys.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         format!(
             "n_ctx={} n_batch={} n_ubatch={}{} flash_attn={} kv={}{}{}",
             self.n_ctx,
@@ -223,7 +223,7 @@ impl Settings {
     }
 
     /// The physical batch (`n_ubatch`).
-    pub fn physical_batch(&self) -> u32 {
+    pub(crate) fn physical_batch(&self) -> u32 {
         if self.n_ubatch == 0 {
             self.n_batch
         } else {
@@ -232,7 +232,7 @@ impl Settings {
     }
 
     /// The same settings without padding (token-at-a-time passes).
-    pub fn unpadded(&self) -> Settings {
+    pub(crate) fn unpadded(&self) -> Settings {
         Settings {
             min_rows: 0,
             ..self.clone()
@@ -242,7 +242,7 @@ impl Settings {
     /// Rows of a pass that decodes `n` tokens: `n`, or with `min_rows` set,
     /// at least `min_rows`, rounded up to a multiple of 4 (the repacked CPU
     /// kernels take rows four at a time and the rest one by one).
-    pub fn padded_rows(&self, n: usize) -> usize {
+    pub(crate) fn padded_rows(&self, n: usize) -> usize {
         if self.min_rows == 0 {
             n
         } else {

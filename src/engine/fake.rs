@@ -19,7 +19,7 @@ use std::sync::Arc;
 /// BOS id of the fake vocabulary.
 pub const BOS: TokenId = 256;
 /// EOS id of the fake vocabulary.
-pub const EOS: TokenId = 257;
+pub(crate) const EOS: TokenId = 257;
 /// Vocabulary size of the fake vocabulary.
 pub const N_VOCAB: usize = 258;
 
@@ -70,7 +70,7 @@ impl Default for FakeSpec {
 
 impl FakeSpec {
     /// The logit of token `j` after token `last` at position `pos`.
-    pub fn logit(&self, last: TokenId, pos: usize, j: usize) -> f32 {
+    pub(crate) fn logit(&self, last: TokenId, pos: usize, j: usize) -> f32 {
         let ripple = ((j as i64 * 31 + last as i64 * 17 + pos as i64 * 7).rem_euclid(23)) as f32;
         let favoured = (last + self.step).rem_euclid(256) as usize;
         0.1 * ripple + if j == favoured { self.confidence } else { 0.0 }
@@ -184,7 +184,7 @@ impl Engine for FakeEngine {
 }
 
 /// A loaded fake model.
-pub struct FakeModel {
+pub(crate) struct FakeModel {
     info: ModelInfo,
     spec: FakeSpec,
     decodes: Arc<std::sync::atomic::AtomicUsize>,

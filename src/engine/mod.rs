@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 /// A token id as llama.cpp numbers it.
-pub type TokenId = i32;
+pub(crate) type TokenId = i32;
 
 /// One token of a tokenized text.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,7 +55,7 @@ pub struct ModelFile {
 
 impl ModelFile {
     /// Wrap an engine failure with the model's identity.
-    pub fn error(&self, what: impl std::fmt::Display) -> Error {
+    pub(crate) fn error(&self, what: impl std::fmt::Display) -> Error {
         Error::engine(format!(
             "model `{}` ({}, sha256 {}): {what}",
             self.alias,
@@ -123,11 +123,11 @@ pub struct EngineTimings {
 }
 
 /// A row callback: (window index, position, logits) → keep going or error.
-pub type RowSink<'a> = dyn FnMut(usize, usize, &[f32]) -> Result<()> + 'a;
+pub(crate) type RowSink<'a> = dyn FnMut(usize, usize, &[f32]) -> Result<()> + 'a;
 
 /// A pass callback: (window index, the pass's rows as (position, logits) in
 /// order) → keep going or error. The rows stay valid for the call only.
-pub type PassSink<'a> = dyn FnMut(usize, &[(usize, &[f32])]) -> Result<()> + 'a;
+pub(crate) type PassSink<'a> = dyn FnMut(usize, &[(usize, &[f32])]) -> Result<()> + 'a;
 
 /// A speed test as llama-bench runs one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,7 +152,7 @@ pub struct SeqToken {
 }
 
 /// Rows of one batch's output tokens, in batch order.
-pub type BatchSink<'a> = dyn FnMut(usize, &[&[f32]]) -> Result<()> + 'a;
+pub(crate) type BatchSink<'a> = dyn FnMut(usize, &[&[f32]]) -> Result<()> + 'a;
 
 /// A loaded model.
 pub trait LoadedModel: Send + Sync {
@@ -283,7 +283,7 @@ pub trait Engine: Send + Sync {
     fn build(&self) -> EngineBuild;
     /// The options it runs with (GPU layers, KV cache type, flash
     /// attention): what every [`crate::core::Settings`] of a run carries
-    /// ([`crate::execute::RunContext::settings`]) and its cache keys hold.
+    /// (each kind fills them in) and its cache keys hold.
     fn options(&self) -> crate::core::EngineOptions {
         crate::core::EngineOptions::default()
     }
@@ -370,7 +370,7 @@ pub fn argmax(row: &[f32]) -> usize {
 }
 
 /// Check a logit row; the position of the first non-finite value, if any.
-pub fn first_non_finite(row: &[f32]) -> Option<usize> {
+pub(crate) fn first_non_finite(row: &[f32]) -> Option<usize> {
     // Fast path: a vectorisable check of the whole row first.
     if row.iter().all(|v| v.is_finite()) {
         return None;
@@ -380,7 +380,7 @@ pub fn first_non_finite(row: &[f32]) -> Option<usize> {
 
 /// Byte offsets of pieces in `text`: a piece gets `Some(offset)` when it
 /// occurs exactly at the running cursor.
-pub fn piece_offsets(text: &[u8], pieces: &[Vec<u8>]) -> Vec<Option<usize>> {
+pub(crate) fn piece_offsets(text: &[u8], pieces: &[Vec<u8>]) -> Vec<Option<usize>> {
     let mut cursor = 0usize;
     pieces
         .iter()

@@ -53,7 +53,7 @@ impl RunContext {
     }
 
     /// The config this context runs under.
-    pub fn config(&self) -> &Config {
+    pub(crate) fn config(&self) -> &Config {
         &self.config
     }
 
@@ -69,32 +69,32 @@ impl RunContext {
     }
 
     /// The engine.
-    pub fn engine(&self) -> &Arc<dyn Engine> {
+    pub(crate) fn engine(&self) -> &Arc<dyn Engine> {
         self.pool.engine()
     }
 
     /// The engine build's one-line label (cache keys, golden headers).
-    pub fn build_label(&self) -> String {
+    pub(crate) fn build_label(&self) -> String {
         self.pool.engine().build().label()
     }
 
     /// What keys the products of model `alias` (scores, reference rows)
     /// besides its file: the build, and whatever else the engine says
     /// decides its numbers.
-    pub fn identity_of(&self, alias: &str) -> String {
+    pub(crate) fn identity_of(&self, alias: &str) -> String {
         self.pool.engine().model_identity(alias)
     }
 
     /// The machine speed is measured on here ([`crate::core::machine`]) and
     /// the engine's devices, as one line; None when the CPU cannot be read.
-    pub fn machine(&self) -> Option<String> {
+    pub(crate) fn machine(&self) -> Option<String> {
         static HERE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
         let here = HERE.get_or_init(crate::core::machine::describe).clone()?;
         Some(format!("{here} | devices {}", self.engine().devices()))
     }
 
     /// Make a model available and verified (fetch/derive as needed).
-    pub fn prepare(&self, alias: &str) -> Result<Verified> {
+    pub(crate) fn prepare(&self, alias: &str) -> Result<Verified> {
         let engine = self.pool.engine().clone();
         let threads = self.threads;
         let quantize =
@@ -125,7 +125,7 @@ impl RunContext {
     /// ids) and the same GGUF tokenizer definition (vocabulary, merges,
     /// pre-tokenizer; [`crate::models::gguf::GgufHeader::tokenizer_sha256`]).
     /// A model not loaded through [`RunContext::load`] shares with nobody.
-    pub fn token_ids(
+    pub(crate) fn token_ids(
         &self,
         model: &dyn LoadedModel,
         text: &str,
@@ -165,7 +165,7 @@ impl RunContext {
     /// loaded and checked against the candidate's tokenizer; refused on a
     /// shard that ships its references
     /// ([`ReferenceStore::may_load_reference`]).
-    pub fn load_reference(
+    pub(crate) fn load_reference(
         &self,
         (alias, at): (&str, &Location),
         candidate: Vocab,
@@ -182,7 +182,7 @@ impl RunContext {
 
     /// The sha256 a model is pinned to in the registry, or (unpinned) that
     /// of its verified file.
-    pub fn pinned_sha256(&self, alias: &str) -> Result<String> {
+    pub(crate) fn pinned_sha256(&self, alias: &str) -> Result<String> {
         match &self.registry.entry(alias)?.sha256 {
             Some(s) => Ok(s.clone()),
             None => Ok(self.prepare(alias)?.file.sha256),
@@ -192,7 +192,7 @@ impl RunContext {
     /// Check every input of `case` on `model` still matches its pin (the
     /// case's pinned files, the model and reference files) without running
     /// anything.
-    pub fn verify_inputs(&self, case: &Case, model: &str) -> Result<()> {
+    pub(crate) fn verify_inputs(&self, case: &Case, model: &str) -> Result<()> {
         for pin in &case.pins {
             pin.read_bytes()?;
         }

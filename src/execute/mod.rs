@@ -3,10 +3,10 @@
 //! on-disk formats (reference records, `.qgref` rows, llama-perplexity
 //! `.kld` import).
 
-pub mod context;
-pub mod observe;
+pub(crate) mod context;
+pub(crate) mod observe;
 pub mod qgref;
-pub mod rans;
+pub(crate) mod rans;
 pub mod record;
 pub mod reference;
 pub mod runtime;

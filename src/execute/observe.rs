@@ -37,7 +37,11 @@ pub struct Observation {
 
 impl Observation {
     /// An observation of `windows` on `model` under `settings`.
-    pub fn new(model: Arc<dyn LoadedModel>, settings: Settings, windows: Vec<Window>) -> Self {
+    pub(crate) fn new(
+        model: Arc<dyn LoadedModel>,
+        settings: Settings,
+        windows: Vec<Window>,
+    ) -> Self {
         let mut h = Sha256::new();
         h.update(model.info().file.sha256.as_bytes());
         h.update(settings.describe().as_bytes());
@@ -57,12 +61,12 @@ impl Observation {
     }
 
     /// The content address: equal keys, bitwise equal rows.
-    pub fn key(&self) -> &str {
+    pub(crate) fn key(&self) -> &str {
         &self.key
     }
 
     /// The alias of the model it was made on (messages).
-    pub fn alias(&self) -> &str {
+    pub(crate) fn alias(&self) -> &str {
         &self.model.info().file.alias
     }
 }
@@ -96,7 +100,7 @@ pub struct Row<'a> {
 }
 
 /// What a consumer's [`Consumer::map`] hands to its [`Consumer::absorb`].
-pub type Mapped = Option<Box<dyn std::any::Any + Send>>;
+pub(crate) type Mapped = Option<Box<dyn std::any::Any + Send>>;
 
 /// Something that reads an observation's rows as they stream past. A row's
 /// work comes in two parts: [`Consumer::map`], the stateless part, runs on
@@ -122,7 +126,7 @@ pub trait Consumer: Send + Sync {
 
 /// What one shared decode cost, and how each consumer ended.
 #[derive(Debug, Default)]
-pub struct Observed {
+pub(crate) struct Observed {
     /// Time in the engine.
     pub decode: Duration,
     /// Wall time reducing each row once (stats, exps) and mapping it, on
@@ -191,7 +195,7 @@ fn reduce_pass(
 
 /// Decode `obs` once, handing every row to every consumer. An engine
 /// failure is returned as the error of every consumer.
-pub fn observe(obs: &Observation, consumers: &mut [&mut dyn Consumer]) -> Observed {
+pub(crate) fn observe(obs: &Observation, consumers: &mut [&mut dyn Consumer]) -> Observed {
     observe_range(obs, 0..obs.windows.len(), consumers)
 }
 
@@ -230,7 +234,7 @@ pub trait Fill: Send {
 /// hold more than `step` windows of them. One [`Observed`] per
 /// observation, as if each had been decoded whole, and per filler its
 /// error and the time it took.
-pub fn observe_lockstep(
+pub(crate) fn observe_lockstep(
     fillers: &mut [&mut dyn Fill],
     jobs: &mut [(&Observation, Vec<&mut dyn Consumer>)],
     step: usize,
@@ -367,7 +371,7 @@ fn observe_range(
 }
 
 /// Decode `obs` for one consumer; its error or the engine's.
-pub fn observe_one(obs: &Observation, consumer: &mut dyn Consumer) -> Result<Observed> {
+pub(crate) fn observe_one(obs: &Observation, consumer: &mut dyn Consumer) -> Result<Observed> {
     let mut done = observe(obs, &mut [consumer]);
     match done.errors[0].take() {
         Some(e) => Err(e),
@@ -376,6 +380,6 @@ pub fn observe_one(obs: &Observation, consumer: &mut dyn Consumer) -> Result<Obs
 }
 
 /// The value a consumer's [`Consumer::map`] made, by type.
-pub fn mapped<T: 'static>(m: Mapped) -> Option<T> {
+pub(crate) fn mapped<T: 'static>(m: Mapped) -> Option<T> {
     m.and_then(|b| b.downcast::<T>().ok()).map(|b| *b)
 }

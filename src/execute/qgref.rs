@@ -56,7 +56,7 @@ pub struct CacheHeader {
 
 impl CacheHeader {
     /// The content address: sha256 of the fields that determine the rows.
-    pub fn key(&self) -> String {
+    pub(crate) fn key(&self) -> String {
         sha256_bytes(
             format!(
                 "{}|{}|{}|{}|{}|{:e}|{}|{}",
@@ -135,7 +135,7 @@ fn encode_row(out: &mut Vec<u8>, r: &RefPosition) {
 /// whole: the records go to a temp file beside the destination, hashed as
 /// they go, sealed and moved into place by [`RowWriter::finish`] only when
 /// every position was written; dropped before, the temp file goes.
-pub struct RowWriter {
+pub(crate) struct RowWriter {
     file: std::io::BufWriter<tempfile::NamedTempFile>,
     hash: SealHasher,
     dest: std::path::PathBuf,
@@ -147,7 +147,7 @@ pub struct RowWriter {
 impl RowWriter {
     /// Start the cache of `header` (its `n_vocab` and fingerprint filled)
     /// at `dest`, to be sealed with `seal`.
-    pub fn create(
+    pub(crate) fn create(
         dest: &std::path::Path,
         header: CacheHeader,
         seal: Seal,
@@ -176,7 +176,7 @@ impl RowWriter {
     }
 
     /// The next position's row.
-    pub fn push(&mut self, r: &RefPosition) -> crate::core::error::Result<()> {
+    pub(crate) fn push(&mut self, r: &RefPosition) -> crate::core::error::Result<()> {
         let mut b = std::mem::take(&mut self.buf);
         b.clear();
         encode_row(&mut b, r);
@@ -186,7 +186,7 @@ impl RowWriter {
 
     /// Seal the file and move it into place; an error unless it holds
     /// exactly the header's positions.
-    pub fn finish(self) -> crate::core::error::Result<()> {
+    pub(crate) fn finish(self) -> crate::core::error::Result<()> {
         use std::io::Write;
         if self.written != self.header.positions {
             return Err(crate::core::error::Error::harness(format!(
@@ -304,7 +304,7 @@ impl Source for FileSource {
 /// once), then each row is parsed and checked as [`decode`] checks it when
 /// it is asked for; [`RowStream::finish`] checks that every position was
 /// read and nothing follows.
-pub struct RowStream {
+pub(crate) struct RowStream {
     src: FileSource,
     header: CacheHeader,
     next: usize,
@@ -314,7 +314,7 @@ impl RowStream {
     /// The cache at `path` checked against `expect` as [`decode`] checks
     /// it (its `seal`, magic, version and header here; its rows as they are
     /// read): None when there is no file, the reason when it is unusable.
-    pub fn open(
+    pub(crate) fn open(
         path: &std::path::Path,
         expect: &CacheHeader,
         seal: Seal,
@@ -375,12 +375,12 @@ impl RowStream {
     }
 
     /// The file's header (its vocabulary size and tokenizer fingerprint).
-    pub fn header(&self) -> &CacheHeader {
+    pub(crate) fn header(&self) -> &CacheHeader {
         &self.header
     }
 
     /// The next position's row.
-    pub fn next_row(&mut self) -> Result<RefPosition, String> {
+    pub(crate) fn next_row(&mut self) -> Result<RefPosition, String> {
         if self.next >= self.header.positions {
             return Err(format!(
                 "all {} positions were read already",
@@ -393,7 +393,7 @@ impl RowStream {
     }
 
     /// Every position read, and nothing after them.
-    pub fn finish(&self) -> Result<(), String> {
+    pub(crate) fn finish(&self) -> Result<(), String> {
         if self.next != self.header.positions || self.src.at != self.src.end {
             return Err(format!(
                 "offset {}: {} of {} positions read, {} bytes left",
@@ -593,7 +593,7 @@ fn leb128(out: &mut Vec<u8>, mut v: u32) {
 }
 
 mod llama;
-pub use llama::import_llama_kld;
+pub(crate) use llama::import_llama_kld;
 
 #[cfg(test)]
 mod tests;

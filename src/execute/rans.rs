@@ -22,7 +22,7 @@ const LOW: u32 = 1 << 23;
 /// Frequencies (summing to 2^14, each used symbol ≥ 1) and their
 /// cumulative starts, from exact counts: deterministic integer
 /// arithmetic, the same on both sides. None when no symbol is used.
-pub fn frequencies(counts: &[u32]) -> Option<(Vec<u32>, Vec<u32>)> {
+pub(crate) fn frequencies(counts: &[u32]) -> Option<(Vec<u32>, Vec<u32>)> {
     let total: u64 = counts.iter().map(|&c| u64::from(c)).sum();
     if total == 0 || counts.len() > SCALE as usize {
         return None;
@@ -64,7 +64,7 @@ pub fn frequencies(counts: &[u32]) -> Option<(Vec<u32>, Vec<u32>)> {
 }
 
 /// Code `symbols` (each with a frequency ≥ 1 in `freq`).
-pub fn encode(symbols: &[u8], (freq, cum): (&[u32], &[u32])) -> Vec<u8> {
+pub(crate) fn encode(symbols: &[u8], (freq, cum): (&[u32], &[u32])) -> Vec<u8> {
     let mut out = Vec::with_capacity(symbols.len() / 2 + 8);
     let mut x = LOW;
     for &s in symbols.iter().rev() {
@@ -83,7 +83,7 @@ pub fn encode(symbols: &[u8], (freq, cum): (&[u32], &[u32])) -> Vec<u8> {
 
 /// Decode `n` symbols of `bytes`; None unless they decode within the
 /// bytes, end in the encoder's initial state and use every byte.
-pub fn decode(bytes: &[u8], n: usize, (freq, cum): (&[u32], &[u32])) -> Option<Vec<u8>> {
+pub(crate) fn decode(bytes: &[u8], n: usize, (freq, cum): (&[u32], &[u32])) -> Option<Vec<u8>> {
     let mut table = vec![0u8; SCALE as usize];
     for (s, (&f, &c)) in freq.iter().zip(cum).enumerate() {
         table[c as usize..(c + f) as usize].fill(s as u8);

@@ -41,7 +41,7 @@ pub struct RecordHeader {
 /// One scored target of a reference record.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RecordEntry {
+pub(crate) struct RecordEntry {
     /// Window index.
     pub window: usize,
     /// Position in the window whose row predicts the target.
@@ -56,7 +56,7 @@ pub struct RecordEntry {
 
 /// Serialise a scored plan as a reference record: a header line, then one
 /// line per scored target.
-pub fn record_jsonl(header: &RecordHeader, plan: &ScoringPlan, scored: &Scored) -> String {
+pub(crate) fn record_jsonl(header: &RecordHeader, plan: &ScoringPlan, scored: &Scored) -> String {
     let mut out = serde_json::to_string(header).expect("header serialises");
     out.push('\n');
     let mut k = 0;
@@ -79,7 +79,7 @@ pub fn record_jsonl(header: &RecordHeader, plan: &ScoringPlan, scored: &Scored) 
 
 /// Read a reference record back as the scores of `plan`, checking that it
 /// describes exactly the plan's windows and targets. Errors name the line.
-pub fn read_record(
+pub(crate) fn read_record(
     src: &str,
     plan: &ScoringPlan,
 ) -> std::result::Result<(RecordHeader, Scored), String> {

@@ -72,7 +72,7 @@ impl Windowing {
     }
 
     /// Context length the engine needs.
-    pub fn context(&self) -> u32 {
+    pub(crate) fn context(&self) -> u32 {
         match self {
             Windowing::LlamaPerplexity { n_ctx, .. } => *n_ctx,
             Windowing::Strided { n_ctx, stride, .. } => {
@@ -216,7 +216,7 @@ pub fn plan_windows(
 
 /// Parse a token-id file: decimal integers separated by whitespace.
 /// Errors name the line and column.
-pub fn parse_token_ids(src: &str) -> std::result::Result<Vec<TokenId>, String> {
+pub(crate) fn parse_token_ids(src: &str) -> std::result::Result<Vec<TokenId>, String> {
     let mut out = Vec::new();
     for (l, line) in src.lines().enumerate() {
         let mut col = 0;
@@ -259,13 +259,13 @@ pub struct Scored {
 
 impl ScoringPlan {
     /// The engine windows of the plan.
-    pub fn engine_windows(&self) -> Vec<Window> {
+    pub(crate) fn engine_windows(&self) -> Vec<Window> {
         self.windows.iter().map(|w| w.window.clone()).collect()
     }
 
     /// Windows `ws` of the plan, in that order, as a plan of their own (a
     /// sequential run's visit); the token stream's hash stays the whole's.
-    pub fn part(&self, ws: &[usize]) -> ScoringPlan {
+    pub(crate) fn part(&self, ws: &[usize]) -> ScoringPlan {
         ScoringPlan {
             windows: ws.iter().map(|&w| self.windows[w].clone()).collect(),
             n_ctx: self.n_ctx,
@@ -279,7 +279,7 @@ impl ScoringPlan {
     }
 
     /// The observation of the plan on `model` with `n_batch` and `threads`.
-    pub fn observation(
+    pub(crate) fn observation(
         &self,
         model: Arc<dyn LoadedModel>,
         n_batch: u32,
@@ -326,7 +326,7 @@ pub struct ScoredRow<'a> {
 /// Where a row falls in a plan: its index over all scored positions, its
 /// window, its index among the window's targets, and the target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ScoredAt {
+pub(crate) struct ScoredAt {
     /// Index over the whole plan (window after window).
     pub index: usize,
     /// Window.
@@ -340,7 +340,7 @@ pub struct ScoredAt {
 /// What every window-scoring consumer collects, row by row: the NLL, top-1
 /// and argmax of each scored position and the per-window sums.
 #[derive(Debug)]
-pub struct PlanScorer {
+pub(crate) struct PlanScorer {
     plan: Arc<ScoringPlan>,
     n_vocab: usize,
     /// Index over the plan of each window's first target.
@@ -350,7 +350,7 @@ pub struct PlanScorer {
 
 impl PlanScorer {
     /// A scorer of `plan` for a model of `n_vocab` tokens.
-    pub fn new(plan: Arc<ScoringPlan>, n_vocab: usize) -> Self {
+    pub(crate) fn new(plan: Arc<ScoringPlan>, n_vocab: usize) -> Self {
         let total = plan.targets();
         let scored = Scored {
             windows: vec![WindowNll::default(); plan.windows.len()],
@@ -378,7 +378,7 @@ impl PlanScorer {
 
     /// Where the row of (`window`, `pos`) falls in the plan, if it scores a
     /// target there; stateless (any thread, any order).
-    pub fn locate(&self, window: usize, pos: usize) -> Option<ScoredAt> {
+    pub(crate) fn locate(&self, window: usize, pos: usize) -> Option<ScoredAt> {
         let pw = self.plan.windows.get(window)?;
         let k = pos
             .checked_sub(pw.first_scored)
@@ -392,13 +392,13 @@ impl PlanScorer {
     }
 
     /// The plan.
-    pub fn plan(&self) -> &Arc<ScoringPlan> {
+    pub(crate) fn plan(&self) -> &Arc<ScoringPlan> {
         &self.plan
     }
 
     /// Score `row` when the plan scores a target there (its place), else
     /// None. Rows come in order.
-    pub fn take(&mut self, row: &Row<'_>) -> Result<Option<ScoredAt>> {
+    pub(crate) fn take(&mut self, row: &Row<'_>) -> Result<Option<ScoredAt>> {
         let Some(at) = self.locate(row.window, row.pos) else {
             return Ok(None);
         };
@@ -428,7 +428,7 @@ impl PlanScorer {
     }
 
     /// Every planned target scored, or rows went missing.
-    pub fn finish(self) -> Result<Scored> {
+    pub(crate) fn finish(self) -> Result<Scored> {
         let total = self.plan.targets();
         if self.scored.token_nll.len() != total {
             return Err(Error::engine(format!(
@@ -441,7 +441,7 @@ impl PlanScorer {
 }
 
 /// A [`score_plan_with`] hook.
-pub type RowHook<'a> = dyn FnMut(ScoredRow<'_>) -> Result<()> + Send + 'a;
+pub(crate) type RowHook<'a> = dyn FnMut(ScoredRow<'_>) -> Result<()> + Send + 'a;
 
 /// [`score_plan`], also handing every scored row to `hook` (its time counts
 /// as measure time); with `want_exps` the row's `exp(l − max)` terms too
@@ -502,14 +502,17 @@ pub fn score_plan_with(
 /// What scoring the reference would have observed, rebuilt from its stored
 /// rows: the same `−lp_true` and argmax, so paired metrics are bitwise those
 /// of a live reference.
-pub fn scored_from_rows(plan: &ScoringPlan, rows: &[crate::measure::kld::RefPosition]) -> Scored {
+pub(crate) fn scored_from_rows(
+    plan: &ScoringPlan,
+    rows: &[crate::measure::kld::RefPosition],
+) -> Scored {
     scored_from_targets(plan, rows.iter().map(|r| (r.lp_true, r.argmax())))
 }
 
 /// The scores of `plan` from each scored position's log-prob of its
 /// target and argmax, in order (a reference's rows, as a candidate read
 /// them).
-pub fn scored_from_targets(
+pub(crate) fn scored_from_targets(
     plan: &ScoringPlan,
     mut rows: impl Iterator<Item = (f64, u32)>,
 ) -> Scored {

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 /// `old` vs `new` as grouped hunks with 4 lines of context:
 /// `old_no new_no │-line` / `│+line` / `│ line`; plain text.
-pub fn line_diff(old: &str, new: &str) -> String {
+pub(crate) fn line_diff(old: &str, new: &str) -> String {
     let diff = TextDiff::configure()
         .algorithm(Algorithm::Patience)
         .diff_lines(old, new);

@@ -10,7 +10,7 @@
 //! atomically.
 
 use crate::core::Case;
-pub mod diff;
+pub(crate) mod diff;
 pub mod review;
 pub mod snap;
 
@@ -43,7 +43,7 @@ impl Goldens {
     }
 
     /// These goldens, checked under CI when `ci` (as [`crate::core::config::Config::ci`] says).
-    pub fn under_ci(self, ci: bool) -> Self {
+    pub(crate) fn under_ci(self, ci: bool) -> Self {
         Goldens { ci, ..self }
     }
 

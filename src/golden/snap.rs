@@ -13,7 +13,7 @@ pub struct Inputs(pub BTreeMap<String, String>);
 
 impl Inputs {
     /// The inputs of `outcome`.
-    pub fn of(outcome: &Outcome) -> Self {
+    pub(crate) fn of(outcome: &Outcome) -> Self {
         let mut m = BTreeMap::new();
         m.insert("case".into(), outcome.case.clone());
         m.insert(
@@ -44,7 +44,7 @@ impl Inputs {
     }
 
     /// Inputs whose change makes the golden another experiment, not a drift.
-    pub const IDENTITY: &'static [&'static str] =
+    pub(crate) const IDENTITY: &'static [&'static str] =
         &["case_sha256", "model_sha256", "prereg_sha256", "settings"];
 }
 
@@ -130,7 +130,7 @@ pub(crate) fn fmt_value(v: f64) -> String {
 }
 
 /// The body: status, metrics (sorted), gate verdicts.
-pub fn body(outcome: &Outcome) -> String {
+pub(crate) fn body(outcome: &Outcome) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "status: {}", outcome.status.as_str());
     let _ = writeln!(s, "metrics:");

@@ -59,7 +59,7 @@ pub fn gate() -> ExitCode {
 
 /// [`crate::run_gate`]: the cases of `config` as tests on llama.cpp, with
 /// its folders, engine options and keys (workers are given the same).
-pub fn gate_with(config: &Config) -> ExitCode {
+pub(crate) fn gate_with(config: &Config) -> ExitCode {
     run_configured(Ok(config.clone()))
 }
 
@@ -192,7 +192,7 @@ impl Shared {
 
 /// Run the suites as tests with explicit arguments, under the
 /// environment's config.
-pub fn run_with_args(
+pub(crate) fn run_with_args(
     suites: &Path,
     goldens: &Path,
     engine: Arc<dyn Engine>,

@@ -26,7 +26,7 @@ pub fn run_trial(
 /// The job of a group under `cargo test`: the result cache as `config`
 /// says, and per-position rows and outcomes written under `QUANTGATE_OUT`
 /// when it names a folder (what `quantgate merge` reads from shards).
-pub fn harness_job(config: &Config, group: &[&Planned], provides: &[&Planned]) -> Job {
+pub(crate) fn harness_job(config: &Config, group: &[&Planned], provides: &[&Planned]) -> Job {
     let out = config.out.clone();
     Job {
         run: group.iter().map(|p| p.name.clone()).collect(),
@@ -54,7 +54,7 @@ pub fn group_verdicts(
 
 /// The verdicts of a group's run, wherever it ran: each trial's gates,
 /// error, files not written and golden, in `group`'s order.
-pub fn verdicts(
+pub(crate) fn verdicts(
     group: &[&Planned],
     ran: GroupRun,
     goldens: &Goldens,
@@ -74,7 +74,7 @@ pub fn verdicts(
 
 /// A trial's verdict from its outcome: its gates, its error, the files
 /// not written of it (`unwritten`) and its golden, all reported together.
-pub fn verdict(
+pub(crate) fn verdict(
     p: &Planned,
     outcome: &Outcome,
     unwritten: Vec<String>,

@@ -82,7 +82,7 @@ pub fn read(runner: &RunContext, p: &Planned) -> Option<Outcome> {
 
 /// Whether [`read`] would answer the trial (nothing printed): a trial
 /// answered from the cache needs no reference work.
-pub fn holds(runner: &RunContext, p: &Planned) -> bool {
+pub(crate) fn holds(runner: &RunContext, p: &Planned) -> bool {
     lookup(runner, p).is_some()
 }
 
@@ -107,7 +107,7 @@ fn engine_key(runner: &RunContext) -> String {
 /// threads count only where `threads` says (the result cache keys them;
 /// llama.cpp's CPU logits do not change with them, so a report may show a
 /// result made with other threads).
-pub fn settings_problem(runner: &RunContext, o: &Outcome, threads: bool) -> Option<String> {
+pub(crate) fn settings_problem(runner: &RunContext, o: &Outcome, threads: bool) -> Option<String> {
     let build = runner.build_label();
     if o.build.label() != build {
         return Some(format!(

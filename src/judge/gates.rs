@@ -8,7 +8,11 @@ use crate::core::GateResult;
 use std::collections::BTreeMap;
 
 /// Evaluate the `gates` that apply to model `alias` on `metrics`.
-pub fn judge(gates: &[Gate], alias: &str, metrics: &BTreeMap<String, f64>) -> Vec<GateResult> {
+pub(crate) fn judge(
+    gates: &[Gate],
+    alias: &str,
+    metrics: &BTreeMap<String, f64>,
+) -> Vec<GateResult> {
     let mut out = Vec::new();
     for g in gates.iter().filter(|g| g.applies_to(alias)) {
         let observed = metrics.get(&g.read).copied();

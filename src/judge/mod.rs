@@ -11,7 +11,7 @@
 //! every pinned input is re-verified, and is judged again like a fresh one.
 
 pub mod cache;
-pub mod gates;
+pub(crate) mod gates;
 pub mod merge;
 pub mod prereg;
 
@@ -25,7 +25,7 @@ use std::path::Path;
 /// Judge measured metrics by the case: every gate evaluated, the verdict,
 /// and the metrics the table shows (the kind's headline and every gated
 /// metric). For fresh results, cached ones and merged shards alike.
-pub fn rejudge(parsed: &crate::kinds::Parsed, out: &mut Outcome) {
+pub(crate) fn rejudge(parsed: &crate::kinds::Parsed, out: &mut Outcome) {
     out.kind = parsed.case.kind.to_string();
     out.data = parsed
         .case

@@ -13,7 +13,7 @@ use std::fmt::Write;
 
 /// One digit (unit) position of a teacher-forced case.
 #[derive(Debug, Clone, PartialEq)]
-pub struct DigitRow {
+pub(crate) struct DigitRow {
     /// 0-based unit index after the lead.
     pub unit: u32,
     /// Byte offset of the unit in the scored text.
@@ -51,7 +51,7 @@ pub struct DigitRow {
 
 /// The per-digit rows of one teacher-forced case × model.
 #[derive(Debug, Clone)]
-pub struct DigitRows {
+pub(crate) struct DigitRows {
     /// One per unit.
     pub rows: Vec<DigitRow>,
     /// Sampler names, in `p_pick` order.
@@ -63,7 +63,7 @@ pub struct DigitRows {
 impl DigitRows {
     /// The per-digit Parquet rows (seed 000's columns); the reference's and
     /// the samplers' columns only when the case has them.
-    pub fn table(&self) -> Table {
+    pub(crate) fn table(&self) -> Table {
         let r = &self.rows;
         let i = |g: &dyn Fn(&DigitRow) -> i32| Column::I32(r.iter().map(g).collect());
         let f = |g: &dyn Fn(&DigitRow) -> f64| Column::F64(r.iter().map(g).collect());
@@ -134,7 +134,7 @@ fn lines(points: impl Iterator<Item = (f64, f64)>, style: &str) -> String {
 
 impl DigitRows {
     /// The SVG of one case × model; `first_flip` is marked.
-    pub fn svg(&self, title: &str, first_flip: Option<usize>) -> String {
+    pub(crate) fn svg(&self, title: &str, first_flip: Option<usize>) -> String {
         digits_svg(title, self, first_flip)
     }
 }

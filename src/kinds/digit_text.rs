@@ -18,11 +18,11 @@ use serde::Deserialize;
 use toml::Spanned;
 
 /// Digit sources an expected text can name.
-pub const SOURCES: &[&str] = &["pi", "e", "sqrt2", "random", "seed000"];
+pub(crate) const SOURCES: &[&str] = &["pi", "e", "sqrt2", "random", "seed000"];
 
 /// How the prompt reaches the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Template {
+pub(crate) enum Template {
     /// As raw text; the model continues it.
     Raw,
     /// Through the model's chat template, as one user message.
@@ -31,7 +31,7 @@ pub enum Template {
 
 /// How the expected units are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
+pub(crate) enum Format {
     /// One character per unit, nothing between.
     Digits,
     /// English words (`zero` … `nine`), single spaces between.
@@ -40,7 +40,7 @@ pub enum Format {
 
 /// The text a model is expected to produce.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Expected {
+pub(crate) struct Expected {
     /// Where it comes from (`pi`, `random(seed=7)`, `literal`).
     pub source: String,
     /// Text before the counted units (e.g. `3.`), part of the expected text.
@@ -55,7 +55,7 @@ pub struct Expected {
 
 impl Expected {
     /// The units as written: concatenated, or words joined by spaces.
-    pub fn body(&self) -> String {
+    pub(crate) fn body(&self) -> String {
         match self.format {
             Format::Digits => self.units.concat(),
             Format::Words => self.units.join(" "),
@@ -64,13 +64,13 @@ impl Expected {
 
     /// Tokens enough to write the expected text, with 16 to spare: a
     /// token per character of the lead and per digit, three per word.
-    pub fn token_budget(&self) -> usize {
+    pub(crate) fn token_budget(&self) -> usize {
         let per_unit = if self.format == Format::Words { 3 } else { 1 };
         (self.lead.len() + self.units.len()) * per_unit + 16
     }
 
     /// Byte span of each unit in `lead + body`.
-    pub fn spans(&self) -> Vec<(usize, usize)> {
+    pub(crate) fn spans(&self) -> Vec<(usize, usize)> {
         let mut at = self.lead.len();
         let sep = usize::from(self.format == Format::Words);
         self.units
@@ -86,7 +86,7 @@ impl Expected {
 
 /// One wording of a prompt.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Prompt {
+pub(crate) struct Prompt {
     /// Its name (test-name suffix when a case has several).
     pub name: String,
     /// The text, `{digits}` already replaced.
@@ -96,7 +96,7 @@ pub struct Prompt {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 /// `[expect]`: the expected text.
-pub struct ExpectFile {
+pub(crate) struct ExpectFile {
     source: Option<Spanned<String>>,
     count: Option<Spanned<usize>>,
     seed: Option<u64>,
@@ -106,7 +106,7 @@ pub struct ExpectFile {
 }
 
 /// The keys both kinds read: template, format, expected text, min_rows.
-pub struct Common {
+pub(crate) struct Common {
     /// Raw or chat.
     pub template: Template,
     /// What should come out.
@@ -153,7 +153,7 @@ impl Common {
     }
 
     /// A prompt's text with `{digits}` replaced by the expected digits.
-    pub fn prompt(&self, name: &str, text: &str) -> Prompt {
+    pub(crate) fn prompt(&self, name: &str, text: &str) -> Prompt {
         Prompt {
             name: name.to_string(),
             text: text.replace("{digits}", &self.expected.digits),
@@ -274,7 +274,7 @@ fn empty(format: Format) -> Expected {
 
 /// How far a produced text follows the expected one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reach {
+pub(crate) struct Reach {
     /// Units right before the first wrong (or missing) one.
     pub correct: usize,
     /// Byte offset in the compared output where it departs from the
@@ -287,7 +287,7 @@ pub struct Reach {
 /// Compare `out` with `expected` (lead, then units) character by character.
 /// A word counts only when the space after it (or the end of the expected
 /// text, or the end of `out`) follows.
-pub fn reach(expected: &Expected, out: &str) -> Reach {
+pub(crate) fn reach(expected: &Expected, out: &str) -> Reach {
     let exp = format!("{}{}", expected.lead, expected.body());
     let m = out
         .bytes()
@@ -313,13 +313,13 @@ pub fn reach(expected: &Expected, out: &str) -> Reach {
 }
 
 /// sha256 over token ids (little-endian i32): equal hashes, equal streams.
-pub fn ids_sha256(ids: &[TokenId]) -> String {
+pub(crate) fn ids_sha256(ids: &[TokenId]) -> String {
     let bytes: Vec<u8> = ids.iter().flat_map(|t| t.to_le_bytes()).collect();
     crate::core::fsutil::sha256_bytes(&bytes)
 }
 
 /// A generated text followed against the expected one, token by token.
-pub struct Follow<'a> {
+pub(crate) struct Follow<'a> {
     expected: &'a Expected,
     /// Skip the leading whitespace (a chat answer's).
     trim: bool,
@@ -330,7 +330,7 @@ pub struct Follow<'a> {
 
 impl<'a> Follow<'a> {
     /// Follow a text produced through `template`.
-    pub fn new(expected: &'a Expected, template: Template) -> Self {
+    pub(crate) fn new(expected: &'a Expected, template: Template) -> Self {
         Follow {
             expected,
             trim: template == Template::Chat,
@@ -340,14 +340,14 @@ impl<'a> Follow<'a> {
     }
 
     /// Add one token's piece; how far the text follows now.
-    pub fn push(&mut self, piece: &str) -> Reach {
+    pub(crate) fn push(&mut self, piece: &str) -> Reach {
         self.text.push_str(piece);
         self.ends.push(self.text.len());
         self.reach()
     }
 
     /// Bytes of leading whitespace skipped.
-    pub fn skipped(&self) -> usize {
+    pub(crate) fn skipped(&self) -> usize {
         if self.trim {
             self.text.len() - self.text.trim_start().len()
         } else {
@@ -356,24 +356,24 @@ impl<'a> Follow<'a> {
     }
 
     /// The text compared with the expected one.
-    pub fn shown(&self) -> &str {
+    pub(crate) fn shown(&self) -> &str {
         &self.text[self.skipped()..]
     }
 
     /// How far the whole text follows.
-    pub fn reach(&self) -> Reach {
+    pub(crate) fn reach(&self) -> Reach {
         reach(self.expected, self.shown())
     }
 
     /// The token whose piece holds byte `at` of the shown text.
-    pub fn token_at(&self, at: usize) -> Option<usize> {
+    pub(crate) fn token_at(&self, at: usize) -> Option<usize> {
         let at = at + self.skipped();
         self.ends.iter().position(|&e| e > at)
     }
 }
 
 /// The prompt as the model reads it: raw, or through its chat template.
-pub fn prompt_text(
+pub(crate) fn prompt_text(
     cx: &RunContext,
     model: &dyn LoadedModel,
     template: Template,
@@ -395,7 +395,11 @@ pub fn prompt_text(
 
 /// Tokenize a text written through `template` (a chat template's special
 /// tokens parsed, no second BOS).
-pub fn tokenize(model: &dyn LoadedModel, template: Template, text: &str) -> Result<Vec<Token>> {
+pub(crate) fn tokenize(
+    model: &dyn LoadedModel,
+    template: Template,
+    text: &str,
+) -> Result<Vec<Token>> {
     let policy = crate::engine::BosPolicy::Model;
     match template {
         Template::Raw => model.tokenize(text, policy),
@@ -412,7 +416,7 @@ pub fn tokenize(model: &dyn LoadedModel, template: Template, text: &str) -> Resu
 }
 
 /// Settings for `tokens` positions plus a pass of padding.
-pub fn settings_for(
+pub(crate) fn settings_for(
     cx: &RunContext,
     model: &dyn LoadedModel,
     case: &Case,
@@ -433,13 +437,13 @@ pub fn settings_for(
 }
 
 /// A token's piece as text.
-pub fn piece_text(model: &dyn LoadedModel, id: TokenId) -> String {
+pub(crate) fn piece_text(model: &dyn LoadedModel, id: TokenId) -> String {
     String::from_utf8_lossy(&model.piece(id)).into_owned()
 }
 
 /// Bound a produced text for a golden: whole up to 200 bytes, else its
 /// start and the stretch around where it departs.
-pub fn bounded(out: &str, at: Option<usize>) -> String {
+pub(crate) fn bounded(out: &str, at: Option<usize>) -> String {
     if out.len() <= 200 {
         return out.to_string();
     }
@@ -461,7 +465,7 @@ pub fn bounded(out: &str, at: Option<usize>) -> String {
 /// that begins exactly there, or at whitespace just before it (a word's
 /// leading space), and reaches into it. None when no token does: the unit
 /// shares a token with the text before it (merged digits).
-pub fn unit_tokens(text: &[u8], starts: &[usize], tokens: &[Token]) -> Vec<Option<usize>> {
+pub(crate) fn unit_tokens(text: &[u8], starts: &[usize], tokens: &[Token]) -> Vec<Option<usize>> {
     let mut cursor = 0usize;
     starts
         .iter()
@@ -499,7 +503,7 @@ mod tests {
     }
 
     #[test]
-    pub fn reach_counts_digits_and_whole_words() {
+    pub(crate) fn reach_counts_digits_and_whole_words() {
         let d = exp("3.", &["1", "4", "1", "5"], Format::Digits);
         assert_eq!(reach(&d, "3.1415").correct, 4);
         assert!(reach(&d, "3.1415").complete);

@@ -9,7 +9,7 @@
 use num_bigint::BigUint;
 
 /// The seed's 100 random digits (seed 000, "Repeat the following digits").
-pub const SEED_000_RANDOM: &str = "2023936130076680163734623756245510134498341428659591699655649203685439088903072823493493719858566651";
+pub(crate) const SEED_000_RANDOM: &str = "2023936130076680163734623756245510134498341428659591699655649203685439088903072823493493719858566651";
 
 /// Digits used as guard below the last decimal asked for.
 const GUARD: usize = 12;
@@ -56,7 +56,7 @@ pub fn pi(n: usize) -> String {
 }
 
 /// e to `n` decimals, by Σ 1/k!.
-pub fn e(n: usize) -> String {
+pub(crate) fn e(n: usize) -> String {
     let mut term = ten_pow(n + GUARD);
     let mut sum = BigUint::default();
     let mut k: u32 = 0;
@@ -69,7 +69,7 @@ pub fn e(n: usize) -> String {
 }
 
 /// √2 to `n` decimals: the integer square root of 2·10^(2n).
-pub fn sqrt2(n: usize) -> String {
+pub(crate) fn sqrt2(n: usize) -> String {
     let r = (BigUint::from(2u32) * ten_pow(2 * n)).sqrt();
     let s = r.to_str_radix(10);
     let (int, frac) = s.split_at(s.len() - n);
@@ -80,7 +80,7 @@ pub fn sqrt2(n: usize) -> String {
 /// (Steele, Lea & Flood 2014; [`crate::measure::SplitMix64`]): each digit is
 /// `x mod 10` of the next output `x`, outputs ≥ 18446744073709551610 (the
 /// largest multiple of 10 that fits) rejected so every digit is equally likely.
-pub fn random(seed: u64, n: usize) -> String {
+pub(crate) fn random(seed: u64, n: usize) -> String {
     const LIMIT: u64 = u64::MAX - u64::MAX % 10;
     let mut r = crate::measure::SplitMix64(seed);
     let mut out = String::with_capacity(n);
@@ -95,7 +95,7 @@ pub fn random(seed: u64, n: usize) -> String {
 
 /// Digits as English words separated by single spaces (`507` → `five zero seven`);
 /// anything that is not a digit is skipped.
-pub fn spell(digits: &str) -> String {
+pub(crate) fn spell(digits: &str) -> String {
     const WORDS: [&str; 10] = [
         "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
     ];

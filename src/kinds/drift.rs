@@ -43,7 +43,7 @@ case_table! {
 
 /// A drift case.
 #[derive(Debug, Clone)]
-pub struct Drift {
+pub(crate) struct Drift {
     /// The text and its windows.
     pub text: ScoredText,
     /// Runtime A (the baseline) and runtime B (compared with it).
@@ -66,7 +66,7 @@ fn suites_of(file: &Path) -> PathBuf {
 
 /// Drift cases are not a ladder: the report leaves them out (`quantgate
 /// drift` prints their table).
-pub fn present() -> Option<crate::core::present::Presentation> {
+pub(crate) fn present() -> Option<crate::core::present::Presentation> {
     None
 }
 
@@ -176,7 +176,7 @@ const COUNTS: &[&str] = &[
 ];
 
 /// What a reader calls a drift case's metrics, and their units.
-pub const DRIFT_ABOUT: crate::core::case::About = &[
+pub(crate) const DRIFT_ABOUT: crate::core::case::About = &[
     ("windows", "windows", ""),
     ("positions", "positions compared", "positions"),
     (

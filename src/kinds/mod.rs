@@ -20,8 +20,8 @@ use crate::execute::observe::{Consumer, Fill, Observation};
 use crate::execute::RunContext;
 use std::sync::Arc;
 
-pub mod digit_rows;
-pub mod digit_text;
+pub(crate) mod digit_rows;
+pub(crate) mod digit_text;
 pub mod digits;
 pub mod drift;
 pub mod reference_rows;
@@ -239,7 +239,7 @@ pub trait RefBuild: Consumer {
 
 /// A kind's parser: its own table of `src` (the case file) into a kind;
 /// `case` holds the shared keys, `diag` collects positioned errors.
-pub type Parse = fn(case: &Case, src: &str, diag: &mut Diagnostics) -> Result<Arc<dyn Kind>>;
+pub(crate) type Parse = fn(case: &Case, src: &str, diag: &mut Diagnostics) -> Result<Arc<dyn Kind>>;
 
 /// A parsed case: the shared head every stage reads, and its kind.
 #[derive(Debug, Clone)]
@@ -252,19 +252,19 @@ pub struct Parsed {
 
 pub mod kld;
 pub mod multiple_choice;
-pub mod perplexity;
-pub mod recite;
+pub(crate) mod perplexity;
+pub(crate) mod recite;
 pub mod release;
 pub mod speed;
-pub mod teacher_forcing;
+pub(crate) mod teacher_forcing;
 
 /// How a kind shows in the ladder report (None: it does not).
-pub type Present = fn() -> Option<Presentation>;
+pub(crate) type Present = fn() -> Option<Presentation>;
 
 /// Every kind: its `kind = "…"` name, its parser and its part of the
 /// ladder report (plain `mod` lines above, so that `cargo fmt` sees every
 /// kind's file). The report lays out columns in this order.
-pub const KINDS: &[(&str, Parse, Present)] = &[
+pub(crate) const KINDS: &[(&str, Parse, Present)] = &[
     ("perplexity", perplexity::parse, perplexity::present),
     ("kld", kld::parse, kld::present),
     ("recite", recite::parse, recite::present),
@@ -292,7 +292,7 @@ pub fn presentations() -> Vec<Presentation> {
 
 /// `metrics` with the intervals their bound metrics show (see
 /// [`Kind::declared`]).
-pub fn with_intervals(mut metrics: Vec<Metric>) -> Vec<Metric> {
+pub(crate) fn with_intervals(mut metrics: Vec<Metric>) -> Vec<Metric> {
     let names: std::collections::BTreeSet<String> =
         metrics.iter().map(|m| m.name.clone()).collect();
     let windows = names.contains("windows").then_some("windows");

@@ -28,7 +28,7 @@ use std::time::Instant;
 use toml::Spanned;
 
 /// Metrics of every perplexity (and kld) case.
-pub const PPL_METRICS: &[&str] = &[
+pub(crate) const PPL_METRICS: &[&str] = &[
     "nll_mean",
     "ppl",
     "ppl_se",
@@ -38,7 +38,7 @@ pub const PPL_METRICS: &[&str] = &[
 ];
 
 /// Metrics a case adds when it compares with a reference's scores.
-pub const PAIRED_METRICS: &[&str] = &[
+pub(crate) const PAIRED_METRICS: &[&str] = &[
     "delta_nll_mean",
     "delta_nll_ci95_lo",
     "delta_nll_ci95_hi",
@@ -58,7 +58,7 @@ pub const PAIRED_METRICS: &[&str] = &[
 /// The ladder columns of a scored text (perplexity and kld cases share
 /// them): PPL ± se, ΔNLL with its interval, windows better; the log PPL
 /// ratio in the CSV.
-pub fn window_columns() -> Vec<ReportColumn> {
+pub(crate) fn window_columns() -> Vec<ReportColumn> {
     vec![
         ReportColumn::new(
             "PPL ± se",
@@ -96,7 +96,7 @@ pub fn window_columns() -> Vec<ReportColumn> {
 /// A sequential case's columns: the windows it used of N, and the bounds
 /// on the all-window mean ΔNLL its confidence sequence had at the stop;
 /// shown only where a row has them.
-pub fn sequential_columns() -> Vec<ReportColumn> {
+pub(crate) fn sequential_columns() -> Vec<ReportColumn> {
     vec![
         windows_used_column(),
         ReportColumn::new(
@@ -116,7 +116,7 @@ pub fn sequential_columns() -> Vec<ReportColumn> {
 }
 
 /// The windows a sequential case used of N, where a row has them.
-pub fn windows_used_column() -> ReportColumn {
+pub(crate) fn windows_used_column() -> ReportColumn {
     ReportColumn::new(
         "windows used",
         Cell::OutOf {
@@ -129,7 +129,7 @@ pub fn windows_used_column() -> ReportColumn {
 
 /// The plots of a scored text: ΔNLL against bits per weight, ΔNLL per
 /// window.
-pub fn window_plots() -> Vec<Plot> {
+pub(crate) fn window_plots() -> Vec<Plot> {
     vec![
         Plot::Frontier {
             metric: "delta_nll_mean",
@@ -146,13 +146,13 @@ pub fn window_plots() -> Vec<Plot> {
 }
 
 /// What the scored-text columns mean.
-pub const WINDOW_LEGEND: &str =
+pub(crate) const WINDOW_LEGEND: &str =
     "PPL ± se as llama-perplexity prints it. ΔNLL: mean over windows of \
      the per-window mean NLL difference to the reference (nats/token), 95% Student-t interval \
      over windows; windows better: windows where the model's NLL is below the reference's.";
 
 /// How perplexity cases show in the ladder report.
-pub fn present() -> Option<Presentation> {
+pub(crate) fn present() -> Option<Presentation> {
     Some(Presentation {
         kind: "perplexity",
         join: Join::Reference,
@@ -175,7 +175,7 @@ pub fn present() -> Option<Presentation> {
 
 /// What a reader calls the metrics of a scored text (perplexity and kld
 /// cases), and their units.
-pub const WINDOW_ABOUT: crate::core::case::About = &[
+pub(crate) const WINDOW_ABOUT: crate::core::case::About = &[
     ("nll_mean", "NLL mean", "nats/token"),
     ("ppl", "PPL", ""),
     ("ppl_se", "PPL standard error", ""),
@@ -223,7 +223,7 @@ pub const WINDOW_ABOUT: crate::core::case::About = &[
 ];
 
 /// The counts among [`PPL_METRICS`] and [`PAIRED_METRICS`].
-pub const COUNTS: &[&str] = &[
+pub(crate) const COUNTS: &[&str] = &[
     "tokens_scored",
     "top1_matches",
     "windows",
@@ -232,7 +232,7 @@ pub const COUNTS: &[&str] = &[
 ];
 
 /// The metrics of a window-scoring case, paired or not.
-pub fn window_metrics(paired: bool) -> Vec<Metric> {
+pub(crate) fn window_metrics(paired: bool) -> Vec<Metric> {
     let mut m = metrics_of(PPL_METRICS, COUNTS);
     if paired {
         m.extend(metrics_of(PAIRED_METRICS, COUNTS));
@@ -252,7 +252,7 @@ case_table! {
 
 /// A perplexity case.
 #[derive(Debug, Clone)]
-pub struct Perplexity {
+pub(crate) struct Perplexity {
     /// What is scored, and how.
     pub text: ScoredText,
     /// The reference model, if any.

@@ -25,7 +25,7 @@ use std::time::Instant;
 use toml::Spanned;
 
 /// Metrics of every recite case.
-pub const METRICS: &[&str] = &[
+pub(crate) const METRICS: &[&str] = &[
     "first_error",
     "digits_correct",
     "complete",
@@ -37,7 +37,7 @@ pub const METRICS: &[&str] = &[
 
 /// How recitation cases show in the ladder report: per case, the first
 /// wrong unit of the greedy recitation out of the units expected.
-pub fn present() -> Option<Presentation> {
+pub(crate) fn present() -> Option<Presentation> {
     let mut first = ReportColumn::new(
         "first error",
         Cell::OutOf {
@@ -65,7 +65,7 @@ pub fn present() -> Option<Presentation> {
 
 /// A `kind = "recite"` case.
 #[derive(Debug, Clone)]
-pub struct Recite {
+pub(crate) struct Recite {
     /// Raw or chat.
     pub template: Template,
     /// What should come out.
@@ -192,7 +192,7 @@ pub fn parse(case: &Case, src: &str, diag: &mut Diagnostics) -> Result<Arc<dyn K
 }
 
 /// What a reader calls a recitation case's metrics, and their units.
-pub const RECITE_ABOUT: crate::core::case::About = &[
+pub(crate) const RECITE_ABOUT: crate::core::case::About = &[
     (
         "first_error",
         "first wrong unit of the recitation (its index)",

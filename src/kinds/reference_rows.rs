@@ -21,7 +21,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 /// Builds the reference rows of `header` at the listed positions.
-pub struct RowsBuild {
+pub(crate) struct RowsBuild {
     header: CacheHeader,
     /// (window, position, target) of every row to keep, in decode order.
     wanted: Vec<(usize, usize, usize)>,
@@ -45,7 +45,7 @@ impl RowsBuild {
     /// Rows of `header` at `wanted` (window, position, target), stored with
     /// `tail` and `max_kept`, for a reference of `n_vocab` tokens with
     /// tokenizer `fingerprint`.
-    pub fn new(
+    pub(crate) fn new(
         header: CacheHeader,
         mut wanted: Vec<(usize, usize, usize)>,
         (tail, max_kept): (f64, usize),
@@ -68,7 +68,7 @@ impl RowsBuild {
     }
 
     /// The rows, all of them, or why not.
-    pub fn rows(self) -> Result<(usize, String, Vec<RefPosition>)> {
+    pub(crate) fn rows(self) -> Result<(usize, String, Vec<RefPosition>)> {
         self.all_taken()?;
         Ok((self.n_vocab, self.fingerprint, self.rows))
     }
@@ -94,14 +94,14 @@ impl RowsBuild {
     }
 
     /// The rows of `obs`, decoded alone (no shared decode is running).
-    pub fn decode(mut self, obs: &Observation) -> Result<(usize, String, Vec<RefPosition>)> {
+    pub(crate) fn decode(mut self, obs: &Observation) -> Result<(usize, String, Vec<RefPosition>)> {
         observe_one(obs, &mut self)?;
         self.rows()
     }
 
     /// As reference work for a shared decode of `obs`: the rows written
     /// to the store's file as they come, never held whole.
-    pub fn work(mut self, cx: &RunContext, obs: Observation) -> Option<RefWork> {
+    pub(crate) fn work(mut self, cx: &RunContext, obs: Observation) -> Option<RefWork> {
         let (key, path) = cx.references.rows_product(&self.header);
         if cx.references.holds(&key, &path) {
             return None;
@@ -185,7 +185,7 @@ impl RefBuild for RowsBuild {
 /// A reference's rows read live by its candidates (a kld case's `store =
 /// "none"`): compressed as [`RowsBuild`] compresses them, handed to a
 /// [`LiveRows`] slot as each range of windows is decoded, never kept.
-pub struct LiveBuild {
+pub(crate) struct LiveBuild {
     build: RowsBuild,
     slot: Arc<LiveRows>,
     /// The next wanted row (index into `build.wanted`).
@@ -194,7 +194,7 @@ pub struct LiveBuild {
 
 impl LiveBuild {
     /// The live rows `build` would keep, into `slot`.
-    pub fn new(build: RowsBuild, slot: Arc<LiveRows>) -> Self {
+    pub(crate) fn new(build: RowsBuild, slot: Arc<LiveRows>) -> Self {
         LiveBuild {
             build,
             slot,
@@ -238,7 +238,7 @@ impl Consumer for LiveBuild {
 /// windows' rows read from the file ([`RowStream`]) into a [`LiveRows`]
 /// slot just before the candidates decode those windows, so that nothing
 /// holds the whole reference.
-pub struct StoredFeed {
+pub(crate) struct StoredFeed {
     stream: RowStream,
     slot: Arc<LiveRows>,
     /// Scored positions per window, in order.
@@ -251,7 +251,7 @@ pub struct StoredFeed {
 impl StoredFeed {
     /// The rows of `stream` (read from `path`), whose windows score
     /// `counts` positions each, into `slot`.
-    pub fn new(
+    pub(crate) fn new(
         stream: RowStream,
         path: std::path::PathBuf,
         counts: Vec<usize>,

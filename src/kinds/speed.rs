@@ -30,7 +30,7 @@ use toml::Spanned;
 
 /// A `kind = "speed"` case.
 #[derive(Debug, Clone)]
-pub struct Speed {
+pub(crate) struct Speed {
     /// Prompt tokens of the `pp` test (0: none).
     pub pp: usize,
     /// Generated tokens of the `tg` test (0: none).
@@ -118,7 +118,7 @@ pub fn mean_sd(xs: &[f64]) -> (f64, f64) {
 }
 
 /// Tokens per second of each repetition.
-pub fn tps(tokens: usize, times: &[Duration]) -> Vec<f64> {
+pub(crate) fn tps(tokens: usize, times: &[Duration]) -> Vec<f64> {
     times
         .iter()
         .map(|t| tokens as f64 / t.as_secs_f64())
@@ -127,7 +127,7 @@ pub fn tps(tokens: usize, times: &[Duration]) -> Vec<f64> {
 
 /// The ratio of per-round means (candidate / reference): its geometric mean
 /// over rounds and the Student-t 95% interval of ln(ratio), exponentiated.
-pub fn round_ratio(cand: &[Vec<f64>], reference: &[Vec<f64>]) -> (f64, f64, f64) {
+pub(crate) fn round_ratio(cand: &[Vec<f64>], reference: &[Vec<f64>]) -> (f64, f64, f64) {
     let logs: Vec<f64> = cand
         .iter()
         .zip(reference)
@@ -170,7 +170,7 @@ fn tps_ci(m: &crate::core::present::Metrics, mean: &str, sd: &str) -> Option<Str
 /// interval of the mean over the repetitions (the CSV has mean and sd, and
 /// the ratios to the reference); the machine they were measured on is said
 /// under the table.
-pub fn present() -> Option<Presentation> {
+pub(crate) fn present() -> Option<Presentation> {
     let tps = |title, cell: fn(&crate::core::present::Metrics) -> Option<String>, mean, sd| {
         let mut c = ReportColumn::new(title, Cell::Text(cell)).headline();
         c.csv = vec![
@@ -210,7 +210,7 @@ pub fn present() -> Option<Presentation> {
 }
 
 /// What a reader calls a speed case's metrics, and their units.
-pub const SPEED_ABOUT: crate::core::case::About = &[
+pub(crate) const SPEED_ABOUT: crate::core::case::About = &[
     ("model_bytes", "model size", "bytes"),
     ("model_bpw", "bits per weight", ""),
     ("repetitions", "repetitions per round", ""),

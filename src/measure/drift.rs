@@ -29,7 +29,7 @@ pub struct Row<'a> {
 
 impl Row<'_> {
     /// Entry `i`'s log-prob, as llama-perplexity decodes it (f32).
-    pub fn log_prob(&self, i: usize) -> f32 {
+    pub(crate) fn log_prob(&self, i: usize) -> f32 {
         self.scale * f32::from(self.q[i]) + self.min
     }
 
@@ -83,7 +83,7 @@ fn kl(p: &Row, q: &Row) -> f64 {
 
 /// The drift of runtime B against runtime A, position by position.
 #[derive(Debug, Clone, Default)]
-pub struct Drift {
+pub(crate) struct Drift {
     /// Per window: (NLL_A sum, NLL_B sum, positions).
     windows: Vec<(f64, f64, usize)>,
     /// KL(B‖A) per position.
@@ -98,13 +98,13 @@ pub struct Drift {
 
 impl Drift {
     /// Nothing yet.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Drift::default()
     }
 
     /// One position of window `w` (windows in order, from 0): A's and B's
     /// rows, and the true next token. Rows of another length are an error.
-    pub fn push(&mut self, w: usize, a: Row, b: Row, target: usize) -> Result<(), String> {
+    pub(crate) fn push(&mut self, w: usize, a: Row, b: Row, target: usize) -> Result<(), String> {
         if a.q.len() != b.q.len() || target >= a.q.len() {
             return Err(format!(
                 "window {w}: rows of {} and {} entries, target {target}",
@@ -134,7 +134,7 @@ impl Drift {
     }
 
     /// ΔNLL (B − A) of each window with a position, in window order.
-    pub fn per_window(&self) -> Vec<f64> {
+    pub(crate) fn per_window(&self) -> Vec<f64> {
         self.windows
             .iter()
             .filter(|w| w.2 > 0)
@@ -142,13 +142,8 @@ impl Drift {
             .collect()
     }
 
-    /// Positions seen.
-    pub fn positions(&self) -> usize {
-        self.kl.len()
-    }
-
     /// Whether every row was byte-equal.
-    pub fn identical(&self) -> bool {
+    pub(crate) fn identical(&self) -> bool {
         self.identical == self.kl.len()
     }
 
@@ -158,7 +153,7 @@ impl Drift {
     /// `delta_nll_ci95_lo`/`_hi` over windows, `kld_mean`, `kld_p99`,
     /// `kld_max` (KL(B‖A)), `kld_rev_mean`, `same_top` with its Wilson
     /// interval. Empty when no position was seen.
-    pub fn metrics(&self) -> BTreeMap<String, f64> {
+    pub(crate) fn metrics(&self) -> BTreeMap<String, f64> {
         let mut m = BTreeMap::new();
         let n = self.kl.len();
         if n == 0 {

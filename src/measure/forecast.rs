@@ -12,7 +12,7 @@ use crate::core::Sampler;
 
 /// The candidates the sampler can draw after trimming, with their
 /// probabilities (renormalised, tempered), most likely first.
-pub fn kept(row: &[f32], s: &Sampler) -> Vec<(usize, f64)> {
+pub(crate) fn kept(row: &[f32], s: &Sampler) -> Vec<(usize, f64)> {
     let mut idx: Vec<usize> = (0..row.len()).collect();
     let order = |a: &usize, b: &usize| {
         row[*b]
@@ -74,7 +74,7 @@ pub fn p_pick(row: &[f32], s: &Sampler, target: usize) -> f64 {
 
 /// The forecast survival curve: `S[k]` = the chance the first `k` units are
 /// all drawn right (`S[0] = 1`), for per-position chances `q`.
-pub fn survival(q: &[f64]) -> Vec<f64> {
+pub(crate) fn survival(q: &[f64]) -> Vec<f64> {
     let mut s = Vec::with_capacity(q.len() + 1);
     let mut acc = 1.0f64;
     s.push(acc);
@@ -92,7 +92,7 @@ pub fn expected_reach(q: &[f64]) -> f64 {
 }
 
 /// Draw from `kept` with a uniform `u` in [0, 1) (the fake engine's sampler).
-pub fn draw(kept: &[(usize, f64)], u: f64) -> usize {
+pub(crate) fn draw(kept: &[(usize, f64)], u: f64) -> usize {
     let mut cum = 0.0;
     for &(j, p) in kept {
         cum += p;

@@ -6,17 +6,17 @@
 //! exponentials uses a vectorisable f64 `exp` (accurate to a few ulp), since
 //! a libm call per vocabulary entry would cost as much as the forward pass.
 
-pub mod drift;
+pub(crate) mod drift;
 pub mod forecast;
 
 pub mod kld;
 
-pub mod perplexity;
+pub(crate) mod perplexity;
 pub use perplexity::{paired_metrics, perplexity_metrics};
 
 pub mod sequential;
 
-pub mod stats;
+pub(crate) mod stats;
 pub use stats::*;
 
 /// What one logit row reduces to.
@@ -44,7 +44,7 @@ const LANES: usize = 8;
 /// Values below −700 give ~1e-304 instead of smaller; against a sum ≥ 1 that
 /// is far below f64 resolution.
 #[inline(always)]
-pub fn exp_nonpos(x: f64) -> f64 {
+pub(crate) fn exp_nonpos(x: f64) -> f64 {
     const LOG2E: f64 = std::f64::consts::LOG2_E;
     // fdlibm's split of ln 2: the high part has 21 trailing zero bits.
     const LN2_HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
@@ -112,7 +112,7 @@ unsafe fn row_stats_avx2(row: &[f32]) -> RowStats {
 }
 
 /// Row statistics without CPU-specific code.
-pub fn row_stats_portable(row: &[f32]) -> RowStats {
+pub(crate) fn row_stats_portable(row: &[f32]) -> RowStats {
     row_stats_impl(row)
 }
 
@@ -192,7 +192,7 @@ pub struct WindowNll {
 
 impl WindowNll {
     /// Add one scored position.
-    pub fn add(&mut self, nll: f64, top1: bool) {
+    pub(crate) fn add(&mut self, nll: f64, top1: bool) {
         self.nll_sum += nll;
         self.nll_sq_sum += nll * nll;
         self.count += 1;

@@ -64,7 +64,7 @@ impl LowerSequence {
     }
 
     /// The same with another truncation of the bets.
-    pub fn with_trunc(n_pop: usize, alpha: f64, trunc: f64) -> Self {
+    pub(crate) fn with_trunc(n_pop: usize, alpha: f64, trunc: f64) -> Self {
         LowerSequence {
             n_pop,
             alpha,
@@ -78,7 +78,7 @@ impl LowerSequence {
     }
 
     /// Values seen.
-    pub fn n(&self) -> usize {
+    pub(crate) fn n(&self) -> usize {
         self.t
     }
 
@@ -172,7 +172,7 @@ impl MeanSequence {
     }
 
     /// Values seen.
-    pub fn n(&self) -> usize {
+    pub(crate) fn n(&self) -> usize {
         self.lower.n()
     }
 

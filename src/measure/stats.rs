@@ -44,7 +44,7 @@ pub fn quantile(sorted: &[f64], q: f64) -> f64 {
 /// The 95% Student-t interval of a mean from its summary: `mean` and the
 /// sample standard deviation `sd` of `n` values (NaN bounds with fewer
 /// than 2).
-pub fn t_interval95_of(mean: f64, sd: f64, n: usize) -> (f64, f64) {
+pub(crate) fn t_interval95_of(mean: f64, sd: f64, n: usize) -> (f64, f64) {
     if n < 2 || !sd.is_finite() {
         return (f64::NAN, f64::NAN);
     }
@@ -57,7 +57,7 @@ pub fn t_interval95_of(mean: f64, sd: f64, n: usize) -> (f64, f64) {
 }
 
 /// Mean and 95% Student-t interval of `xs` (NaN bounds with fewer than 2).
-pub fn t_interval95(xs: &[f64]) -> (f64, f64, f64) {
+pub(crate) fn t_interval95(xs: &[f64]) -> (f64, f64, f64) {
     let n = xs.len() as f64;
     let mean = xs.iter().sum::<f64>() / n;
     if xs.len() < 2 {
@@ -77,7 +77,12 @@ pub fn t_interval95(xs: &[f64]) -> (f64, f64, f64) {
 /// 0..=n−block, are drawn with replacement and concatenated to length n.
 /// Fewer than 4 windows give NaN: every resample would be nearly the series
 /// itself, an interval of no width that means nothing.
-pub fn block_bootstrap95(xs: &[f64], block: usize, resamples: usize, seed: u64) -> (f64, f64) {
+pub(crate) fn block_bootstrap95(
+    xs: &[f64],
+    block: usize,
+    resamples: usize,
+    seed: u64,
+) -> (f64, f64) {
     let n = xs.len();
     if n < 4 || resamples == 0 {
         return (f64::NAN, f64::NAN);
@@ -109,7 +114,7 @@ pub fn block_bootstrap95(xs: &[f64], block: usize, resamples: usize, seed: u64) 
 
 /// llama-perplexity's `mean_and_uncertainty`: mean and standard error from
 /// sums, the error 0 unless the variance is positive and count > 10.
-pub fn mean_and_uncertainty(sum: f64, sum2: f64, count: usize) -> (f64, f64) {
+pub(crate) fn mean_and_uncertainty(sum: f64, sum2: f64, count: usize) -> (f64, f64) {
     if count < 1 {
         return (0.0, 0.0);
     }
@@ -136,7 +141,7 @@ pub(crate) fn covariance(suma: f64, sumb: f64, sumab: f64, count: usize) -> f64 
 }
 
 /// Wilson score interval for k of n at 95% (NaN when n = 0).
-pub fn wilson95(k: usize, n: usize) -> (f64, f64) {
+pub(crate) fn wilson95(k: usize, n: usize) -> (f64, f64) {
     if n == 0 {
         return (f64::NAN, f64::NAN);
     }
@@ -161,7 +166,7 @@ pub fn wilson95(k: usize, n: usize) -> (f64, f64) {
 
 /// llama-perplexity's `mean_and_uncertainty` of the values (NaN when there
 /// are none).
-pub fn mean_se(xs: impl Iterator<Item = f64> + Clone) -> (f64, f64) {
+pub(crate) fn mean_se(xs: impl Iterator<Item = f64> + Clone) -> (f64, f64) {
     let n = xs.clone().count();
     if n == 0 {
         return (f64::NAN, f64::NAN);
@@ -172,7 +177,7 @@ pub fn mean_se(xs: impl Iterator<Item = f64> + Clone) -> (f64, f64) {
 
 /// McNemar's exact test: the two-sided binomial p-value of `b` against `c`
 /// discordant pairs.
-pub fn mcnemar_exact(b: u64, c: u64) -> f64 {
+pub(crate) fn mcnemar_exact(b: u64, c: u64) -> f64 {
     let n = b + c;
     if n == 0 {
         return 1.0;
@@ -191,7 +196,7 @@ pub fn mcnemar_exact(b: u64, c: u64) -> f64 {
 }
 
 /// The median (NaN of none).
-pub fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return f64::NAN;
     }

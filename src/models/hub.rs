@@ -45,7 +45,7 @@ impl HubFile {
     }
 
     /// What is wrong with it, each as a phrase (empty: nothing).
-    pub fn problems(&self) -> Vec<String> {
+    pub(crate) fn problems(&self) -> Vec<String> {
         let mut out = Vec::new();
         let ok = |s: &str| {
             !s.is_empty()

@@ -28,7 +28,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 /// The lock file's name, beside `models.toml`.
-pub const LOCK_FILE: &str = "models.lock";
+pub(crate) const LOCK_FILE: &str = "models.lock";
 
 /// A pinned local model: the file (the first part of a split file), the
 /// bytes and sha256 of the whole (every part, concatenated in order).
@@ -64,7 +64,7 @@ pub struct Part {
 
 impl Pinned {
     /// The files of this model, in order, each with its pinned bytes and sha256.
-    pub fn files(&self) -> Vec<Part> {
+    pub(crate) fn files(&self) -> Vec<Part> {
         if self.parts.is_empty() {
             vec![Part {
                 path: self.path.clone(),
@@ -219,7 +219,7 @@ impl Lock {
     }
 
     /// The alias pinned to the model file `path` (canonical), if any.
-    pub fn alias_of(&self, path: &Path) -> Option<&str> {
+    pub(crate) fn alias_of(&self, path: &Path) -> Option<&str> {
         self.entries
             .iter()
             .find(|(_, p)| p.path == path)
@@ -342,7 +342,7 @@ pub fn expand(spec: &str, base: &Path) -> Result<Vec<PathBuf>> {
 /// The alias a model file gets: its name without `.gguf` and without a
 /// split suffix (`-00001-of-00003`), every character outside
 /// `[A-Za-z0-9._-]` replaced by `-`.
-pub fn alias_for(path: &Path) -> String {
+pub(crate) fn alias_for(path: &Path) -> String {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -385,7 +385,7 @@ static MEASURED: std::sync::Mutex<Vec<(PathBuf, Stamp, Pinned)>> =
 
 /// Hash the model at `path` (every part of a split file): what the lock
 /// pins. Once per process while no part's time or length changes.
-pub fn measure(path: &Path) -> Result<Pinned> {
+pub(crate) fn measure(path: &Path) -> Result<Pinned> {
     measured(path, false)
 }
 

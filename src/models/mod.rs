@@ -87,7 +87,7 @@ pub struct Registry {
 
 /// Why `alias` cannot name a model, if it cannot: aliases are
 /// `[A-Za-z0-9._-]+`, without a leading dot (they become file and test names).
-pub fn bad_alias(alias: &str) -> Option<&'static str> {
+pub(crate) fn bad_alias(alias: &str) -> Option<&'static str> {
     if alias.is_empty() {
         Some("an alias must not be empty")
     } else if alias.starts_with('.') {
@@ -383,7 +383,7 @@ fn verified_key(path: &Path, entry: &ModelEntry) -> VerifiedKey {
 }
 
 /// Produces derived files; the llama.cpp engine in production.
-pub type Quantizer<'a> = &'a dyn Fn(&Path, &Path, &str) -> Result<()>;
+pub(crate) type Quantizer<'a> = &'a dyn Fn(&Path, &Path, &str) -> Result<()>;
 
 /// Make `alias` available (fetch or derive if missing, into `config`'s
 /// cache folder, with its Python), verify it, return it.

@@ -13,11 +13,11 @@ use walkdir::WalkDir;
 
 /// The files at the suites root that are not cases: the model registry
 /// and the runtimes ([`crate::execute::runtime`]).
-pub const NOT_CASES: [&str; 2] = ["models.toml", "runtimes.toml"];
+pub(crate) const NOT_CASES: [&str; 2] = ["models.toml", "runtimes.toml"];
 
 /// A discovered case file.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Found {
+pub(crate) struct Found {
     /// Path relative to the suites root, `/`-separated.
     pub rel: String,
     /// Path on disk.
@@ -26,7 +26,7 @@ pub struct Found {
 
 impl Found {
     /// Test-name stem: `rel` without `.toml`.
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         self.rel.strip_suffix(".toml").unwrap_or(&self.rel)
     }
 }
@@ -66,7 +66,7 @@ fn walk(root: &Path) -> Result<Vec<Found>> {
 }
 
 /// All case files under `root`, sorted.
-pub fn all_cases(root: &Path) -> Result<Vec<Found>> {
+pub(crate) fn all_cases(root: &Path) -> Result<Vec<Found>> {
     if !root.is_dir() {
         return Err(Error::input(format!(
             "suites root {} is not a directory",
@@ -81,7 +81,7 @@ pub fn all_cases(root: &Path) -> Result<Vec<Found>> {
 /// Cases under `root` selected by `patterns`: each a path to a file or
 /// directory (relative to the working directory or to `root`), or a glob
 /// over paths relative to `root`. No patterns selects every case.
-pub fn discover(root: &Path, patterns: &[String]) -> Result<Vec<Found>> {
+pub(crate) fn discover(root: &Path, patterns: &[String]) -> Result<Vec<Found>> {
     let all = all_cases(root)?;
     if patterns.is_empty() {
         if all.is_empty() {

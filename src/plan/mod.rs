@@ -6,7 +6,7 @@
 //! alone; a model alias missing from the registry fails only its own tests;
 //! the matrix is sorted by model, then name.
 
-pub mod discover;
+pub(crate) mod discover;
 pub mod groups;
 pub mod parse;
 

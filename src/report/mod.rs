@@ -9,7 +9,7 @@ use crate::core::{Outcome, Status};
 
 pub mod ladder;
 pub mod metrics_doc;
-pub mod parquet;
+pub(crate) mod parquet;
 pub mod prereg;
 pub(crate) mod svg;
 use std::fmt::Write as _;
@@ -39,7 +39,7 @@ fn headline(o: &Outcome) -> Vec<(&str, f64)> {
 }
 
 /// The widest table the terminal gets (details stay in `--json`).
-pub const TABLE_WIDTH: usize = 120;
+pub(crate) const TABLE_WIDTH: usize = 120;
 
 /// The results table: per case (in order of first appearance), a header
 /// with its headline metrics as aligned columns — as many as fit
@@ -241,7 +241,7 @@ pub fn timings(outcomes: &[Outcome], reference_work: &[(String, f64, usize)]) ->
 }
 
 /// Peak resident set size of this process (Linux `VmHWM`), KiB.
-pub fn peak_rss_kib() -> Option<u64> {
+pub(crate) fn peak_rss_kib() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
     s.lines()
         .find(|l| l.starts_with("VmHWM:"))?
@@ -265,13 +265,13 @@ pub fn write_json(path: &Path, outcomes: &[Outcome], key: Option<&Key>) -> Resul
 
 /// The JSON file of one outcome under `dir`: `<dir>/<case>/<model>.json`,
 /// the object `--json` writes for it (what `quantgate merge` reads back).
-pub fn outcome_json_path(dir: &Path, o: &Outcome) -> std::path::PathBuf {
+pub(crate) fn outcome_json_path(dir: &Path, o: &Outcome) -> std::path::PathBuf {
     dir.join(&o.case).join(format!("{}.json", o.model))
 }
 
 /// Write one outcome as its own JSON file ([`outcome_json_path`]), with
 /// its MAC under `key` when one is given.
-pub fn write_outcome_json(dir: &Path, o: &Outcome, key: Option<&Key>) -> Result<()> {
+pub(crate) fn write_outcome_json(dir: &Path, o: &Outcome, key: Option<&Key>) -> Result<()> {
     let body = serde_json::to_string_pretty(&crate::core::keys::outcome_json(o, key)?)
         .map_err(|e| crate::core::error::Error::harness(format!("serialising results: {e}")))?;
     crate::core::fsutil::write_atomic(&outcome_json_path(dir, o), format!("{body}\n").as_bytes())

@@ -29,7 +29,7 @@ enum Col {
 
 /// The Parquet schema of `table` behind the `case`, `model` and
 /// `model_sha256` columns: every column required.
-pub fn schema(table: &Table) -> String {
+pub(crate) fn schema(table: &Table) -> String {
     let mut s = format!(
         "message {} {{\n  REQUIRED BYTE_ARRAY case (UTF8);\n  REQUIRED BYTE_ARRAY model (UTF8);\n  REQUIRED BYTE_ARRAY model_sha256 (UTF8);\n",
         table.name
@@ -53,7 +53,7 @@ pub fn schema(table: &Table) -> String {
 }
 
 /// Write the rows of one case × model to `dest` atomically.
-pub fn write_table(
+pub(crate) fn write_table(
     dest: &Path,
     case: &str,
     model: &str,
@@ -126,7 +126,7 @@ fn write_file(path: &Path, schema: &str, cols: Vec<Col>) -> Result<()> {
 }
 
 /// Rows in a Parquet file, from its footer.
-pub fn read_row_count(path: &Path) -> Result<i64> {
+pub(crate) fn read_row_count(path: &Path) -> Result<i64> {
     let f = File::open(path).map_err(|e| Error::io(path, e))?;
     let r = SerializedFileReader::new(f).map_err(|e| pq(path, e))?;
     Ok(r.metadata().file_metadata().num_rows())

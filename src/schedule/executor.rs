@@ -3,7 +3,7 @@
 
 use super::worker::{run_here, unanswered, Job, Selection, Worker};
 use super::GroupRun;
-pub use crate::core::config::Isolation;
+pub(crate) use crate::core::config::Isolation;
 use crate::core::EngineBuild;
 use crate::execute::RunContext;
 use crate::plan::Planned;
@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 /// gives it back when done, so that a process's start, the model's sha256
 /// check and its load are paid once for many jobs; a worker that died is
 /// not given back (its job's tests say why; the next job starts afresh).
-pub struct WorkerPool {
+pub(crate) struct WorkerPool {
     alias: String,
     model_path: String,
     selection: Arc<Selection>,
@@ -48,7 +48,7 @@ impl WorkerPool {
 /// Where a group's job runs: this process, one worker process, or any
 /// idle worker process of a model.
 #[derive(Clone)]
-pub enum Executor {
+pub(crate) enum Executor {
     /// In this process.
     InProcess(Arc<RunContext>),
     /// In one worker process (of a model, or of the group alone).
@@ -60,7 +60,7 @@ pub enum Executor {
 impl Executor {
     /// Run a group: `group` and `provides` are its planned trials; `job`
     /// names them (by test name) with what is done with their outcomes.
-    pub fn run(
+    pub(crate) fn run(
         &self,
         group: &[&Planned],
         provides: &[&Planned],
@@ -111,7 +111,7 @@ fn worker_env(runner: &RunContext) -> Vec<(&'static str, String)> {
 /// The executor of each group, as `isolation` says; with
 /// `reference_only_too` false, None for a group of reference work alone
 /// (which then runs where the group that needs it runs).
-pub fn executors(
+pub(crate) fn executors(
     isolation: Isolation,
     groups: &[crate::plan::groups::Group],
     runner: &Arc<RunContext>,

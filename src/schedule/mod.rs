@@ -9,11 +9,11 @@
 //! panics in this process or whose worker dies fails its own trials (an
 //! error outcome that says why) and every other group still runs.
 
-pub mod executor;
-pub mod group;
+pub(crate) mod executor;
+pub(crate) mod group;
 pub mod worker;
 
-pub use executor::{executors, Executor, Isolation};
+pub(crate) use executor::{executors, Executor, Isolation};
 pub use worker::{Job, Selection, WORKER_ENV};
 
 use crate::core::Outcome;
@@ -94,7 +94,7 @@ impl Schedule {
 
 /// Runs one group, wherever: its index, its trials, the trials whose
 /// reference work it does.
-pub type RunGroup<'a> = dyn Fn(usize, &[&Planned], &[&Planned]) -> GroupRun + Sync + 'a;
+pub(crate) type RunGroup<'a> = dyn Fn(usize, &[&Planned], &[&Planned]) -> GroupRun + Sync + 'a;
 
 /// Run every planned trial in its group (`groups`, from `plan::groups`),
 /// each group after the groups whose references it reads, `jobs` groups at
@@ -104,7 +104,7 @@ pub type RunGroup<'a> = dyn Fn(usize, &[&Planned], &[&Planned]) -> GroupRun + Sy
 /// many trials it builds references for, `done` each outcome as it is
 /// judged (with its index in `planned`), with what could not be written of it. The outcomes in plan
 /// order, and the reference work per model (model, seconds, products built).
-pub fn run_groups(
+pub(crate) fn run_groups(
     planned: &[Planned],
     groups: &[crate::plan::groups::Group],
     jobs: usize,
@@ -234,7 +234,7 @@ fn next_group(
 /// A group's run, wherever it ran: an outcome per trial (in the group's
 /// order) with the errors of writing its files, and the reference work.
 #[derive(Debug, Default)]
-pub struct GroupRun {
+pub(crate) struct GroupRun {
     /// Per trial: its outcome and what could not be written of it.
     pub outcomes: Vec<(Outcome, Vec<String>)>,
     /// The reference work.

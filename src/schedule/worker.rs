@@ -2,7 +2,7 @@
 //! (this executable run again with `QUANTGATE_WORKER=<alias>`), so that a
 //! llama.cpp abort (GGML_ASSERT) fails only the trials of its job. Both
 //! `quantgate run` and the `cargo test` harness run groups through an
-//! [`Executor`]; a worker answers with whole outcomes, the same a group run
+//! [`Executor`](super::executor::Executor); a worker answers with whole outcomes, the same a group run
 //! in this process gives.
 //!
 //! Protocol: the parent starts the worker with the selection to plan
@@ -60,7 +60,7 @@ pub struct Selection {
 
 impl Selection {
     /// The plan of this selection.
-    pub fn plan(&self) -> crate::core::Result<(crate::models::Registry, Vec<Planned>)> {
+    pub(crate) fn plan(&self) -> crate::core::Result<(crate::models::Registry, Vec<Planned>)> {
         crate::plan::plan_with(&self.suites, &self.patterns, &self.models, &self.overrides)
     }
 }
@@ -95,7 +95,7 @@ struct Reply {
 }
 
 /// Run a group in this process: the trials, then their files.
-pub fn run_here(
+pub(crate) fn run_here(
     cx: &RunContext,
     group: &[&Planned],
     provides: &[&Planned],
@@ -240,7 +240,7 @@ struct Process {
 }
 
 /// One worker process, started on first use.
-pub struct Worker {
+pub(crate) struct Worker {
     alias: String,
     model_path: String,
     selection: Arc<Selection>,
@@ -261,7 +261,7 @@ impl Worker {
     /// A worker for model `alias` (its file `model_path`, for messages)
     /// that plans `selection`, started on first use; `build` is the engine
     /// build its error outcomes name.
-    pub fn new(
+    pub(crate) fn new(
         alias: &str,
         model_path: String,
         selection: Arc<Selection>,
@@ -283,13 +283,13 @@ impl Worker {
     }
 
     /// Whether the process died (it is not started again).
-    pub fn is_dead(&self) -> bool {
+    pub(crate) fn is_dead(&self) -> bool {
         self.dead.is_some()
     }
 
     /// Run `job`: an outcome per trial of `job.run`, in order (a dead
     /// worker's are errors that say why).
-    pub fn run(&mut self, job: &Job, threads: u32) -> GroupRun {
+    pub(crate) fn run(&mut self, job: &Job, threads: u32) -> GroupRun {
         let mut ran = GroupRun::default();
         if let Err(why) = self.run_inner(job, threads, &mut ran) {
             let answered = ran.outcomes.len();

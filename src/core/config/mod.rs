@@ -35,13 +35,13 @@ use crate::core::error::{Error, Result};
 use crate::core::settings::EngineOptions;
 use std::path::PathBuf;
 
-pub use crate::core::progress::TERMINAL_ENV;
+pub(crate) use crate::core::progress::TERMINAL_ENV;
 
 /// The variable of [`Config::context_pool`].
-pub const CONTEXT_POOL_ENV: &str = "QUANTGATE_CONTEXT_POOL_MIB";
+pub(crate) const CONTEXT_POOL_ENV: &str = "QUANTGATE_CONTEXT_POOL_MIB";
 
 /// [`Config::context_pool`] by default: 1 GiB.
-pub const DEFAULT_CONTEXT_POOL: u64 = 1 << 30;
+pub(crate) const DEFAULT_CONTEXT_POOL: u64 = 1 << 30;
 
 /// What to do with a changed or missing golden (insta's modes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,10 +87,10 @@ pub enum Missing {
 }
 
 /// The environment variable naming a shipped reference folder.
-pub const REFERENCE_DIR_ENV: &str = "QUANTGATE_REFERENCE_DIR";
+pub(crate) const REFERENCE_DIR_ENV: &str = "QUANTGATE_REFERENCE_DIR";
 
 /// The environment variable saying what a missing shipped product does.
-pub const REFERENCE_MISSING_ENV: &str = "QUANTGATE_REFERENCE_MISSING";
+pub(crate) const REFERENCE_MISSING_ENV: &str = "QUANTGATE_REFERENCE_MISSING";
 
 /// Everything a run takes from outside the case files. Built at the edge
 /// ([`Config::load`], [`Config::for_command_line`], [`Config::builder`])
@@ -341,7 +341,7 @@ impl Config {
     /// The defaults, with nothing from the environment but `HOME` (where the
     /// cache folder is) and `CARGO_MANIFEST_DIR` (the crate): what the
     /// harness plans under to name every test that a bad value then fails.
-    pub fn bare() -> Result<Config> {
+    pub(crate) fn bare() -> Result<Config> {
         Config::from_lookup(
             &|k| env_var(k).filter(|_| k == "HOME" || k == "CARGO_MANIFEST_DIR"),
             [None; 3],
@@ -360,7 +360,7 @@ impl Config {
     /// folders, which its selection names, and the signing key, which it
     /// inherits): set on every worker, so that a config built in code
     /// ([`Config::builder`]) holds in workers too.
-    pub fn to_env(&self) -> Vec<(&'static str, String)> {
+    pub(crate) fn to_env(&self) -> Vec<(&'static str, String)> {
         let mut v = vec![
             ("QUANTGATE_CACHE", self.cache.display().to_string()),
             (
@@ -532,12 +532,12 @@ fn config_home_from(var: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
 
 /// [`Config::config_home`] of this process, read alone: where this user's
 /// own key lives, which tags quantgate's temp files in every process.
-pub fn user_config_home() -> Option<PathBuf> {
+pub(crate) fn user_config_home() -> Option<PathBuf> {
     config_home_from(&|k| env_var(k).filter(|v| !v.is_empty()))
 }
 
 /// [`Config::root`] of this process, read alone (no other variable).
-pub fn project_root() -> PathBuf {
+pub(crate) fn project_root() -> PathBuf {
     crate_root(&|k| env_var(k).filter(|v| !v.is_empty()))
 }
 

@@ -6,7 +6,7 @@ use super::*;
 
 /// A ggml tensor type, as ggml itself describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GgmlType {
+pub(crate) struct GgmlType {
     /// ggml's name, upper-cased as in its `GGML_TYPE_*` enum (`Q4_K`, `MXFP4`, …).
     pub name: String,
     /// Elements per block.
@@ -17,7 +17,7 @@ pub struct GgmlType {
 
 /// What ggml says of type `id`; None for an id it does not know or has
 /// retired (a block size of 0).
-pub fn ggml_type(id: u32) -> Option<GgmlType> {
+pub(crate) fn ggml_type(id: u32) -> Option<GgmlType> {
     if id >= llama_cpp_sys_2::GGML_TYPE_COUNT {
         return None;
     }
@@ -43,7 +43,7 @@ pub fn ggml_type(id: u32) -> Option<GgmlType> {
 
 /// The tokenizer fingerprint of the file at `path`, from a vocabulary-only
 /// load (no weights read): the one [`Engine::load`] records.
-pub fn vocab_fingerprint(path: &Path) -> Result<String> {
+pub(crate) fn vocab_fingerprint(path: &Path) -> Result<String> {
     let backend = backend(false)?;
     let params = LlamaModelParams::default().with_vocab_only(true);
     let model = LlamaModel::load_from_file(backend, path, &params).map_err(|e| {
@@ -71,7 +71,7 @@ pub fn loader_size(path: &Path) -> Result<(u64, u64)> {
 }
 
 /// The llama.cpp file type for a quant type name (as `llama-quantize` spells it).
-pub fn ftype(name: &str) -> Option<llama_cpp_sys_2::llama_ftype> {
+pub(crate) fn ftype(name: &str) -> Option<llama_cpp_sys_2::llama_ftype> {
     use llama_cpp_sys_2 as s;
     Some(match name {
         "F16" => s::LLAMA_FTYPE_MOSTLY_F16,
@@ -96,7 +96,7 @@ pub fn ftype(name: &str) -> Option<llama_cpp_sys_2::llama_ftype> {
 
 /// llama.cpp's name for a `general.file_type` value (its `LLAMA_FTYPE_*`
 /// constants without the prefix), None for a value this build does not know.
-pub fn ftype_name(id: i128) -> Option<&'static str> {
+pub(crate) fn ftype_name(id: i128) -> Option<&'static str> {
     use llama_cpp_sys_2 as s;
     const NAMES: &[(llama_cpp_sys_2::llama_ftype, &str)] = &[
         (s::LLAMA_FTYPE_ALL_F32, "F32"),
@@ -143,14 +143,14 @@ pub fn ftype_name(id: i128) -> Option<&'static str> {
 }
 
 /// Quant type names [`ftype`] accepts.
-pub const QUANT_TYPES: &[&str] = &[
+pub(crate) const QUANT_TYPES: &[&str] = &[
     "F16", "BF16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_1", "Q5_0", "Q4_K_M", "Q4_K_S", "Q4_1",
     "Q4_0", "Q3_K_L", "Q3_K_M", "Q3_K_S", "Q2_K",
 ];
 
 /// Quantize `src` into `dst` with `llama_model_quantize` (default params,
 /// `allow_requantize`): byte-identical to `llama-quantize`.
-pub fn quantize(src: &Path, dst: &Path, quant: &str, threads: u32) -> Result<()> {
+pub(crate) fn quantize(src: &Path, dst: &Path, quant: &str, threads: u32) -> Result<()> {
     let ftype = ftype(quant).ok_or_else(|| {
         Error::input(format!(
             "unknown quant type `{quant}`; expected one of {}",

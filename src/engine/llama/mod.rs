@@ -124,7 +124,7 @@ fn compute_backend() -> &'static str {
 }
 
 /// ggml's own version string and commit.
-pub fn ggml_version() -> String {
+pub(crate) fn ggml_version() -> String {
     // SAFETY: both return static NUL-terminated strings.
     unsafe {
         let v = CStr::from_ptr(llama_cpp_sys_2::ggml_version()).to_string_lossy();

@@ -12,7 +12,7 @@ use crate::measure::kld::RefPosition;
 /// against the case and the candidate, the token stream against the case's,
 /// and finite scale/min in every row. Rows keep the entries llama.cpp's KLD
 /// sums (log-prob > −16), as f32 values exactly as it decodes them.
-pub fn import_llama_kld(
+pub(crate) fn import_llama_kld(
     bytes: &[u8],
     plan: &ScoringPlan,
     n_ctx: u32,

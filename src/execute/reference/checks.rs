@@ -6,7 +6,7 @@ use super::*;
 
 /// A model's vocabulary as the tokenizer check sees it.
 #[derive(Debug, Clone, Copy)]
-pub struct Vocab<'a> {
+pub(crate) struct Vocab<'a> {
     /// The model's alias (or, for a record, the model it was recorded on).
     pub alias: &'a str,
     /// Vocabulary size.
@@ -17,7 +17,7 @@ pub struct Vocab<'a> {
 
 impl<'a> Vocab<'a> {
     /// The vocabulary of a loaded model.
-    pub fn of(info: &'a ModelInfo) -> Self {
+    pub(crate) fn of(info: &'a ModelInfo) -> Self {
         Vocab {
             alias: &info.file.alias,
             n_vocab: info.n_vocab,
@@ -29,7 +29,7 @@ impl<'a> Vocab<'a> {
 /// The one tokenizer check: a reference (model, record or stored rows)
 /// compares with a candidate only on one vocabulary and tokenizer. `at` is
 /// where the case names the reference, `key` the key that names it.
-pub fn same_tokenizer(
+pub(crate) fn same_tokenizer(
     at: &dyn Display,
     key: &str,
     reference: Vocab,
@@ -53,7 +53,7 @@ pub fn same_tokenizer(
 
 /// The one context check: `context` positions must fit the model's training
 /// context. `at` says where the context comes from (`case.toml:7:8: window`).
-pub fn fits_context(at: &dyn Display, context: usize, info: &ModelInfo) -> Result<()> {
+pub(crate) fn fits_context(at: &dyn Display, context: usize, info: &ModelInfo) -> Result<()> {
     if context > info.n_ctx_train as usize {
         return Err(Error::input(format!(
             "{at}: context {context} is larger than the training context {} of model `{}`",
@@ -65,7 +65,7 @@ pub fn fits_context(at: &dyn Display, context: usize, info: &ModelInfo) -> Resul
 
 /// The `.qgref` header of reference rows: what determines them.
 #[allow(clippy::too_many_arguments)]
-pub fn rows_header(
+pub(crate) fn rows_header(
     reference_sha256: String,
     token_stream_sha256: &str,
     windowing: String,

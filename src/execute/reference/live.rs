@@ -25,14 +25,14 @@ struct Part {
 
 /// One reference's live rows, shared by its producer and its readers.
 #[derive(Debug, Default)]
-pub struct LiveRows {
+pub(crate) struct LiveRows {
     part: RwLock<Part>,
 }
 
 impl LiveRows {
     /// Windows `windows` start, their first scored position being number
     /// `from`: the rows held so far are dropped.
-    pub fn begin(&self, windows: Range<usize>, from: usize) {
+    pub(crate) fn begin(&self, windows: Range<usize>, from: usize) {
         let mut p = self.part.write().unwrap_or_else(|e| e.into_inner());
         p.windows = windows;
         p.from = from;
@@ -40,7 +40,7 @@ impl LiveRows {
     }
 
     /// The next row of the windows begun.
-    pub fn push(&self, row: RefPosition) {
+    pub(crate) fn push(&self, row: RefPosition) {
         self.part
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -49,7 +49,7 @@ impl LiveRows {
     }
 
     /// `f` of the row of scored position `index` (in window `window`).
-    pub fn with<T>(
+    pub(crate) fn with<T>(
         &self,
         index: usize,
         window: usize,
@@ -82,7 +82,7 @@ pub struct LiveSlots {
 impl LiveSlots {
     /// The slot of product `key` (the same one for every caller while any
     /// holds it).
-    pub fn slot(&self, key: &str) -> Arc<LiveRows> {
+    pub(crate) fn slot(&self, key: &str) -> Arc<LiveRows> {
         let mut m = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         m.retain(|_, w| w.strong_count() > 0);
         if let Some(s) = m.get(key).and_then(Weak::upgrade) {

@@ -34,17 +34,17 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 mod shipped;
-pub use shipped::*;
+pub(crate) use shipped::*;
 mod checks;
 mod scores;
-pub use checks::*;
+pub(crate) use checks::*;
 pub use scores::{ScoresKey, StoredScores};
-pub mod live;
-pub use live::{LiveRows, LiveSlots};
+pub(crate) mod live;
+pub(crate) use live::{LiveRows, LiveSlots};
 
 /// Reference rows for KL, and where they came from.
 #[derive(Debug)]
-pub struct RefRows {
+pub(crate) struct RefRows {
     /// One per scored position.
     pub rows: Vec<RefPosition>,
     /// Reference vocabulary size.
@@ -55,7 +55,7 @@ pub struct RefRows {
 
 impl RefRows {
     /// The rows are an imported 16-bit llama-perplexity reference.
-    pub fn imported(&self) -> bool {
+    pub(crate) fn imported(&self) -> bool {
         self.rows.iter().any(|r| r.approximate)
     }
 }
@@ -167,7 +167,7 @@ impl ReferenceStore {
     }
 
     /// The shipped folder, when one is in use.
-    pub fn shipped(&self) -> Option<&Shipped> {
+    pub(crate) fn shipped(&self) -> Option<&Shipped> {
         self.shipped.as_ref().ok().and_then(|s| s.as_ref())
     }
 
@@ -207,7 +207,7 @@ impl ReferenceStore {
     /// folder forbids it: a shard runs without its reference models (a kind
     /// that reads its reference model directly, as multiple choice does,
     /// then needs `compute`).
-    pub fn may_load_reference(&self, alias: &str) -> Result<()> {
+    pub(crate) fn may_load_reference(&self, alias: &str) -> Result<()> {
         match self.forbidding()? {
             Some(dir) => Err(Error::input(format!(
                 "reference `{alias}`: {REFERENCE_DIR_ENV}={} ships the references and \
@@ -239,7 +239,7 @@ impl ReferenceStore {
     /// concurrent processes compute it once, and kept when `keep` accepts
     /// it (a value that would not read back exactly, such as a non-finite
     /// number, is returned but not kept). Never read from a shipped folder.
-    pub fn kept<T>(
+    pub(crate) fn kept<T>(
         &self,
         id: &str,
         ext: &str,
@@ -289,7 +289,7 @@ impl ReferenceStore {
 
     /// A kept product (as [`ReferenceStore::kept`] keeps it) when this
     /// process's memo or an intact file holds it; never computes.
-    pub fn kept_only<T>(&self, id: &str, ext: &str) -> Option<Arc<T>>
+    pub(crate) fn kept_only<T>(&self, id: &str, ext: &str) -> Option<Arc<T>>
     where
         T: serde::de::DeserializeOwned + Send + Sync + 'static,
     {
@@ -308,7 +308,7 @@ impl ReferenceStore {
     /// Whether a product (`id`, kept in `path`) is in this process's memo
     /// or on disk. Only a hint for planning work: a file on disk is
     /// verified when it is read, and rebuilt when it is not intact.
-    pub fn holds(&self, id: &str, path: &Path) -> bool {
+    pub(crate) fn holds(&self, id: &str, path: &Path) -> bool {
         memo_holds(&self.scores, id)
             || memo_holds(&self.rows, id)
             || path.is_file()
@@ -319,7 +319,7 @@ impl ReferenceStore {
     /// `<dir>/locks/<sha>.lock`, released when dropped or when the process
     /// dies, so never stale): held while a product is built, so that
     /// concurrent processes and threads build it once.
-    pub fn lock(&self, id: &str) -> Result<std::fs::File> {
+    pub(crate) fn lock(&self, id: &str) -> Result<std::fs::File> {
         crate::core::fsutil::lock_file(&self.dir.join("locks").join(format!(
             "{}.lock",
             crate::core::fsutil::sha256_bytes(id.as_bytes())
@@ -333,7 +333,7 @@ impl ReferenceStore {
     /// with the reason when the reference model is not available. The rows
     /// are checked against the candidate's tokenizer (`ref_at` is where the
     /// case names the reference) and the positions the header expects.
-    pub fn rows(
+    pub(crate) fn rows(
         &self,
         header: &CacheHeader,
         case_path: &Path,
@@ -364,7 +364,7 @@ impl ReferenceStore {
     /// [`ReferenceStore::rows`] keeps whole references but not remembered
     /// in this process: a run holds one part at a time, so memory stays
     /// flat in the windows it visits. A damaged file is said and rebuilt.
-    pub fn part_rows(
+    pub(crate) fn part_rows(
         &self,
         header: &CacheHeader,
         ref_alias: &str,
@@ -412,7 +412,7 @@ impl ReferenceStore {
     /// candidate's), and the file; None when this process holds them in
     /// memory already, or no intact file does: then [`ReferenceStore::rows`]
     /// reads or builds them (and says why a file was unusable).
-    pub fn row_stream(
+    pub(crate) fn row_stream(
         &self,
         header: &CacheHeader,
         case_path: &Path,
@@ -456,7 +456,7 @@ impl ReferenceStore {
     }
 
     /// Where the rows of `header` are kept, and the id that names them.
-    pub fn rows_product(&self, header: &CacheHeader) -> (String, PathBuf) {
+    pub(crate) fn rows_product(&self, header: &CacheHeader) -> (String, PathBuf) {
         let key = header.key();
         let path = self.dir.join(format!("{key}.qgref"));
         (key, path)
@@ -592,7 +592,7 @@ fn read_kept<T: serde::de::DeserializeOwned>(id: &str, path: &Path, seal: Seal) 
 
 /// What is said of a shipped product read without a signing key: it is
 /// intact (its sha256 seal holds) but nothing shows who wrote it.
-pub fn unauthenticated_warning(path: &Path) -> String {
+pub(crate) fn unauthenticated_warning(path: &Path) -> String {
     format!(
         "quantgate: warning: shipped reference {} is unauthenticated: no signing key is set \
          ({}), so only its sha256 seal is checked, and anyone who could write the folder could \

@@ -59,7 +59,7 @@ impl ReferenceStore {
     }
 
     /// Where the scores of `key` are kept, and the id that names them.
-    pub fn scores_product(&self, key: &ScoresKey) -> (String, PathBuf) {
+    pub(crate) fn scores_product(&self, key: &ScoresKey) -> (String, PathBuf) {
         self.scores_file(key)
     }
 
@@ -136,7 +136,7 @@ impl ReferenceStore {
     /// the same model file and build that reads back against the plan);
     /// never computes. A model's scores are the same product whether it
     /// plays the reference or the candidate.
-    pub fn cached_scores(&self, key: &ScoresKey) -> Option<Arc<Scored>> {
+    pub(crate) fn cached_scores(&self, key: &ScoresKey) -> Option<Arc<Scored>> {
         let (id, path) = self.scores_file(key);
         let stored = self.stored_scores(key, &id, &path).ok().flatten()?;
         Some(stored.scored.clone())
@@ -144,7 +144,7 @@ impl ReferenceStore {
 
     /// Put scores a decode computed into the store (file and memo). Two
     /// writers of one product write the same bytes, renamed atomically.
-    pub fn put_scores(
+    pub(crate) fn put_scores(
         &self,
         key: &ScoresKey,
         header: &RecordHeader,

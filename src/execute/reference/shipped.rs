@@ -2,4 +2,4 @@
 //! product it lacks does (`QUANTGATE_REFERENCE_MISSING`): read by the
 //! config, named here where the reference store uses them.
 
-pub use crate::core::config::{Missing, Shipped, REFERENCE_DIR_ENV, REFERENCE_MISSING_ENV};
+pub(crate) use crate::core::config::{Missing, Shipped, REFERENCE_DIR_ENV, REFERENCE_MISSING_ENV};

@@ -33,12 +33,12 @@ pub struct Head {
 
 impl Head {
     /// u16 per row.
-    pub fn nv(&self) -> usize {
+    pub(crate) fn nv(&self) -> usize {
         2 * self.n_vocab.div_ceil(2) + 4
     }
 
     /// Scored positions per chunk.
-    pub fn per_chunk(&self) -> usize {
+    pub(crate) fn per_chunk(&self) -> usize {
         self.n_ctx - 1 - self.n_ctx / 2
     }
 
@@ -68,7 +68,7 @@ pub struct OwnedRow {
 
 impl OwnedRow {
     /// As the drift measure reads it.
-    pub fn view(&self) -> crate::measure::drift::Row<'_> {
+    pub(crate) fn view(&self) -> crate::measure::drift::Row<'_> {
         crate::measure::drift::Row {
             scale: self.scale,
             min: self.min,
@@ -101,7 +101,7 @@ impl Reader {
 impl<R: Read> Reader<R> {
     /// The base file `file` of `size` bytes: its head read and checked,
     /// and its length against it.
-    pub fn new(mut file: R, size: u64) -> Result<Reader<R>, String> {
+    pub(crate) fn new(mut file: R, size: u64) -> Result<Reader<R>, String> {
         let mut magic = [0u8; 8];
         file.read_exact(&mut magic)
             .map_err(|_| "offset 0: shorter than a head".to_string())?;
@@ -163,7 +163,7 @@ impl<R: Read> Reader<R> {
     }
 
     /// Where the next row starts (for offsets in errors).
-    pub fn offset(&self) -> u64 {
+    pub(crate) fn offset(&self) -> u64 {
         self.at
     }
 
@@ -211,7 +211,7 @@ fn nearest_int(x: f32) -> i32 {
 /// and the minimum (at most 16 below the maximum) in f32, Σ exp in f64 of
 /// f32 `exp`, the scale and the minimum log-prob in f32, each entry above
 /// the minimum rounded by `nearest_int`.
-pub fn encode(logits: &[f32], out: &mut OwnedRow) {
+pub(crate) fn encode(logits: &[f32], out: &mut OwnedRow) {
     let mut max = logits[0];
     let mut min = logits[0];
     for &l in &logits[1..] {

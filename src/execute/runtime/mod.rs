@@ -186,7 +186,7 @@ impl Registry {
 
     /// Runtime `name`: `linked`, or one declared here; an input error naming
     /// the file and the names there are otherwise.
-    pub fn get(&self, name: &str) -> Result<Option<&Declared>> {
+    pub(crate) fn get(&self, name: &str) -> Result<Option<&Declared>> {
         if name == LINKED {
             return Ok(None);
         }
@@ -247,7 +247,7 @@ pub struct External {
 
 impl External {
     /// `name sha256 (version)`: what a result records and its cache key holds.
-    pub fn identity(&self) -> String {
+    pub(crate) fn identity(&self) -> String {
         format!("{} sha256 {} ({})", self.name, self.sha256, self.version)
     }
 }
@@ -266,7 +266,7 @@ impl Declared {
     /// The binary, built first when a recipe makes it; its sha256 checked
     /// against the pin; its `--help` and `--version` read. Every refusal is
     /// an input error naming the runtime and the binary.
-    pub fn resolve(&self) -> Result<External> {
+    pub(crate) fn resolve(&self) -> Result<External> {
         let (path, pinned) = match &self.source {
             Source::Path { path, sha256 } => (path.clone(), Some(sha256.clone())),
             Source::Build { command, env, dir } => (self.build(command, env, dir)?, None),
@@ -385,7 +385,7 @@ pub struct Job<'a> {
 impl External {
     /// Run the binary on `job`, writing its base file to `out`; a failure
     /// is an engine error with the last lines it printed.
-    pub fn base_file(&self, job: &Job, out: &Path) -> Result<()> {
+    pub(crate) fn base_file(&self, job: &Job, out: &Path) -> Result<()> {
         let mut cmd = Command::new(&self.path);
         cmd.arg("-m")
             .arg(job.model)
@@ -475,7 +475,7 @@ pub fn linked_base_file(
 /// checked (length, dimensions, the plan's windows and tokens: a chunk's
 /// first token is the BOS a pass puts there, not compared), then every row
 /// pair measured ([`crate::measure::drift::Drift`]). Errors name the file.
-pub fn compare(
+pub(crate) fn compare(
     a: &Path,
     b: &Path,
     plan: &crate::execute::windows::ScoringPlan,

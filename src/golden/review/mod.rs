@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 /// A test: (case, model).
-pub type Test = (String, String);
+pub(crate) type Test = (String, String);
 
 /// One side of a diff: its goldens, by test.
 #[derive(Debug, Clone, Default)]
@@ -115,7 +115,7 @@ pub enum Class {
 
 impl Class {
     /// Every class, worst first.
-    pub const ALL: [Class; 6] = [
+    pub(crate) const ALL: [Class; 6] = [
         Class::Flipped,
         Class::Moved,
         Class::Removed,
@@ -125,7 +125,7 @@ impl Class {
     ];
 
     /// As a reviewer reads it: `flipped`, `within noise`, ….
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Class::Flipped => "flipped",
             Class::Moved => "moved",
@@ -157,7 +157,7 @@ pub enum Item {
 
 impl Item {
     /// As a table shows it.
-    pub fn show(&self) -> String {
+    pub(crate) fn show(&self) -> String {
         match self {
             Item::Test => "the test".into(),
             Item::Status => "status".into(),
@@ -206,7 +206,7 @@ pub enum Noise {
 
 impl Noise {
     /// In a few words, for a table.
-    pub fn show(&self) -> String {
+    pub(crate) fn show(&self) -> String {
         match self {
             Noise::Exact => "counts compare exactly".into(),
             Noise::Tolerance {
@@ -269,7 +269,7 @@ pub enum Value {
 
 impl Value {
     /// As a table shows it.
-    pub fn show(&self) -> String {
+    pub(crate) fn show(&self) -> String {
         match self {
             Value::Number(x) => sig(*x),
             Value::Text(t) if t.chars().count() > 40 => {
@@ -313,7 +313,7 @@ pub struct Change {
 
 impl Change {
     /// `case::model`.
-    pub fn test(&self) -> String {
+    pub(crate) fn test(&self) -> String {
         format!("{}::{}", self.case, self.model)
     }
 }
@@ -366,7 +366,7 @@ pub enum FailOn {
 
 impl Review {
     /// How many changes are of `class`.
-    pub fn count(&self, class: Class) -> usize {
+    pub(crate) fn count(&self, class: Class) -> usize {
         self.changes.iter().filter(|c| c.class == class).count()
     }
 
@@ -377,7 +377,7 @@ impl Review {
 
     /// One line: `3 models × 12 cases: 0 flipped, 2 moved, 41 within
     /// noise, 0 added, 0 removed (1,203 unchanged)`.
-    pub fn summary(&self) -> String {
+    pub(crate) fn summary(&self) -> String {
         let n = |c| self.count(c);
         format!(
             "{} model{} × {} case{}: {} flipped, {} moved, {} within noise, {} added, {} removed ({} unchanged)",

@@ -32,7 +32,7 @@ pub struct Context<'a> {
 
 /// The most rows a Markdown table lists (a comment stays readable and
 /// under GitHub's size limit); `--format json` has them all.
-pub const MARKDOWN_ROWS: usize = 100;
+pub(crate) const MARKDOWN_ROWS: usize = 100;
 
 /// The most within-noise lines plain text lists.
 const TEXT_NOISE_ROWS: usize = 50;

@@ -89,7 +89,7 @@ impl Condition {
 
     /// The metric this condition reads: `metric` itself for `value`, else
     /// the interval bound (`delta_nll_mean` + `ci95_hi` → `delta_nll_ci95_hi`).
-    pub fn metric_name(&self, metric: &str) -> String {
+    pub(crate) fn metric_name(&self, metric: &str) -> String {
         if self.bound == "value" {
             metric.to_string()
         } else if SEQ_BOUNDS.contains(&self.bound.as_str()) {
@@ -104,7 +104,7 @@ impl Condition {
     }
 
     /// Whether `x` satisfies it; NaN satisfies nothing.
-    pub fn holds(&self, x: f64) -> bool {
+    pub(crate) fn holds(&self, x: f64) -> bool {
         match self.op.as_str() {
             "<" => x < self.threshold,
             "<=" => x <= self.threshold,
@@ -325,7 +325,7 @@ pub fn parse(path: &Path) -> Result<Prereg> {
 
 impl Prereg {
     /// The rule in words.
-    pub fn rule_text(&self) -> String {
+    pub(crate) fn rule_text(&self) -> String {
         let design = self
             .decide
             .as_ref()
@@ -344,7 +344,7 @@ impl Prereg {
     }
 
     /// Every metric the rule and the prediction read.
-    pub fn needed_metrics(&self) -> Vec<String> {
+    pub(crate) fn needed_metrics(&self) -> Vec<String> {
         let mut v = vec![
             self.metric.0.clone(),
             self.win.metric_name(&self.metric.0),
@@ -635,7 +635,7 @@ pub fn verify_all(
 }
 
 /// Check the size rule on the two files.
-pub fn check_size(p: &Prereg, candidate_bytes: u64, baseline_bytes: u64) -> Result<()> {
+pub(crate) fn check_size(p: &Prereg, candidate_bytes: u64, baseline_bytes: u64) -> Result<()> {
     if p.size_rule == SizeRule::CandidateNotLarger && candidate_bytes > baseline_bytes {
         return Err(Error::input(format!(
             "{}: size_rule = \"candidate-not-larger\": candidate `{}` has {candidate_bytes} bytes, \

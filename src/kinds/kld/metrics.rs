@@ -165,7 +165,7 @@ fn block<'a>(
 
 /// What a reader calls a kld case's own metrics and their units (its
 /// scored-text metrics are [`crate::kinds::perplexity::WINDOW_ABOUT`]'s).
-pub const KLD_ABOUT: crate::core::case::About = &[
+pub(crate) const KLD_ABOUT: crate::core::case::About = &[
     ("positions", "positions compared", "positions"),
     ("kld_mean", "KLD mean", "nats"),
     ("kld_mean_se", "KLD mean standard error", "nats"),
@@ -197,7 +197,7 @@ pub const KLD_ABOUT: crate::core::case::About = &[
 const FLIP_BINS_ABOUT: usize = 16;
 
 /// [`KLD_ABOUT`], the flip bins' and the scored-text metrics'.
-pub fn kld_about() -> crate::core::case::About {
+pub(crate) fn kld_about() -> crate::core::case::About {
     static ALL: std::sync::OnceLock<Vec<(&str, &str, &str)>> = std::sync::OnceLock::new();
     ALL.get_or_init(|| {
         let mut all: Vec<(&str, &str, &str)> = crate::kinds::perplexity::WINDOW_ABOUT

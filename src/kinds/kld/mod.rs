@@ -31,7 +31,9 @@ mod present;
 mod sequential;
 use crate::measure::perplexity_metrics;
 pub use metrics::{kld_metrics, metric_names};
-pub use present::{present, top_flips, TopFlips, TOP_EDGE};
+pub(crate) use present::present;
+#[cfg(test)]
+pub(crate) use present::top_flips;
 use serde::Deserialize;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -61,7 +63,7 @@ case_table! {
 
 /// A kld case.
 #[derive(Debug, Clone)]
-pub struct Kld {
+pub(crate) struct Kld {
     /// What is scored, and how.
     pub text: ScoredText,
     /// The reference model (None with an imported `.kld`).

@@ -7,7 +7,7 @@ use crate::kinds::perplexity::{window_columns, window_plots, windows_used_column
 /// Flips where the reference is most confident: the bins whose lower edge
 /// is at least [`TOP_EDGE`] (else the last bin), pooled.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct TopFlips {
+pub(crate) struct TopFlips {
     /// Lower p1 edge of the pooled bins.
     pub edge: f64,
     /// Flips.
@@ -19,11 +19,11 @@ pub struct TopFlips {
 }
 
 /// The reference top-1 probability from which bins count as "top".
-pub const TOP_EDGE: f64 = 0.99;
+pub(crate) const TOP_EDGE: f64 = 0.99;
 
 /// Pooled flips of the bins whose lower edge (recovered from
 /// `flip_bin{b}_min_swing` = ln(p/(1−p))) is ≥ [`TOP_EDGE`], else of the last bin.
-pub fn top_flips(m: &Metrics) -> Option<TopFlips> {
+pub(crate) fn top_flips(m: &Metrics) -> Option<TopFlips> {
     let mut bins = Vec::new();
     for b in 0.. {
         let (Some(n), Some(k)) = (
@@ -78,7 +78,7 @@ const KLD_LEGEND: &str = "KLD: KL(reference ‖ model) per scored position, nats
 /// How kld cases show in the ladder report: the scored-text columns, then
 /// KLD mean/p99/max, Δp RMS, same top with its Wilson interval and the
 /// flips where the reference is most confident.
-pub fn present() -> Option<Presentation> {
+pub(crate) fn present() -> Option<Presentation> {
     let number = |title, metric, digits, scale| {
         ReportColumn::new(
             title,

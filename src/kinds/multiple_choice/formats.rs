@@ -123,7 +123,7 @@ pub fn read_binary(bytes: &[u8], tasks: usize, shown: &str) -> Result<Vec<(usize
 /// The tasks llama-perplexity draws for `--multiple-choice-tasks k` out of
 /// `n`: mt19937 seeded 1, `j = (int)(scale · rng() · left)` in float, swap
 /// with the last.
-pub fn tool_selection(n: usize, k: usize) -> Vec<usize> {
+pub(crate) fn tool_selection(n: usize, k: usize) -> Vec<usize> {
     let mut rng = Mt19937::new(1);
     let mut aux: Vec<usize> = (0..n).collect();
     let scale = 1.0f32 / (1.0f32 + u32::MAX as f32);
@@ -293,7 +293,7 @@ pub struct Winogrande {
 
 impl Winogrande {
     /// As a [`Task`]: the sentence with a blank, the choices, the labels.
-    pub fn task(&self) -> Task {
+    pub(crate) fn task(&self) -> Task {
         Task {
             question: format!("{}_{}", self.first, self.second),
             choices: self.choices.to_vec(),
@@ -307,7 +307,7 @@ impl Winogrande {
 /// `answer` (the index of the correct choice, from 0); `tasks` of them
 /// (0: all) drawn as `--multiple-choice-tasks` draws them. Every problem is
 /// an error naming the line.
-pub fn read_jsonl(bytes: &[u8], tasks: usize, shown: &str) -> Result<Vec<(usize, Task)>> {
+pub(crate) fn read_jsonl(bytes: &[u8], tasks: usize, shown: &str) -> Result<Vec<(usize, Task)>> {
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Line {

@@ -55,7 +55,7 @@ pub struct Task {
 }
 
 /// The sequences of one decode that llama-perplexity allows: `-np 4`.
-pub const N_SEQ: usize = 4;
+pub(crate) const N_SEQ: usize = 4;
 
 /// A task file's format, as llama-perplexity reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,7 +74,7 @@ pub enum Format {
 
 /// A `kind = "multiple_choice"` case.
 #[derive(Debug, Clone)]
-pub struct MultipleChoice {
+pub(crate) struct MultipleChoice {
     /// The task file's format.
     pub format: Format,
     /// The pinned task file.
@@ -245,7 +245,7 @@ fn sequence_column(title: &'static str, metric: &'static str) -> ReportColumn {
 /// How multiple-choice cases show in the ladder report (a model card's
 /// task accuracy): accuracy with its Wilson interval, the answers that
 /// flipped against the reference both ways, and McNemar's exact p of them.
-pub fn present() -> Option<Presentation> {
+pub(crate) fn present() -> Option<Presentation> {
     Some(Presentation {
         kind: "multiple_choice",
         join: Join::Reference,
@@ -317,7 +317,7 @@ pub fn present() -> Option<Presentation> {
 }
 
 /// What a reader calls a multiple-choice case's metrics, and their units.
-pub const MC_ABOUT: crate::core::case::About = &[
+pub(crate) const MC_ABOUT: crate::core::case::About = &[
     ("tasks", "tasks", "tasks"),
     ("correct", "tasks answered right", "tasks"),
     ("accuracy", "MC accuracy", ""),

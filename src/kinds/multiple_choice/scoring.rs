@@ -26,7 +26,7 @@ pub fn score_winogrande(
 /// [`score_winogrande`] of the tool's batches `only` (all when None): the
 /// scores of their tasks (empty for the others) and every batch's task
 /// range.
-pub fn score_winogrande_part(
+pub(crate) fn score_winogrande_part(
     model: &dyn LoadedModel,
     settings: &Settings,
     tasks: &[(usize, Winogrande)],
@@ -276,7 +276,7 @@ pub fn kept_scores(
 
 impl ScoresId<'_> {
     /// The id of these scores in the reference store.
-    pub fn key(&self) -> String {
+    pub(crate) fn key(&self) -> String {
         format!(
             "multiple_choice scores|model {}|{}|tasks {} {:?} {}|{}|code {}",
             self.model_sha256,
@@ -327,7 +327,7 @@ pub fn score(
 /// their tasks (empty for the others) and every batch's task range. A
 /// batch decodes alone (the cache cleared before it), so its scores are
 /// those of the whole run.
-pub fn score_part(
+pub(crate) fn score_part(
     model: &dyn LoadedModel,
     settings: &Settings,
     tasks: &[(usize, Task)],
@@ -470,7 +470,7 @@ pub fn choice(scores: &[f64]) -> usize {
 }
 
 /// The choices' probabilities: the scores' softmax.
-pub fn choice_probs(scores: &[f64]) -> Vec<f64> {
+pub(crate) fn choice_probs(scores: &[f64]) -> Vec<f64> {
     let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let e: Vec<f64> = scores.iter().map(|&s| (s - m).exp()).collect();
     let z: f64 = e.iter().sum();
@@ -478,7 +478,7 @@ pub fn choice_probs(scores: &[f64]) -> Vec<f64> {
 }
 
 /// The best choice's probability minus the second best's.
-pub fn margin(scores: &[f64]) -> f64 {
+pub(crate) fn margin(scores: &[f64]) -> f64 {
     let mut p = choice_probs(scores);
     p.sort_by(|a, b| b.total_cmp(a));
     p[0] - p.get(1).copied().unwrap_or(0.0)

@@ -5,7 +5,7 @@ use super::*;
 
 /// libstdc++'s `uniform_int_distribution<size_t>(0, range − 1)` on a 32-bit
 /// engine: Lemire's multiply-and-reject (`_S_nd`, GCC ≥ 11).
-pub fn uniform_below(rng: &mut Mt19937, range: u32) -> u32 {
+pub(crate) fn uniform_below(rng: &mut Mt19937, range: u32) -> u32 {
     let mut product = u64::from(rng.next()) * u64::from(range);
     let mut low = product as u32;
     if low < range {
@@ -86,14 +86,14 @@ pub fn computed_winogrande(n: usize, seed: u64) -> String {
 }
 
 /// The 32-bit Mersenne Twister (`std::mt19937`).
-pub struct Mt19937 {
+pub(crate) struct Mt19937 {
     mt: [u32; 624],
     i: usize,
 }
 
 impl Mt19937 {
     /// Seeded as `std::mt19937(seed)`.
-    pub fn new(seed: u32) -> Self {
+    pub(crate) fn new(seed: u32) -> Self {
         let mut mt = [0u32; 624];
         mt[0] = seed;
         for i in 1..624 {
@@ -106,7 +106,7 @@ impl Mt19937 {
 
     /// The next output.
     #[allow(clippy::should_implement_trait)]
-    pub fn next(&mut self) -> u32 {
+    pub(crate) fn next(&mut self) -> u32 {
         if self.i >= 624 {
             for k in 0..624 {
                 let y = (self.mt[k] & 0x8000_0000) | (self.mt[(k + 1) % 624] & 0x7fff_ffff);

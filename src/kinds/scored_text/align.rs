@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 /// case's windows used sorted, as [`super::in_window_order`] keeps its
 /// scores; `window_order` says the order they were visited in): NLL sum,
 /// NLL² sum and scored tokens of each window.
-pub fn window_series(windows: &[WindowNll], suffix: &str) -> BTreeMap<String, Vec<f64>> {
+pub(crate) fn window_series(windows: &[WindowNll], suffix: &str) -> BTreeMap<String, Vec<f64>> {
     let of = |f: &dyn Fn(&WindowNll) -> f64| windows.iter().map(f).collect::<Vec<f64>>();
     BTreeMap::from([
         (format!("window_nll_sum{suffix}"), of(&|w| w.nll_sum)),
@@ -71,7 +71,7 @@ fn windows_of(o: &Outcome, suffix: &str) -> Option<BTreeMap<usize, WindowNll>> {
 /// shows no PPL rather than one over other windows. None when every row
 /// decoded the same windows (nothing changed); else the sentence the
 /// view says it with.
-pub fn same_windows(outcomes: &mut [Outcome]) -> Option<String> {
+pub(crate) fn same_windows(outcomes: &mut [Outcome]) -> Option<String> {
     let sets: Vec<Option<BTreeMap<usize, WindowNll>>> =
         outcomes.iter().map(|o| windows_of(o, "")).collect();
     let ids: Vec<BTreeSet<usize>> = sets

@@ -27,11 +27,11 @@ use std::time::Instant;
 use toml::Spanned;
 
 mod align;
-pub use align::{same_windows, window_series};
+pub(crate) use align::{same_windows, window_series};
 mod parse;
-pub use parse::*;
+pub(crate) use parse::*;
 mod reference;
-pub use reference::*;
+pub(crate) use reference::*;
 mod sequential;
 pub use sequential::{
     equal_windows, in_window_order, run_sequence, window_of, LazyReference, RefWindows,
@@ -87,14 +87,14 @@ pub struct ScoredText {
 }
 
 /// The largest context a case may ask for (n_ctx, a reset window's length).
-pub const MAX_CONTEXT: u32 = 1 << 20;
+pub(crate) const MAX_CONTEXT: u32 = 1 << 20;
 
 /// The most bootstrap resamples a case may ask for.
-pub const MAX_RESAMPLES: usize = 1_000_000;
+pub(crate) const MAX_RESAMPLES: usize = 1_000_000;
 
 impl ScoredText {
     /// The windows the case declares, for a preregistered rule.
-    pub fn declared_windows(&self) -> (Option<usize>, Location) {
+    pub(crate) fn declared_windows(&self) -> (Option<usize>, Location) {
         let n = match &self.windowing {
             Windowing::LlamaPerplexity { chunks, .. } | Windowing::Strided { chunks, .. } => {
                 *chunks
@@ -107,7 +107,7 @@ impl ScoredText {
     /// The observation as the case declares it: the pinned file, how it
     /// becomes tokens, the windows and the batch. Equal on two cases and one
     /// model: the same decode.
-    pub fn declared(&self) -> String {
+    pub(crate) fn declared(&self) -> String {
         format!(
             "windows of {} ({:?}) {:?} n_batch={}",
             self.pin.sha256, self.source, self.windowing, self.n_batch
@@ -115,7 +115,7 @@ impl ScoredText {
     }
 
     /// The observation of `plan` on `model`.
-    pub fn observation(
+    pub(crate) fn observation(
         &self,
         cx: &RunContext,
         model: Arc<dyn LoadedModel>,
@@ -126,7 +126,7 @@ impl ScoredText {
 
     /// About how many token rows the windows are (unbounded chunks count
     /// as 64).
-    pub fn weight(&self) -> usize {
+    pub(crate) fn weight(&self) -> usize {
         match &self.windowing {
             Windowing::LlamaPerplexity { n_ctx, chunks, .. } => {
                 chunks.unwrap_or(64) * *n_ctx as usize
@@ -157,7 +157,7 @@ impl ScoredText {
     /// What every run of a window-scoring case starts with: the pinned text
     /// (checked), the model (loaded, its context checked) and the candidate's
     /// plan, recorded with their hashes, settings and times in `out`.
-    pub fn prepare(
+    pub(crate) fn prepare(
         &self,
         cx: &RunContext,
         alias: &str,
@@ -233,7 +233,7 @@ impl ScoredText {
     /// per-window ΔNLL series it carries (mean, Student-t and bootstrap
     /// intervals, windows better, the window count). Err(why) when one
     /// differs, or when the metrics are there and the series is not.
-    pub fn recheck(&self, out: &Outcome) -> std::result::Result<(), String> {
+    pub(crate) fn recheck(&self, out: &Outcome) -> std::result::Result<(), String> {
         if !out.metrics.contains_key("delta_nll_mean") {
             return Ok(());
         }
@@ -307,7 +307,7 @@ impl ScoredText {
     }
 
     /// The paired metrics of a candidate against its reference's scores.
-    pub fn add_paired(&self, out: &mut Outcome, scored: &Scored, rscored: &Scored) {
+    pub(crate) fn add_paired(&self, out: &mut Outcome, scored: &Scored, rscored: &Scored) {
         let b = self.bootstrap;
         let per_window = |w: &crate::measure::WindowNll| w.nll_sum / w.count as f64;
         out.series.extend(window_series(&scored.windows, ""));

@@ -23,7 +23,7 @@ pub struct PinnedFile {
 
 impl PinnedFile {
     /// The pin, checked for form (64 hex digits) into `diag`.
-    pub fn pin(&self, table: &'static str, case: &Case, diag: &mut Diagnostics) -> Pin {
+    pub(crate) fn pin(&self, table: &'static str, case: &Case, diag: &mut Diagnostics) -> Pin {
         if let Some(msg) = bad_sha(&format!("{table}.sha256"), self.sha256.get_ref()) {
             diag.push_at(self.sha256.span().start, msg);
         }
@@ -36,7 +36,7 @@ impl PinnedFile {
     }
 
     /// Where its sha256 is written.
-    pub fn at(&self) -> usize {
+    pub(crate) fn at(&self) -> usize {
         self.sha256.span().start
     }
 }

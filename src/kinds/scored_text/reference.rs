@@ -14,7 +14,7 @@ pub struct ScoresBuild {
 
 impl ScoresBuild {
     /// A builder of `alias`'s scores of `plan`.
-    pub fn new(
+    pub(crate) fn new(
         text: &ScoredText,
         alias: &str,
         sha256: &str,
@@ -50,7 +50,7 @@ impl ScoresBuild {
     }
 
     /// The record header and the scores.
-    pub fn scored(self) -> Result<(RecordHeader, Scored)> {
+    pub(crate) fn scored(self) -> Result<(RecordHeader, Scored)> {
         Ok((self.header, self.scorer.finish()?))
     }
 }
@@ -63,13 +63,13 @@ impl Consumer for ScoresBuild {
 
 impl ScoresBuild {
     /// The scores, put in the store (file and memo) for later readers.
-    pub fn store(self, cx: &RunContext) -> Result<Arc<Scored>> {
+    pub(crate) fn store(self, cx: &RunContext) -> Result<Arc<Scored>> {
         self.store_with(cx, false)
     }
 
     /// [`ScoresBuild::store`], or with `best_effort` the scores even when
     /// they cannot be kept (said on stderr: later runs decode again).
-    pub fn store_with(self, cx: &RunContext, best_effort: bool) -> Result<Arc<Scored>> {
+    pub(crate) fn store_with(self, cx: &RunContext, best_effort: bool) -> Result<Arc<Scored>> {
         let plan = self.scorer.plan().clone();
         let (header, scored) = (self.header.clone(), self.scorer.finish()?);
         Self::put(cx, self.key, &plan, &header, scored, best_effort)
@@ -77,7 +77,7 @@ impl ScoresBuild {
 
     /// Put this plan's `scored`, computed otherwise (window by window), in
     /// the store as [`ScoresBuild::store_with`] would (best effort).
-    pub fn store_scored(self, cx: &RunContext, scored: Scored) -> Result<Arc<Scored>> {
+    pub(crate) fn store_scored(self, cx: &RunContext, scored: Scored) -> Result<Arc<Scored>> {
         let plan = self.scorer.plan().clone();
         let mut header = self.header.clone();
         header.windows = scored.windows.len();
@@ -123,7 +123,7 @@ impl RefBuild for ScoresBuild {
 
 impl ScoredText {
     /// The key of a model's scores of `plan` (its own plan).
-    pub fn scores_key<'a>(
+    pub(crate) fn scores_key<'a>(
         &self,
         ref_alias: &'a str,
         sha: &'a str,
@@ -144,7 +144,7 @@ impl ScoredText {
     /// A reference model's scores of the candidate's plan, through the
     /// reference store: the reference is loaded, checked (tokenizer, context,
     /// identical token stream) and scored only when no cache holds them.
-    pub fn reference_scores(
+    pub(crate) fn reference_scores(
         &self,
         cx: &RunContext,
         (ref_alias, ref_at): &(String, Location),
@@ -188,7 +188,7 @@ impl ScoredText {
 
     /// The reference's scores of the case's windows as work for a shared
     /// decode of the reference model (None when the store holds them).
-    pub fn reference_scores_work(
+    pub(crate) fn reference_scores_work(
         &self,
         cx: &RunContext,
         ref_alias: &str,
@@ -222,7 +222,7 @@ impl ScoredText {
     }
 
     /// The reference's plan, which must score the candidate's tokens.
-    pub fn identical_plan(
+    pub(crate) fn identical_plan(
         &self,
         cx: &RunContext,
         ref_at: &Location,
@@ -247,7 +247,7 @@ impl ScoredText {
 
     /// Score the windows on `alias` and return them as a reference record
     /// (JSONL) that later runs can compare against without the model.
-    pub fn reference_record(&self, cx: &RunContext, alias: &str) -> Result<String> {
+    pub(crate) fn reference_record(&self, cx: &RunContext, alias: &str) -> Result<String> {
         let src = self.pin.read_text()?;
         let (verified, model) = cx.load(alias)?;
         let plan = self.plan_for(cx, &src, &*model)?;

@@ -441,7 +441,7 @@ impl ScoredText {
     /// scores of the windows used, in window order, with the metrics of
     /// the design (bounds at the stop, windows of N, what decided) in
     /// `out`.
-    pub fn decide_sequentially(
+    pub(crate) fn decide_sequentially(
         &self,
         cx: &RunContext,
         case: &Case,

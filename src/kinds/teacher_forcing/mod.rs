@@ -41,7 +41,7 @@ mod metrics;
 use metrics::*;
 
 /// Metrics of every teacher-forcing case.
-pub const METRICS: &[&str] = &[
+pub(crate) const METRICS: &[&str] = &[
     "units",
     "units_measured",
     "own_token_units",
@@ -58,7 +58,7 @@ pub const METRICS: &[&str] = &[
 /// How teacher-forcing cases show in the ladder report: per case, the
 /// first unit whose true token is not the model's top pick, out of the
 /// units (and, in the CSV, the flips, p(true) and the KL to the reference).
-pub fn present() -> Option<Presentation> {
+pub(crate) fn present() -> Option<Presentation> {
     let mut first = ReportColumn::new(
         "first flip",
         Cell::OutOf {
@@ -87,7 +87,7 @@ pub fn present() -> Option<Presentation> {
 }
 
 /// Metrics a teacher-forcing case adds with a reference model.
-pub const REF_METRICS: &[&str] = &[
+pub(crate) const REF_METRICS: &[&str] = &[
     "kl_mean",
     "kl_max",
     "kl_median",
@@ -99,7 +99,7 @@ pub const REF_METRICS: &[&str] = &[
 
 /// One sampler to forecast, and to check with seeded samples.
 #[derive(Debug, Clone, PartialEq)]
-pub struct SamplerSpec {
+pub(crate) struct SamplerSpec {
     /// Name (metric prefix).
     pub name: String,
     /// The chain.
@@ -112,7 +112,7 @@ pub struct SamplerSpec {
 
 /// A `kind = "teacher_forcing"` case.
 #[derive(Debug, Clone)]
-pub struct TeacherForcing {
+pub(crate) struct TeacherForcing {
     /// Raw or chat.
     pub template: Template,
     /// The continuation fed in after the prompt.
@@ -169,7 +169,7 @@ struct SamplerFile {
 
 /// The most sampled recitations a sampler may ask for (each is a whole
 /// generation).
-pub const MAX_SAMPLES: usize = 10_000;
+pub(crate) const MAX_SAMPLES: usize = 10_000;
 
 case_table! {
     struct TeacherForcingFile {
@@ -272,7 +272,7 @@ pub fn parse(case: &Case, src: &str, diag: &mut Diagnostics) -> Result<Arc<dyn K
 }
 
 /// What a reader calls a teacher-forcing case's metrics, and their units.
-pub const TF_ABOUT: crate::core::case::About = &[
+pub(crate) const TF_ABOUT: crate::core::case::About = &[
     ("units", "units", "units"),
     ("units_measured", "units measured", "units"),
     (

@@ -53,17 +53,23 @@ pub struct Tail {
 }
 
 /// Tail levels per row.
-pub const LEVELS: usize = 96;
+pub(crate) const LEVELS: usize = 96;
 
 /// Companding exponent of the levels: `(p/p_hi)^γ`.
-pub const GAMMA: f64 = 0.5;
+pub(crate) const GAMMA: f64 = 0.5;
 
 /// The code of a kept entry in [`Tail::codes`].
-pub const KEPT: u8 = 255;
+pub(crate) const KEPT: u8 = 255;
 
 impl Tail {
     /// A tail from its stored fields (counts derived).
-    pub fn new(hi: f32, mean_logit: f64, rounding: f64, masses: Vec<f32>, codes: Vec<u8>) -> Self {
+    pub(crate) fn new(
+        hi: f32,
+        mean_logit: f64,
+        rounding: f64,
+        masses: Vec<f32>,
+        codes: Vec<u8>,
+    ) -> Self {
         let mut counts = vec![0u32; 256];
         for &c in &codes {
             counts[c as usize] += 1;
@@ -81,7 +87,7 @@ impl Tail {
     /// Per level: the probability p̃ of each of its ids and its log, for a
     /// tail of exact mass `tail_mass` (the levels' shares rescaled to sum
     /// to one); 0 and −∞ for a level without ids (index 255 never read).
-    pub fn level_probs(&self, tail_mass: f64) -> ([f64; 256], [f64; 256]) {
+    pub(crate) fn level_probs(&self, tail_mass: f64) -> ([f64; 256], [f64; 256]) {
         let (mut p, mut lp) = ([0.0f64; 256], [f64::NEG_INFINITY; 256]);
         let share: f64 = self
             .masses
@@ -141,18 +147,18 @@ unsafe fn levels_avx2(row: &[f32], hi: f32, is_kept: &[bool]) -> Vec<u8> {
 impl RefPosition {
     /// Log-prob of a kept entry's logit.
     #[inline]
-    pub fn lp(&self, logit: f32) -> f64 {
+    pub(crate) fn lp(&self, logit: f32) -> f64 {
         (f64::from(logit) - f64::from(self.max)) - self.lse
     }
 
     /// The reference's argmax.
-    pub fn argmax(&self) -> u32 {
+    pub(crate) fn argmax(&self) -> u32 {
         self.entries[0].0
     }
 
     /// Top-1 probability, as 1 − Σ(other probabilities) so that it stays
     /// exact near 1.
-    pub fn p1(&self) -> f64 {
+    pub(crate) fn p1(&self) -> f64 {
         let others: f64 = self.entries[1..]
             .iter()
             .map(|&(_, l)| exp_nonpos(self.lp(l).min(0.0)))
@@ -183,7 +189,7 @@ pub fn compress_row(
 /// [`compress_row`] from the row's `exp(l − max)` terms
 /// ([`crate::measure::row_stats_exps`]), which a shared decode computes once
 /// for every consumer of the row: bitwise the same result.
-pub fn compress_row_exps(
+pub(crate) fn compress_row_exps(
     row: &[f32],
     st: &RowStats,
     exps: &[f64],
@@ -271,7 +277,7 @@ pub fn compress_row_exps(
 /// Order-preserving integer key of a finite logit (−0 is 0, as
 /// `partial_cmp` has it): `key(a) < key(b)` exactly when `a < b`.
 #[inline(always)]
-pub fn order_key(v: f32) -> u32 {
+pub(crate) fn order_key(v: f32) -> u32 {
     let b = if v == 0.0 { 0 } else { v.to_bits() };
     if b >> 31 == 1 {
         !b

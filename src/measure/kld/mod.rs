@@ -60,12 +60,12 @@ pub struct PosKld {
 
 impl PosKld {
     /// Δp = p_cand(true) − p_ref(true).
-    pub fn dp(&self) -> f64 {
+    pub(crate) fn dp(&self) -> f64 {
         self.p_cand - self.p_ref
     }
 
     /// Candidate argmax ≠ reference argmax.
-    pub fn flip(&self) -> bool {
+    pub(crate) fn flip(&self) -> bool {
         self.cand_top != self.ref_top
     }
 }

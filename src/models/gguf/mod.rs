@@ -69,7 +69,7 @@ impl Default for TypeTotal {
 
 impl TypeTotal {
     /// Add `other`'s tensors to these (bytes unknown once either's are).
-    pub fn add(&mut self, other: &TypeTotal) {
+    pub(crate) fn add(&mut self, other: &TypeTotal) {
         self.tensors += other.tensors;
         self.elements = self.elements.saturating_add(other.elements);
         self.bytes = self
@@ -109,12 +109,12 @@ impl std::fmt::Display for Meta {
 /// ggml type id → (elements per block, bytes per block), from ggml itself;
 /// None for an id ggml does not know (the data range of such a tensor is
 /// then checked for its first byte only).
-pub fn ggml_type_size(id: u32) -> Option<(u64, u64)> {
+pub(crate) fn ggml_type_size(id: u32) -> Option<(u64, u64)> {
     crate::engine::llama::ggml_type(id).map(|t| (t.block, t.bytes))
 }
 
 /// ggml type id → ggml's name for it (`typeNN` for an id it does not know).
-pub fn ggml_type_name(id: u32) -> String {
+pub(crate) fn ggml_type_name(id: u32) -> String {
     crate::engine::llama::ggml_type(id).map_or_else(|| format!("type{id}"), |t| t.name)
 }
 
@@ -237,7 +237,7 @@ pub fn preflight(path: &Path) -> Result<GgufHeader> {
 
 /// Check the structure of `path`'s header (magic, version, bounded counts,
 /// every tensor within the file), not what its values say.
-pub fn header_structure(path: &Path) -> Result<GgufHeader> {
+pub(crate) fn header_structure(path: &Path) -> Result<GgufHeader> {
     let file = File::open(path).map_err(|e| Error::input(format!("{}: {e}", path.display())))?;
     let len = file
         .metadata()
@@ -253,8 +253,9 @@ pub fn header_structure(path: &Path) -> Result<GgufHeader> {
         .map_err(|m| Error::input(format!("{}: not a usable GGUF file: {m}", path.display())))
 }
 
-/// Parse a header from any reader of known total length (used by tests and fuzzing).
-pub fn preflight_bytes(bytes: &[u8]) -> std::result::Result<GgufHeader, String> {
+/// Parse a header from bytes in memory (the unit tests' way in).
+#[cfg(test)]
+pub(crate) fn preflight_bytes(bytes: &[u8]) -> std::result::Result<GgufHeader, String> {
     let mut r = Reader {
         inner: bytes,
         pos: 0,
@@ -421,7 +422,11 @@ fn parse<R: Read>(r: &mut Reader<R>) -> std::result::Result<GgufHeader, String> 
 
 /// A part of a split file says which part it is: `split.no` (0-based) and
 /// `split.count`, when present, must match its place among `n` parts.
-pub fn check_split_part(h: &GgufHeader, index: usize, n: usize) -> std::result::Result<(), String> {
+pub(crate) fn check_split_part(
+    h: &GgufHeader,
+    index: usize,
+    n: usize,
+) -> std::result::Result<(), String> {
     let mut problems = Vec::new();
     for (k, want) in [("split.no", index), ("split.count", n)] {
         match h.meta.get(k) {
@@ -551,7 +556,7 @@ fn skip_array<R: Read>(
 /// The files of a GGUF: all parts of a split file
 /// (`<stem>-00001-of-00003.gguf`, any part named), in order, else the file.
 /// Whether a part exists is for the caller to find out.
-pub fn gguf_parts(path: &Path) -> Vec<std::path::PathBuf> {
+pub(crate) fn gguf_parts(path: &Path) -> Vec<std::path::PathBuf> {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -574,7 +579,7 @@ pub fn gguf_parts(path: &Path) -> Vec<std::path::PathBuf> {
 
 /// ` (part of the N-part file PATH)` for a part of a split file, else nothing:
 /// what a message about one of `parts` adds.
-pub fn part_of(parts: &[std::path::PathBuf], path: &Path) -> String {
+pub(crate) fn part_of(parts: &[std::path::PathBuf], path: &Path) -> String {
     if parts.len() > 1 {
         format!(
             " (part of the {}-part file {})",
@@ -588,7 +593,7 @@ pub fn part_of(parts: &[std::path::PathBuf], path: &Path) -> String {
 
 /// Sum of a GGUF's bytes, all parts of a split file (`-00001-of-00003.gguf`)
 /// added up; a missing part is an error.
-pub fn gguf_total_bytes(path: &Path) -> Result<u64> {
+pub(crate) fn gguf_total_bytes(path: &Path) -> Result<u64> {
     let mut total = 0u64;
     for p in gguf_parts(path) {
         total += std::fs::metadata(&p)

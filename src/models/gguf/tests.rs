@@ -1,7 +1,7 @@
 use super::*;
 
 /// A minimal valid GGUF v3 header with one string KV and one tensor.
-pub fn tiny_header() -> Vec<u8> {
+pub(crate) fn tiny_header() -> Vec<u8> {
     let mut v = Vec::new();
     v.extend_from_slice(b"GGUF");
     v.extend_from_slice(&3u32.to_le_bytes());

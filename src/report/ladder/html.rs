@@ -216,7 +216,7 @@ pub(crate) fn quantiles(
 /// The HTML report: every view's table and plots, and the figures the
 /// teacher-forcing cases drew (when the outcomes carry them), in one file
 /// with no external resource.
-pub fn html(views: &[View], outcomes: &[Outcome]) -> String {
+pub(crate) fn html(views: &[View], outcomes: &[Outcome]) -> String {
     let mut s = String::from(
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>Quant ladder report</title>\
          <style>body{font-family:sans-serif;margin:24px;color:#222}table{border-collapse:collapse;font-size:13px}\

@@ -74,7 +74,7 @@ fn row_cells<'a>(
 
 /// The most columns a model card's main table has (model, size, BPW, the
 /// headline figures, the verdict); the other figures are in its details.
-pub const CARD_COLUMNS: usize = 12;
+pub(crate) const CARD_COLUMNS: usize = 12;
 
 /// The view's titled columns as the card lays them out: the headline ones
 /// that fit in its main table ([`CARD_COLUMNS`]), and the rest.
@@ -199,7 +199,7 @@ fn yaml_str(s: &str) -> String {
 /// (one entry, the release) with each row's figures the kinds list for the
 /// Hub (PPL, KLD, MC accuracy), each named by its quant and measured by its
 /// case, with the value the table shows.
-pub fn front_matter(views: &[View], base_model: Option<&str>) -> String {
+pub(crate) fn front_matter(views: &[View], base_model: Option<&str>) -> String {
     let mut s = String::from("---\n");
     match base_model {
         Some(b) => {
@@ -254,7 +254,7 @@ pub fn markdown(views: &[View]) -> String {
     model_card(views, None)
 }
 
-/// [`markdown`] with the base model's Hub id in the front matter: per
+/// [`markdown()`] with the base model's Hub id in the front matter: per
 /// view, the main table (at most [`CARD_COLUMNS`] columns: the headline
 /// figures and the verdict), the gates table, what was measured, and the
 /// other figures folded in a `<details>` section.

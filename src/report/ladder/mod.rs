@@ -23,7 +23,7 @@ pub use markdown::*;
 mod csv;
 pub use csv::*;
 mod html;
-pub use html::*;
+pub(crate) use html::*;
 
 /// What the model file says of itself.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -124,7 +124,7 @@ static NO_METRICS: Metrics = Metrics::new();
 impl ViewColumn {
     /// The table's header (`first error pi/e1_recall`); None for a column
     /// only the CSV has.
-    pub fn title(&self) -> Option<String> {
+    pub(crate) fn title(&self) -> Option<String> {
         let t = self.column.title;
         match &self.case {
             _ if t.is_empty() => None,
@@ -142,12 +142,12 @@ impl ViewColumn {
     }
 
     /// The table's cell for `r`.
-    pub fn show(&self, r: &Row) -> String {
+    pub(crate) fn show(&self, r: &Row) -> String {
         self.column.cell.show(self.metrics(r))
     }
 
     /// The CSV's headers (`pi/e1_recall:first_error` for a case's).
-    pub fn csv_headers(&self) -> Vec<String> {
+    pub(crate) fn csv_headers(&self) -> Vec<String> {
         let field = |f: &str| match &self.case {
             None => f.to_string(),
             Some(case) => format!("{case}:{f}"),
@@ -156,7 +156,7 @@ impl ViewColumn {
     }
 
     /// The CSV's fields for `r`.
-    pub fn csv_values(&self, r: &Row) -> Vec<String> {
+    pub(crate) fn csv_values(&self, r: &Row) -> Vec<String> {
         let m = self.metrics(r);
         self.column.csv.iter().map(|(_, f)| f.show(m)).collect()
     }
@@ -582,7 +582,7 @@ fn fold(row: &mut Row, o: &Outcome) {
 }
 
 /// The files a report folder holds.
-pub const FILES: [&str; 3] = ["report.md", "report.csv", "report.html"];
+pub(crate) const FILES: [&str; 3] = ["report.md", "report.csv", "report.html"];
 
 /// Whether a report may be written into `dir`, checked before any work:
 /// the folder can be made and written, and holds no report already (one is
