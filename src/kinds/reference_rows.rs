@@ -99,6 +99,20 @@ impl RowsBuild {
         self.rows()
     }
 
+    /// The rows of `obs`, decoded alone, written to `path` (sealed with
+    /// `seal`) as they come: never held whole.
+    pub(crate) fn write(
+        mut self,
+        cx: &RunContext,
+        obs: &Observation,
+        path: &std::path::Path,
+        seal: crate::core::auth::Seal,
+    ) -> Result<()> {
+        self.sink = Some((path.to_path_buf(), None, seal));
+        observe_one(obs, &mut self)?;
+        Box::new(self).finish(cx)
+    }
+
     /// As reference work for a shared decode of `obs`: the rows written
     /// to the store's file as they come, never held whole.
     pub(crate) fn work(mut self, cx: &RunContext, obs: Observation) -> Option<RefWork> {

@@ -248,6 +248,38 @@ fn every_statistic_matches_an_independent_computation() {
     assert!(o.metrics.contains_key("delta_nll_mean"));
 }
 
+/// A trial run alone (QUANTGATE_ISOLATION=test, or `schedule::trial`: no
+/// reference work ran before it) writes its reference's rows to the store
+/// as they are decoded and reads them back a pair of windows at a time, as
+/// any stored reference is read: it holds no reference whole, and its
+/// numbers are bitwise those of the run that shares the reference's decode
+/// with its candidates.
+#[test]
+fn a_trial_run_alone_streams_its_reference_and_holds_none_whole() {
+    let fx = Fx::new("alone", "reference = \"ref\"");
+    let (r, planned) = fx.runner();
+    let alone = quantgate::schedule::trial(&r, &planned[0], std::path::Path::new("goldens"));
+    assert_eq!(alone.status, Status::Pass, "{:?}", alone.error);
+    assert_eq!(r.references.rows_held(), 0, "a reference held whole");
+    let files = fx.cache_files();
+    assert!(
+        files.len() == 1 && files[0].extension().is_some_and(|e| e == "qgref"),
+        "{files:?}"
+    );
+    // The same case scheduled as a run schedules it (the reference's rows
+    // built as reference work, then read), from an empty store: the same
+    // numbers, and the same file byte for byte.
+    let alone_file = std::fs::read(&files[0]).unwrap();
+    std::fs::remove_file(&files[0]).unwrap();
+    let grouped = run_cases(&fx.root, &Fx::engine(), "k");
+    assert_eq!(grouped.len(), 1);
+    assert_eq!(
+        format!("{:?}", grouped[0].metrics),
+        format!("{:?}", alone.metrics)
+    );
+    assert_eq!(std::fs::read(&files[0]).unwrap(), alone_file);
+}
+
 #[test]
 fn the_one_byte_tail_matches_too() {
     // Keep 16 entries exactly; the other 242 go to the companded tail.

@@ -403,6 +403,44 @@ impl ReferenceStore {
         self.write_rows(header, &path, n_vocab, fingerprint, rows)
     }
 
+    /// How many references this process holds whole, as rows in memory
+    /// ([`Self::rows`]: an imported file, or a damaged cache rebuilt); a
+    /// run that streams every reference leaves it at 0.
+    pub fn rows_held(&self) -> usize {
+        self.rows.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// The rows of `header` built into their `.qgref` file by `build`
+    /// (the reference's decode, writing each row as it comes: nothing holds
+    /// them whole), under the product's lock, unless this process holds
+    /// them already or a file is there (intact: another process built it
+    /// while this one waited; damaged: [`Self::rows`] says so and rebuilds
+    /// it). What a trial that runs alone does
+    /// (`QUANTGATE_ISOLATION=test`: no reference work ran before it) before
+    /// it reads them as any stored reference is read ([`Self::row_stream`]).
+    pub(crate) fn build_rows_file(
+        &self,
+        header: &CacheHeader,
+        ref_alias: &str,
+        build: &dyn Fn(&Path, Seal) -> Result<()>,
+    ) -> Result<()> {
+        let (key, path) = self.rows_product(header);
+        if memo_holds(&self.rows, &key) || self.shipped_path(&path).is_some_and(|p| p.is_file()) {
+            // Held here, or shipped (read, or said unusable, by `rows`).
+            return Ok(());
+        }
+        self.may_compute(&format!("the rows of reference `{ref_alias}`"), &path)?;
+        let _lock = self.lock(&key)?;
+        // A file already there, intact (built while this one waited) or
+        // not (left to `rows`, which says why and rebuilds it, or says why
+        // it cannot).
+        if path.exists() {
+            return Ok(());
+        }
+        std::fs::create_dir_all(&self.dir).map_err(|e| Error::io(&self.dir, e))?;
+        build(&path, self.seal)
+    }
+
     /// The rows of `header`, read a range of windows at a time as they are
     /// needed (nothing holds them whole: peak memory does not grow with the
     /// windows; a model's llama.cpp contexts are kept across the calls,

@@ -14,20 +14,19 @@ use crate::core::parse::{case_table, parse_toml, Diagnostics};
 use crate::core::{Case, Column, Outcome, Table};
 use crate::engine::LoadedModel;
 use crate::execute::observe::{mapped, Consumer, Mapped, Row};
-use crate::execute::qgref::CacheHeader;
-use crate::execute::reference::{rows_header, LiveRows, RefRows, Vocab};
+use crate::execute::reference::{LiveRows, RefRows, Vocab};
 use crate::execute::windows::{
     scored_from_rows, scored_from_targets, PlanScorer, ScoringPlan, Windowing,
 };
 use crate::execute::RunContext;
 use crate::kinds::perplexity::window_metrics;
-use crate::kinds::reference_rows::{LiveBuild, RowsBuild, StoredFeed};
 use crate::kinds::scored_text::{BootstrapFile, PinnedFile, ScoredText, TextFile, WindowFile};
-use crate::kinds::{FeedSource, Finish, Kind, LiveFeed, RefWork, Start};
+use crate::kinds::{Finish, Kind, RefWork, Start};
 use crate::measure::kld::{self as math, PosKld};
 
 mod metrics;
 mod present;
+mod reference;
 mod sequential;
 use crate::measure::perplexity_metrics;
 pub use metrics::{kld_metrics, metric_names};
@@ -330,6 +329,18 @@ impl Kind for Kld {
             let trial = self.trial(case, plan, model.info().n_vocab, refs);
             return Ok(Start::Live(obs, Box::new(trial), feed));
         }
+        // None stored yet (a trial run alone, QUANTGATE_ISOLATION=test: no
+        // reference work ran before it): the reference's rows are written
+        // to the store as they are decoded, then read as a stored reference
+        // is. Only an imported file, rows this process holds, or a store
+        // that cannot keep them are read whole.
+        let t_ref = Instant::now();
+        self.build_stored(cx, &src, &*model, &plan)?;
+        out.timings.decode += t_ref.elapsed();
+        if let Some((refs, feed)) = self.stored_feed(cx, case, &*model, (&plan, obs.key()))? {
+            let trial = self.trial(case, plan, model.info().n_vocab, refs);
+            return Ok(Start::Live(obs, Box::new(trial), feed));
+        }
         let t_ref = Instant::now();
         let refs = self.reference_rows(cx, case, &src, &*model, &plan)?;
         out.timings.decode += t_ref.elapsed();
@@ -468,189 +479,6 @@ impl Kld {
             bins: self.bins.clone(),
             case_path: case.path.clone(),
         }
-    }
-
-    /// The reference model's decode of `plan`'s windows whose rows a
-    /// candidate (`model`) reads live, and where it reads them: keyed by
-    /// the product the rows would be kept as and the case (whose trials
-    /// are one group), so that every candidate of the group reads one
-    /// decode and no other group's feed writes where they read.
-    fn live_feed(
-        &self,
-        cx: &RunContext,
-        case: &Case,
-        src: &str,
-        model: &Arc<dyn LoadedModel>,
-        plan: &ScoringPlan,
-    ) -> Result<(Refs, LiveFeed)> {
-        let (alias, at) = self
-            .reference
-            .as_ref()
-            .ok_or_else(|| Error::harness("a live kld case without a reference model"))?;
-        let tx = &self.text;
-        let (_, rmodel) = cx.load_reference((alias, at), Vocab::of(model.info()))?;
-        tx.check_context(&*rmodel)?;
-        let rplan = tx.identical_plan(cx, at, src, &*rmodel, &**model, plan)?;
-        let header = self.rows_header(cx, (alias, at), &rplan, rmodel.info().n_vocab, None)?;
-        let (product, _) = cx.references.rows_product(&header);
-        let key = format!("{product} live for {}", case.path.display());
-        let slot = cx.references.live.slot(&key);
-        let observation = tx.observation(cx, rmodel.clone(), &rplan);
-        let build = self.rows_build(header, &rplan, &*rmodel);
-        let producer = Box::new(LiveBuild::new(build, slot.clone()));
-        Ok((
-            Refs::Live(slot),
-            LiveFeed {
-                key,
-                source: FeedSource::Decode {
-                    observation,
-                    producer,
-                },
-            },
-        ))
-    }
-
-    /// The stored reference rows of `plan`, when the store holds them
-    /// intact in a file (else the caller reads them whole, building them
-    /// if need be), as a feed a candidate (`model`, decoding observation
-    /// `obs`) reads a pair of windows at a time: keyed by the product and
-    /// the candidate's observation (one group's), so that the trials of
-    /// that decode read one feed and no other group's feed writes where
-    /// they read.
-    fn stored_feed(
-        &self,
-        cx: &RunContext,
-        case: &Case,
-        model: &dyn LoadedModel,
-        (plan, obs): (&ScoringPlan, &str),
-    ) -> Result<Option<(Refs, LiveFeed)>> {
-        let (Some((alias, at)), None) = (&self.reference, &self.import) else {
-            return Ok(None);
-        };
-        let ci = model.info();
-        let header = self.rows_header(cx, (alias, at), plan, ci.n_vocab, None)?;
-        let Some((stream, path)) =
-            cx.references
-                .row_stream(&header, &case.path, (alias, at), Vocab::of(ci))?
-        else {
-            return Ok(None);
-        };
-        let (product, _) = cx.references.rows_product(&header);
-        let key = format!("{product} read by {obs}");
-        let slot = cx.references.live.slot(&key);
-        let counts = plan.windows.iter().map(|w| w.targets.len()).collect();
-        let feed = StoredFeed::new(stream, path, counts, slot.clone());
-        Ok(Some((
-            Refs::Live(slot),
-            LiveFeed {
-                key,
-                source: FeedSource::Read(Box::new(feed)),
-            },
-        )))
-    }
-
-    /// The `.qgref` header of the reference's rows of `plan`.
-    fn rows_header(
-        &self,
-        cx: &RunContext,
-        (ref_alias, ref_at): (&str, &Location),
-        plan: &ScoringPlan,
-        n_vocab: usize,
-        part: Option<&[usize]>,
-    ) -> Result<CacheHeader> {
-        let tx = &self.text;
-        let ref_sha = cx.pinned_sha256(ref_alias).map_err(|e| e.context(ref_at))?;
-        // A part (a sequential run's visit) is its own product, named by
-        // its windows.
-        let windowing = match part {
-            None => format!("{:?}", tx.windowing),
-            Some(ws) => format!("{:?} windows {ws:?}", tx.windowing),
-        };
-        Ok(rows_header(
-            ref_sha,
-            &plan.token_stream_sha256,
-            windowing,
-            &tx.settings(cx.threads, cx.options()),
-            cx.identity_of(ref_alias),
-            self.tail,
-            self.max_kept,
-            plan.targets(),
-            n_vocab,
-        ))
-    }
-
-    /// The builder of the rows of `header` from `reference`'s decode of `plan`.
-    fn rows_build(
-        &self,
-        header: CacheHeader,
-        plan: &ScoringPlan,
-        reference: &dyn LoadedModel,
-    ) -> RowsBuild {
-        let wanted = plan
-            .windows
-            .iter()
-            .enumerate()
-            .flat_map(|(w, pw)| {
-                pw.targets
-                    .iter()
-                    .enumerate()
-                    .map(move |(k, &t)| (w, pw.first_scored + k, t as usize))
-            })
-            .collect();
-        let ri = reference.info();
-        RowsBuild::new(
-            header,
-            wanted,
-            (self.tail, self.max_kept),
-            ri.n_vocab,
-            ri.tokenizer_fingerprint.clone(),
-        )
-    }
-
-    /// The reference rows: an imported `.kld`, or the reference model's rows
-    /// through the `.qgref` store (built once, checked on every read).
-    fn reference_rows(
-        &self,
-        cx: &RunContext,
-        case: &Case,
-        src: &str,
-        model: &dyn LoadedModel,
-        plan: &ScoringPlan,
-    ) -> Result<Arc<RefRows>> {
-        let ci = model.info();
-        let tx = &self.text;
-        if let Some(pin) = &self.import {
-            let bytes = pin.read_bytes()?;
-            let rows = crate::execute::qgref::import_llama_kld(
-                &bytes,
-                plan,
-                tx.windowing.context(),
-                ci.n_vocab,
-            )
-            .map_err(|e| Error::input(format!("{}: {e}", pin.path.display())))?;
-            return Ok(Arc::new(RefRows {
-                rows,
-                n_vocab: ci.n_vocab,
-                tokenizer_fingerprint: ci.tokenizer_fingerprint.clone(),
-            }));
-        }
-        let Some((ref_alias, ref_at)) = &self.reference else {
-            return Err(Error::input(format!(
-                "{}: a kld case needs a reference",
-                case.path.display()
-            )));
-        };
-        let at = (ref_alias.as_str(), ref_at);
-        let header = self.rows_header(cx, at, plan, ci.n_vocab, None)?;
-        cx.references
-            .rows(&header, &case.path, at, Vocab::of(ci), &|| {
-                let (_, rmodel) = cx.load_reference(at, Vocab::of(ci))?;
-                tx.check_context(&*rmodel)?;
-                let rplan = tx.identical_plan(cx, ref_at, src, &*rmodel, model, plan)?;
-                let obs = tx.observation(cx, rmodel.clone(), &rplan);
-                self.rows_build(header.clone(), &rplan, &*rmodel)
-                    .decode(&obs)
-            })
     }
 }
 
