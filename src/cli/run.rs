@@ -81,6 +81,7 @@ pub fn run(ctx: &Ctx, a: RunArgs) -> Result<Conclusion, Error> {
         force,
     } = a;
     let config = &ctx.config;
+    let started = std::time::Instant::now();
     // Output paths are checked before anything runs.
     outputs_ready(
         json.as_deref(),
@@ -139,6 +140,7 @@ pub fn run(ctx: &Ctx, a: RunArgs) -> Result<Conclusion, Error> {
     // On a terminal, one board: tests done of all with an ETA, and a bar per
     // decode in flight (workers' included); else a line per group.
     let board = quantgate::core::progress::board_open(planned.len() as u64);
+    let planned_at = started.elapsed().as_secs_f64();
     let (outcomes, reference_work) = schedule.run(
         &planned,
         jobs.max(1),
@@ -168,6 +170,7 @@ pub fn run(ctx: &Ctx, a: RunArgs) -> Result<Conclusion, Error> {
     );
     quantgate::core::progress::board_close();
     drop(schedule);
+    let ran_at = started.elapsed().as_secs_f64();
     print!("{}", report::table(&outcomes));
     if let Some(dir) = &report_dir {
         if let Err(e) = write_report(
@@ -183,7 +186,13 @@ pub fn run(ctx: &Ctx, a: RunArgs) -> Result<Conclusion, Error> {
         }
     }
     if timings {
-        print!("\n{}", report::timings(&outcomes, &reference_work));
+        let done = started.elapsed().as_secs_f64();
+        let phases = [
+            ("plan (cases, models, pins)", planned_at),
+            ("run (verify, decode, judge)", ran_at - planned_at),
+            ("report", done - ran_at),
+        ];
+        print!("\n{}", report::timings(&outcomes, &reference_work, &phases));
     }
     if let Some(path) = json {
         report::write_json(&path, &outcomes, config.signing_key())?;

@@ -63,7 +63,7 @@ pub(crate) fn verdicts(
     // Reference work that failed is not a test's failure: the trials that
     // need it build it themselves, or say why they cannot.
     for f in &ran.work.failed {
-        eprintln!("quantgate: reference work failed: {f}");
+        crate::core::progress::say!("quantgate: reference work failed: {f}");
     }
     ran.outcomes
         .into_iter()

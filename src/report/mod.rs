@@ -193,7 +193,11 @@ fn under(s: &mut String, indent: usize, label: &str, text: &str) {
 /// Per-model stage timings (seconds), summed over that model's cases (a
 /// decode shared by several cases counts its share to each), and the
 /// reference work done in shared decodes: (model, seconds, products).
-pub fn timings(outcomes: &[Outcome], reference_work: &[(String, f64, usize)]) -> String {
+pub fn timings(
+    outcomes: &[Outcome],
+    reference_work: &[(String, f64, usize)],
+    phases: &[(&str, f64)],
+) -> String {
     let mut by_model: std::collections::BTreeMap<&str, [f64; 6]> = Default::default();
     for o in outcomes {
         let t = &o.timings;
@@ -235,6 +239,59 @@ pub fn timings(outcomes: &[Outcome], reference_work: &[(String, f64, usize)]) ->
             s,
             "reference work on {model}: {secs:.2} s ({n} product{})",
             if *n == 1 { "" } else { "s" }
+        );
+    }
+    s.push_str(&by_case(outcomes));
+    if !phases.is_empty() {
+        let total: f64 = phases.iter().map(|p| p.1).sum();
+        let _ = writeln!(
+            s,
+            "\n{:<28} {:>9} {:>7}",
+            "phase (wall)", "seconds", "share"
+        );
+        for (name, secs) in phases {
+            let _ = writeln!(
+                s,
+                "{name:<28} {secs:>9.2} {:>6.1}%",
+                100.0 * secs / total.max(f64::MIN_POSITIVE)
+            );
+        }
+        let _ = writeln!(s, "{:<28} {total:>9.2}", "total");
+    }
+    s
+}
+
+/// Per case: its models, the windows (or tasks) its trials used, and the
+/// seconds summed over its trials (a shared decode counts its share to
+/// each), split as the per-model table is: where a run's time went, case
+/// by case.
+fn by_case(outcomes: &[Outcome]) -> String {
+    let mut rows: std::collections::BTreeMap<&str, (usize, [f64; 4])> = Default::default();
+    for o in outcomes {
+        let t = &o.timings;
+        let e = rows.entry(&o.case).or_default();
+        e.0 += 1;
+        for (i, d) in [
+            t.prepare + t.load + t.tokenize,
+            t.decode,
+            t.measure,
+            t.total,
+        ]
+        .iter()
+        .enumerate()
+        {
+            e.1[i] += d.as_secs_f64();
+        }
+    }
+    let mut s = format!(
+        "\n{:<28} {:>6} {:>9} {:>8} {:>8} {:>8}\n",
+        "case", "models", "prepare", "decode", "measure", "total"
+    );
+    for (case, (n, e)) in rows {
+        let _ = writeln!(
+            s,
+            "{case:<28} {n:>6} {:>9.2} {:>8.2} {:>8.3} {:>8.2}",
+            e[0], e[1], e[2], e[3]
         );
     }
     s
@@ -323,6 +380,49 @@ mod tests {
             assert!(t.contains(want), "{want} missing:\n{t}");
         }
         assert!(t.contains("0 passed, 0 failed, 1 errors"), "{t}");
+    }
+
+    /// `--timings`: per case the seconds of its trials summed, and the
+    /// run's wall phases with their shares of the whole.
+    #[test]
+    fn timings_sum_each_case_and_share_the_wall_phases() {
+        use std::time::Duration;
+        let build = crate::engine::Engine::build(&crate::engine::fake::FakeEngine::new());
+        let trial = |case: &str, model: &str, decode: u64| {
+            let mut o = Outcome::new(case, model, build.clone());
+            o.timings.decode = Duration::from_secs(decode);
+            o.timings.total = Duration::from_secs(decode + 1);
+            o
+        };
+        let outcomes = [
+            trial("release/kld", "q8", 10),
+            trial("release/kld", "q2", 4),
+            trial("release/mc", "q8", 2),
+        ];
+        let t = timings(
+            &outcomes,
+            &[],
+            &[("plan", 1.0), ("run", 6.0), ("report", 1.0)],
+        );
+        let row = |name: &str| {
+            t.lines()
+                .find(|l| l.starts_with(name))
+                .unwrap_or_else(|| panic!("{name}: {t}"))
+                .split_whitespace()
+                .map(String::from)
+                .collect::<Vec<_>>()
+        };
+        // case, models, prepare, decode, measure, total
+        assert_eq!(
+            row("release/kld")[1..],
+            ["2", "0.00", "14.00", "0.000", "16.00"]
+        );
+        assert_eq!(
+            row("release/mc")[1..],
+            ["1", "0.00", "2.00", "0.000", "3.00"]
+        );
+        assert_eq!(row("run")[1..], ["6.00", "75.0%"]);
+        assert_eq!(row("total")[1..], ["8.00"]);
     }
 
     /// Per case a header of aligned headline columns and a row per model
