@@ -421,7 +421,7 @@ impl ReferenceStore {
     pub(crate) fn build_rows_file(
         &self,
         header: &CacheHeader,
-        ref_alias: &str,
+        (case_path, ref_alias): (&Path, &str),
         build: &dyn Fn(&Path, Seal) -> Result<()>,
     ) -> Result<()> {
         let (key, path) = self.rows_product(header);
@@ -429,7 +429,13 @@ impl ReferenceStore {
             // Held here, or shipped (read, or said unusable, by `rows`).
             return Ok(());
         }
-        self.may_compute(&format!("the rows of reference `{ref_alias}`"), &path)?;
+        self.may_compute(
+            &format!(
+                "{}: the rows of reference `{ref_alias}`",
+                case_path.display()
+            ),
+            &path,
+        )?;
         let _lock = self.lock(&key)?;
         // A file already there, intact (built while this one waited) or
         // not (left to `rows`, which says why and rebuilds it, or says why

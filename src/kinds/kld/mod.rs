@@ -335,7 +335,7 @@ impl Kind for Kld {
         // is. Only an imported file, rows this process holds, or a store
         // that cannot keep them are read whole.
         let t_ref = Instant::now();
-        self.build_stored(cx, &src, &*model, &plan)?;
+        self.build_stored(cx, case, &src, &*model, &plan)?;
         out.timings.decode += t_ref.elapsed();
         if let Some((refs, feed)) = self.stored_feed(cx, case, &*model, (&plan, obs.key()))? {
             let trial = self.trial(case, plan, model.info().n_vocab, refs);

@@ -103,6 +103,7 @@ impl Kld {
     pub(super) fn build_stored(
         &self,
         cx: &RunContext,
+        case: &Case,
         src: &str,
         model: &dyn LoadedModel,
         plan: &ScoringPlan,
@@ -115,7 +116,7 @@ impl Kld {
         let header = self.rows_header(cx, at, plan, ci.n_vocab, None)?;
         let tx = &self.text;
         cx.references
-            .build_rows_file(&header, ref_alias, &|path, seal| {
+            .build_rows_file(&header, (&case.path, ref_alias), &|path, seal| {
                 let (_, rmodel) = cx.load_reference(at, Vocab::of(ci))?;
                 tx.check_context(&*rmodel)?;
                 let rplan = tx.identical_plan(cx, ref_at, src, &*rmodel, model, plan)?;
