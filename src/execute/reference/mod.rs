@@ -403,6 +403,24 @@ impl ReferenceStore {
         self.write_rows(header, &path, n_vocab, fingerprint, rows)
     }
 
+    /// The lock of the rows product `key` (kept in `path`), once this store
+    /// may compute it (not when a shipped folder forbids it: the error
+    /// names the case and the reference).
+    fn may_build_rows(
+        &self,
+        (case_path, ref_alias): (&Path, &str),
+        (key, path): (&str, &Path),
+    ) -> Result<std::fs::File> {
+        self.may_compute(
+            &format!(
+                "{}: the rows of reference `{ref_alias}`",
+                case_path.display()
+            ),
+            path,
+        )?;
+        self.lock(key)
+    }
+
     /// How many references this process holds whole, as rows in memory
     /// ([`Self::rows`]: an imported file, or a damaged cache rebuilt); a
     /// run that streams every reference leaves it at 0.
@@ -429,14 +447,7 @@ impl ReferenceStore {
             // Held here, or shipped (read, or said unusable, by `rows`).
             return Ok(());
         }
-        self.may_compute(
-            &format!(
-                "{}: the rows of reference `{ref_alias}`",
-                case_path.display()
-            ),
-            &path,
-        )?;
-        let _lock = self.lock(&key)?;
+        let _lock = self.may_build_rows((case_path, ref_alias), (&key, &path))?;
         // A file already there, intact (built while this one waited) or
         // not (left to `rows`, which says why and rebuilds it, or says why
         // it cannot).
@@ -574,14 +585,7 @@ impl ReferenceStore {
             Ok(None) => None,
             Err(why) => Some(why),
         };
-        self.may_compute(
-            &format!(
-                "{}: the rows of reference `{ref_alias}`",
-                case_path.display()
-            ),
-            &path,
-        )?;
-        let _lock = self.lock(&key)?;
+        let _lock = self.may_build_rows((case_path, ref_alias), (&key, &path))?;
         // Another thread or process may have built it while this one waited.
         if let Some(r) = memo_get(&self.rows, &key) {
             return Ok(r);

@@ -7,6 +7,7 @@ use super::{Kld, Refs};
 use crate::core::error::{Error, Result};
 use crate::core::{Case, Location};
 use crate::engine::LoadedModel;
+use crate::execute::observe::Observation;
 use crate::execute::qgref::CacheHeader;
 use crate::execute::reference::{rows_header, RefRows, Vocab};
 use crate::execute::windows::ScoringPlan;
@@ -114,16 +115,30 @@ impl Kld {
         let ci = model.info();
         let at = (ref_alias.as_str(), ref_at);
         let header = self.rows_header(cx, at, plan, ci.n_vocab, None)?;
-        let tx = &self.text;
         cx.references
             .build_rows_file(&header, (&case.path, ref_alias), &|path, seal| {
-                let (_, rmodel) = cx.load_reference(at, Vocab::of(ci))?;
-                tx.check_context(&*rmodel)?;
-                let rplan = tx.identical_plan(cx, ref_at, src, &*rmodel, model, plan)?;
-                let obs = tx.observation(cx, rmodel.clone(), &rplan);
-                self.rows_build(header.clone(), &rplan, &*rmodel)
-                    .write(cx, &obs, path, seal)
+                let (build, obs) = self.reference_pass(cx, (at, &header), src, model, plan)?;
+                build.write(cx, &obs, path, seal)
             })
+    }
+
+    /// The reference model's decode of the windows of `plan` (the
+    /// candidate's, on `model`; the same tokens, checked) and the builder
+    /// of its rows under `header`.
+    fn reference_pass(
+        &self,
+        cx: &RunContext,
+        (at, header): ((&str, &Location), &CacheHeader),
+        src: &str,
+        model: &dyn LoadedModel,
+        plan: &ScoringPlan,
+    ) -> Result<(RowsBuild, Observation)> {
+        let tx = &self.text;
+        let (_, rmodel) = cx.load_reference(at, Vocab::of(model.info()))?;
+        tx.check_context(&*rmodel)?;
+        let rplan = tx.identical_plan(cx, at.1, src, &*rmodel, model, plan)?;
+        let obs = tx.observation(cx, rmodel.clone(), &rplan);
+        Ok((self.rows_build(header.clone(), &rplan, &*rmodel), obs))
     }
 
     /// The `.qgref` header of the reference's rows of `plan`.
@@ -221,12 +236,8 @@ impl Kld {
         let header = self.rows_header(cx, at, plan, ci.n_vocab, None)?;
         cx.references
             .rows(&header, &case.path, at, Vocab::of(ci), &|| {
-                let (_, rmodel) = cx.load_reference(at, Vocab::of(ci))?;
-                tx.check_context(&*rmodel)?;
-                let rplan = tx.identical_plan(cx, ref_at, src, &*rmodel, model, plan)?;
-                let obs = tx.observation(cx, rmodel.clone(), &rplan);
-                self.rows_build(header.clone(), &rplan, &*rmodel)
-                    .decode(&obs)
+                let (build, obs) = self.reference_pass(cx, (at, &header), src, model, plan)?;
+                build.decode(&obs)
             })
     }
 }
