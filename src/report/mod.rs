@@ -191,24 +191,16 @@ fn under(s: &mut String, indent: usize, label: &str, text: &str) {
 }
 
 /// Per-model stage timings (seconds), summed over that model's cases (a
-/// decode shared by several cases counts its share to each), and the
-/// reference work done in shared decodes: (model, seconds, products).
+/// decode shared by several cases counts its share to each), the
+/// reference work done in shared decodes ((model, seconds, products)),
+/// the same seconds per case, and the run's wall `phases` with their
+/// shares.
 pub fn timings(
     outcomes: &[Outcome],
     reference_work: &[(String, f64, usize)],
     phases: &[(&str, f64)],
 ) -> String {
-    let mut by_model: std::collections::BTreeMap<&str, [f64; 6]> = Default::default();
-    for o in outcomes {
-        let t = &o.timings;
-        let e = by_model.entry(&o.model).or_default();
-        for (i, d) in [t.prepare, t.load, t.tokenize, t.decode, t.measure, t.total]
-            .iter()
-            .enumerate()
-        {
-            e[i] += d.as_secs_f64();
-        }
-    }
+    let by_model = stage_sums(outcomes, |o| &o.model);
     let mut s = format!(
         "{:<16} {:>8} {:>8} {:>9} {:>8} {:>8} {:>8} {:>10} {:>10}\n",
         "model",
@@ -222,7 +214,7 @@ pub fn timings(
         "peak_rss"
     );
     let rss = peak_rss_kib().map_or("-".to_string(), |k| format!("{} MiB", k / 1024));
-    for (m, e) in by_model {
+    for (m, (_, e)) in by_model {
         let pct = if e[3] > 0.0 {
             100.0 * e[4] / e[3]
         } else {
@@ -261,37 +253,45 @@ pub fn timings(
     s
 }
 
-/// Per case: its models, the windows (or tasks) its trials used, and the
-/// seconds summed over its trials (a shared decode counts its share to
-/// each), split as the per-model table is: where a run's time went, case
-/// by case.
-fn by_case(outcomes: &[Outcome]) -> String {
-    let mut rows: std::collections::BTreeMap<&str, (usize, [f64; 4])> = Default::default();
+/// Per key of `outcomes` (`key`: its model, its case), how many trials and
+/// the seconds of their stages summed: prepare, load, tokenize, decode,
+/// measure, total (a decode shared by several trials counts its share to
+/// each).
+fn stage_sums<'a>(
+    outcomes: &'a [Outcome],
+    key: impl Fn(&'a Outcome) -> &'a str,
+) -> std::collections::BTreeMap<&'a str, (usize, [f64; 6])> {
+    let mut sums: std::collections::BTreeMap<&str, (usize, [f64; 6])> = Default::default();
     for o in outcomes {
         let t = &o.timings;
-        let e = rows.entry(&o.case).or_default();
+        let e = sums.entry(key(o)).or_default();
         e.0 += 1;
-        for (i, d) in [
-            t.prepare + t.load + t.tokenize,
-            t.decode,
-            t.measure,
-            t.total,
-        ]
-        .iter()
-        .enumerate()
+        for (i, d) in [t.prepare, t.load, t.tokenize, t.decode, t.measure, t.total]
+            .iter()
+            .enumerate()
         {
             e.1[i] += d.as_secs_f64();
         }
     }
+    sums
+}
+
+/// Per case: how many models it ran, and the seconds summed over its
+/// trials ([`stage_sums`]; setup is prepare, load and tokenize): where a
+/// run's time went, case by case.
+fn by_case(outcomes: &[Outcome]) -> String {
     let mut s = format!(
         "\n{:<28} {:>6} {:>9} {:>8} {:>8} {:>8}\n",
-        "case", "models", "prepare", "decode", "measure", "total"
+        "case", "models", "setup", "decode", "measure", "total"
     );
-    for (case, (n, e)) in rows {
+    for (case, (n, e)) in stage_sums(outcomes, |o| &o.case) {
         let _ = writeln!(
             s,
             "{case:<28} {n:>6} {:>9.2} {:>8.2} {:>8.3} {:>8.2}",
-            e[0], e[1], e[2], e[3]
+            e[0] + e[1] + e[2],
+            e[3],
+            e[4],
+            e[5]
         );
     }
     s
@@ -412,7 +412,7 @@ mod tests {
                 .map(String::from)
                 .collect::<Vec<_>>()
         };
-        // case, models, prepare, decode, measure, total
+        // case, models, setup, decode, measure, total
         assert_eq!(
             row("release/kld")[1..],
             ["2", "0.00", "14.00", "0.000", "16.00"]
