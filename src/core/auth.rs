@@ -13,7 +13,7 @@
 //! (`$XDG_CONFIG_HOME/quantgate/result-cache.key`), so a cache folder that
 //! others can write (a shared CI cache) cannot hand this user a forged entry.
 
-use crate::core::error::{Error, Result};
+use crate::core::error::{Error, Result, SealError};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use std::path::Path;
@@ -85,31 +85,60 @@ impl Key {
     }
 }
 
+/// Why a key file is refused: it cannot be looked at, or it is not private
+/// as ssh asks of a private key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyFileError {
+    /// Its metadata could not be read (the I/O error).
+    #[error("{0}")]
+    Unreadable(String),
+    /// A symlink, which another user could point elsewhere.
+    #[error("is a symlink; a key file must be a regular file (copy the key there, mode 0600)")]
+    Symlink,
+    /// A folder, a device, a pipe.
+    #[error("is not a regular file")]
+    NotAFile,
+    /// Its group or others may read or write it.
+    #[error(
+        "mode {mode:04o} lets its group or others read or write the key; a key file must be \
+         private: `chmod 600 {path}`"
+    )]
+    Shared {
+        /// Its permission bits.
+        mode: u32,
+        /// The file, as given.
+        path: String,
+    },
+}
+
+impl From<KeyFileError> for Error {
+    fn from(e: KeyFileError) -> Self {
+        Error::input(e.to_string())
+    }
+}
+
 /// Ok when the key file at `path` is private, as ssh asks of a private
 /// key: a regular file (not a symlink, which another user could point
 /// elsewhere) that neither its group nor others can read or write; else
 /// why not, naming the mode and the fix.
-pub(crate) fn private_key_file(path: &Path) -> std::result::Result<(), String> {
-    let meta = std::fs::symlink_metadata(path).map_err(|e| e.to_string())?;
+pub(crate) fn private_key_file(path: &Path) -> std::result::Result<(), KeyFileError> {
+    let meta =
+        std::fs::symlink_metadata(path).map_err(|e| KeyFileError::Unreadable(e.to_string()))?;
     if meta.file_type().is_symlink() {
-        return Err(
-            "is a symlink; a key file must be a regular file (copy the key there, mode 0600)"
-                .into(),
-        );
+        return Err(KeyFileError::Symlink);
     }
     if !meta.is_file() {
-        return Err("is not a regular file".into());
+        return Err(KeyFileError::NotAFile);
     }
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
         let mode = meta.permissions().mode() & 0o777;
         if mode & 0o077 != 0 {
-            return Err(format!(
-                "mode {mode:04o} lets its group or others read or write the key; a key file \
-                 must be private: `chmod 600 {}`",
-                path.display()
-            ));
+            return Err(KeyFileError::Shared {
+                mode,
+                path: path.display().to_string(),
+            });
         }
     }
     Ok(())
@@ -158,31 +187,25 @@ impl Seal {
 
     /// `body` when `tag` is its seal; else why not, in words that tell an
     /// accident from an edit sealed again where they can.
-    pub(crate) fn check<'b>(
-        &self,
-        body: &'b [u8],
-        tag: &[u8],
-    ) -> std::result::Result<&'b [u8], String> {
+    pub(crate) fn check<'b>(&self, body: &'b [u8], tag: &[u8]) -> Result<&'b [u8], SealError> {
         let mut h = self.hasher();
         h.update(body);
-        h.verify(tag)
-            .map_err(|why| self.explain(why, &mut || Seal::Plain.tag(body).as_slice() == tag))?;
+        if !h.verify(tag) {
+            return Err(self.explain(&mut || Seal::Plain.tag(body).as_slice() == tag));
+        }
         Ok(body)
     }
 
-    /// Why a seal did not verify, `why` as [`SealHasher::verify`] says it,
-    /// in words that tell an accident from an edit sealed again:
-    /// `plain_matches` says whether the tag is the contents' plain sha256
-    /// (asked only of a keyed seal).
-    pub(crate) fn explain(&self, why: String, plain_matches: &mut dyn FnMut() -> bool) -> String {
+    /// Why a seal did not verify, in words that tell an accident from an
+    /// edit sealed again: `plain_matches` says whether the tag is the
+    /// contents' plain sha256 (asked only of a keyed seal).
+    pub(crate) fn explain(&self, plain_matches: &mut dyn FnMut() -> bool) -> SealError {
         match self {
-            Seal::Keyed(k) if plain_matches() => format!(
-                "{why} ({}); it carries a plain sha256 seal instead: it was edited and sealed \
-                 again, or written without the key",
-                k.source
-            ),
-            Seal::Keyed(k) => format!("{why} ({})", k.source),
-            Seal::Plain => why,
+            Seal::Keyed(k) => SealError::Forged {
+                key: k.source.clone(),
+                resealed: plain_matches(),
+            },
+            Seal::Plain => SealError::Corrupt,
         }
     }
 }
@@ -212,26 +235,12 @@ impl SealHasher {
         }
     }
 
-    /// Ok when `tag` is the seal of everything fed (a MAC compared in
-    /// constant time); else why not.
-    pub(crate) fn verify(self, tag: &[u8]) -> std::result::Result<(), String> {
+    /// Whether `tag` is the seal of everything fed (a MAC compared in
+    /// constant time); [`Seal::explain`] says why not.
+    pub(crate) fn verify(self, tag: &[u8]) -> bool {
         match self {
-            SealHasher::Plain(h) => {
-                if sha2::Digest::finalize(h).as_slice() == tag {
-                    Ok(())
-                } else {
-                    Err(
-                        "its trailing sha256 does not match its contents: truncated or \
-                         corrupted on disk"
-                            .into(),
-                    )
-                }
-            }
-            SealHasher::Keyed(m) => m.verify_slice(tag).map_err(|_| {
-                "its keyed seal (HMAC-SHA256) does not verify with the key: the file was \
-                 edited, truncated, or written under another key"
-                    .to_string()
-            }),
+            SealHasher::Plain(h) => sha2::Digest::finalize(h).as_slice() == tag,
+            SealHasher::Keyed(m) => m.verify_slice(tag).is_ok(),
         }
     }
 }
@@ -260,23 +269,20 @@ pub(crate) fn sign(value: &mut serde_json::Value, key: &Key) {
 
 /// Check `value`'s MAC with `key`: Ok when it verifies; Err(why) when it is
 /// missing, malformed or wrong. The `mac` field is taken out either way.
-pub(crate) fn verify(value: &mut serde_json::Value, key: &Key) -> std::result::Result<(), String> {
+pub(crate) fn verify(value: &mut serde_json::Value, key: &Key) -> Result<(), SealError> {
     let bytes = canonical(value);
     let mac = match value {
         serde_json::Value::Object(m) => m.remove(MAC_FIELD),
         _ => None,
     };
     match mac {
-        None => Err(format!(
-            "carries no MAC, and a signing key is set ({}): it was not written under that key",
-            key.source
-        )),
+        None => Err(SealError::NoMac {
+            key: key.source.clone(),
+        }),
         Some(serde_json::Value::String(mac)) if key.verifies(&bytes, &mac) => Ok(()),
-        Some(_) => Err(format!(
-            "its MAC does not verify with the signing key ({}): the file was edited, or \
-             written under another key",
-            key.source
-        )),
+        Some(_) => Err(SealError::BadMac {
+            key: key.source.clone(),
+        }),
     }
 }
 
@@ -301,6 +307,7 @@ mod tests {
         assert!(verify(&mut back.clone(), &key).is_ok());
         assert!(verify(&mut back.clone(), &other)
             .unwrap_err()
+            .to_string()
             .contains("does not verify"));
         let mut edited = back.clone();
         edited["metrics"]["delta_nll_mean"] = (-0.9).into();
@@ -314,7 +321,10 @@ mod tests {
         edited[MAC_FIELD] = format!("{}{flipped}", &mac[..mac.len() - 1]).into();
         assert!(verify(&mut edited, &key).is_err());
         back.as_object_mut().unwrap().remove(MAC_FIELD);
-        assert!(verify(&mut back, &key).unwrap_err().contains("no MAC"));
+        assert!(verify(&mut back, &key)
+            .unwrap_err()
+            .to_string()
+            .contains("no MAC"));
         assert!(Key::new(b"short".to_vec(), "X").is_err());
     }
 }

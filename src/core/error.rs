@@ -17,7 +17,8 @@ pub enum ErrorKind {
 }
 
 /// An error with its whole explanation in `message`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
 pub struct Error {
     /// Who is at fault.
     pub kind: ErrorKind,
@@ -63,13 +64,92 @@ impl Error {
     }
 }
 
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
+/// Bytes read back that break their format: a GGUF header, a store or
+/// reference file, a llama-perplexity base file, a golden, a
+/// preregistration, a list of token ids. It holds the format's own words
+/// for what is wrong and where (an offset, a key, a position); the reader
+/// knows no path, and its caller puts the path in front. It is always the
+/// input's fault: a file that is not what it says cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Malformed(pub String);
+
+impl From<String> for Malformed {
+    fn from(why: String) -> Self {
+        Malformed(why)
     }
 }
 
-impl std::error::Error for Error {}
+impl From<&str> for Malformed {
+    fn from(why: &str) -> Self {
+        Malformed(why.to_string())
+    }
+}
+
+impl From<SealError> for Malformed {
+    fn from(e: SealError) -> Self {
+        Malformed(e.to_string())
+    }
+}
+
+/// Why a sealed file or a signed JSON product is not to be trusted: the
+/// seal (a trailing sha256, or HMAC-SHA256 under the signing key) or the
+/// MAC does not verify, or the file could not be read to check it. Each
+/// says whether it looks like an accident (a truncation, a disk) or an edit
+/// sealed again.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SealError {
+    /// Fewer bytes than the 32 of a seal.
+    #[error("shorter than its seal: truncated")]
+    Short,
+    /// A plain seal that is not the contents' sha256.
+    #[error("its trailing sha256 does not match its contents: truncated or corrupted on disk")]
+    Corrupt,
+    /// A keyed seal that does not verify under the key (`key` says where
+    /// the key came from); `resealed` when the tag is the contents' plain
+    /// sha256, as an edit sealed again without the key leaves it.
+    #[error(
+        "its keyed seal (HMAC-SHA256) does not verify with the key: the file was edited, \
+         truncated, or written under another key ({key}){}",
+        if *resealed {
+            "; it carries a plain sha256 seal instead: it was edited and sealed again, or \
+             written without the key"
+        } else {
+            ""
+        }
+    )]
+    Forged {
+        /// Where the signing key came from.
+        key: String,
+        /// Whether the tag is the plain sha256 of the contents.
+        resealed: bool,
+    },
+    /// A signed JSON product without its MAC.
+    #[error("carries no MAC, and a signing key is set ({key}): it was not written under that key")]
+    NoMac {
+        /// Where the signing key came from.
+        key: String,
+    },
+    /// A signed JSON product whose MAC does not verify.
+    #[error(
+        "its MAC does not verify with the signing key ({key}): the file was edited, or \
+         written under another key"
+    )]
+    BadMac {
+        /// Where the signing key came from.
+        key: String,
+    },
+    /// The file could not be read (its I/O error).
+    #[error("{0}")]
+    Read(String),
+}
+
+/// An outcome read back (result cache, shard, `--json` file) whose metrics
+/// are not what its own data gives (a per-window series, counts): the
+/// metrics that disagree, with both values.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Inconsistent(pub String);
 
 /// Several errors found in one file, reported together.
 pub fn join(errors: Vec<Error>) -> Error {

@@ -2,7 +2,7 @@
 //! the same directory, fsync, rename, directory fsync) and streaming sha256.
 
 use crate::core::auth::Seal;
-use crate::core::error::{Error, Result};
+use crate::core::error::{Error, Result, SealError};
 use sha2::{Digest, Sha256};
 use std::fs::{self, File};
 use std::io::{Read, Write};
@@ -233,9 +233,9 @@ pub(crate) fn seal_with(mut bytes: Vec<u8>, seal: Seal) -> Vec<u8> {
 
 /// The contents of `bytes` sealed with `seal`, or why they are not intact
 /// (or, with a key, not authentic).
-pub(crate) fn unseal_with(bytes: &[u8], seal: Seal) -> std::result::Result<&[u8], String> {
+pub(crate) fn unseal_with(bytes: &[u8], seal: Seal) -> std::result::Result<&[u8], SealError> {
     if bytes.len() < 32 {
-        return Err("shorter than its seal: truncated".into());
+        return Err(SealError::Short);
     }
     let (body, tag) = bytes.split_at(bytes.len() - 32);
     seal.check(body, tag)
@@ -254,7 +254,7 @@ pub(crate) fn write_sealed_with(dest: &Path, bytes: Vec<u8>, seal: Seal) -> Resu
 /// The contents of a sealed file: `Ok(None)` when there is none, `Err(why)`
 /// when it cannot be read or is not intact — never contents that were not
 /// written whole by quantgate.
-pub fn read_sealed(path: &Path) -> std::result::Result<Option<Vec<u8>>, String> {
+pub fn read_sealed(path: &Path) -> std::result::Result<Option<Vec<u8>>, SealError> {
     read_sealed_with(path, Seal::Plain)
 }
 
@@ -262,10 +262,10 @@ pub fn read_sealed(path: &Path) -> std::result::Result<Option<Vec<u8>>, String> 
 pub(crate) fn read_sealed_with(
     path: &Path,
     seal: Seal,
-) -> std::result::Result<Option<Vec<u8>>, String> {
+) -> std::result::Result<Option<Vec<u8>>, SealError> {
     match fs::read(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(SealError::Read(e.to_string())),
         Ok(bytes) => unseal_with(&bytes, seal).map(|b| Some(b.to_vec())),
     }
 }

@@ -62,22 +62,23 @@ pub(crate) fn process_user_key() -> Option<&'static Key> {
 /// The key at `path`, made there first when there is none: 32 bytes from
 /// the system's random source, written whole under another name and linked
 /// into place (two processes making it at once agree on one).
-fn local_key(path: &Path) -> std::result::Result<Key, String> {
+fn local_key(path: &Path) -> Result<Key> {
     use std::io::{Read, Write};
-    let read = |p: &Path| -> std::result::Result<Key, String> {
+    let io = |e: std::io::Error| Error::harness(e.to_string());
+    let read = |p: &Path| -> Result<Key> {
         private_key_file(p)?;
-        let bytes = std::fs::read(p).map_err(|e| e.to_string())?;
-        Key::new(bytes, &p.display().to_string()).map_err(|e| e.message)
+        let bytes = std::fs::read(p).map_err(io)?;
+        Key::new(bytes, &p.display().to_string())
     };
     if path.exists() {
         return read(path);
     }
     let dir = path.parent().expect("a file in a folder");
-    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(dir).map_err(io)?;
     let mut bytes = [0u8; 32];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(|e| format!("/dev/urandom: {e}"))?;
+        .map_err(|e| Error::harness(format!("/dev/urandom: {e}")))?;
     let tmp = dir.join(format!(".result-cache.key.{}", std::process::id()));
     let mut opts = std::fs::OpenOptions::new();
     opts.write(true).create_new(true);
@@ -91,7 +92,7 @@ fn local_key(path: &Path) -> std::result::Result<Key, String> {
     match linked {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(e.to_string()),
+        Err(e) => return Err(io(e)),
     }
     read(path)
 }
@@ -167,7 +168,7 @@ mod tests {
             assert_eq!(mode & 0o077, 0, "mode {mode:o}");
         }
         std::fs::write(&path, b"short").unwrap();
-        assert!(local_key(&path).unwrap_err().contains("too short"));
+        assert!(local_key(&path).unwrap_err().message.contains("too short"));
         // Readable by its group, or a symlink: refused, naming the mode.
         #[cfg(unix)]
         {
@@ -175,14 +176,17 @@ mod tests {
             std::fs::write(&path, [7u8; 32]).unwrap();
             assert!(local_key(&path).is_ok());
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
-            let e = local_key(&path).unwrap_err();
+            let e = local_key(&path).unwrap_err().message;
             assert!(e.contains("mode 0640") && e.contains("chmod 600"), "{e}");
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o604)).unwrap();
-            assert!(local_key(&path).unwrap_err().contains("mode 0604"));
+            assert!(local_key(&path).unwrap_err().message.contains("mode 0604"));
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
             let link = d.path().join("q/link.key");
             std::os::unix::fs::symlink(&path, &link).unwrap();
-            assert!(private_key_file(&link).unwrap_err().contains("symlink"));
+            assert!(private_key_file(&link)
+                .unwrap_err()
+                .to_string()
+                .contains("symlink"));
             assert!(private_key_file(&path).is_ok());
         }
     }

@@ -20,6 +20,7 @@
 //! the offset or field, never a partial result.
 
 use crate::core::auth::{Seal, SealHasher};
+use crate::core::error::Malformed;
 use crate::core::fsutil::{seal_with, sha256_bytes, unseal_with};
 use crate::execute::rans;
 use crate::measure::kld::{order_key, RefPosition, KEPT, LEVELS};
@@ -212,31 +213,28 @@ impl RowWriter {
 /// read as it goes ([`RowStream`]).
 trait Source {
     /// The next `n` bytes, or why there are not that many before the seal.
-    fn take(&mut self, n: usize, what: &str) -> Result<&[u8], String>;
+    fn take(&mut self, n: usize, what: &str) -> Result<&[u8], Malformed>;
     /// The offset of the next byte.
     fn at(&self) -> usize;
-    fn u32(&mut self, what: &str) -> Result<u32, String> {
+    fn u32(&mut self, what: &str) -> Result<u32, Malformed> {
         Ok(u32::from_le_bytes(self.take(4, what)?.try_into().unwrap()))
     }
-    fn f32(&mut self, what: &str) -> Result<f32, String> {
+    fn f32(&mut self, what: &str) -> Result<f32, Malformed> {
         Ok(f32::from_le_bytes(self.take(4, what)?.try_into().unwrap()))
     }
-    fn leb128(&mut self, what: &str) -> Result<u32, String> {
+    fn leb128(&mut self, what: &str) -> Result<u32, Malformed> {
         let mut v = 0u64;
         for k in 0..5 {
             let b = self.take(1, what)?[0];
             v |= u64::from(b & 0x7F) << (7 * k);
             if b & 0x80 == 0 {
                 return u32::try_from(v)
-                    .map_err(|_| format!("offset {}: {what} too large", self.at()));
+                    .map_err(|_| format!("offset {}: {what} too large", self.at()).into());
             }
         }
-        Err(format!(
-            "offset {}: {what}: more than 5 LEB128 bytes",
-            self.at()
-        ))
+        Err(format!("offset {}: {what}: more than 5 LEB128 bytes", self.at()).into())
     }
-    fn f64(&mut self, what: &str) -> Result<f64, String> {
+    fn f64(&mut self, what: &str) -> Result<f64, Malformed> {
         Ok(f64::from_le_bytes(self.take(8, what)?.try_into().unwrap()))
     }
 }
@@ -247,7 +245,7 @@ struct Reader<'a> {
 }
 
 impl Source for Reader<'_> {
-    fn take(&mut self, n: usize, what: &str) -> Result<&[u8], String> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&[u8], Malformed> {
         let end = self
             .at
             .checked_add(n)
@@ -278,14 +276,15 @@ struct FileSource {
 }
 
 impl Source for FileSource {
-    fn take(&mut self, n: usize, what: &str) -> Result<&[u8], String> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&[u8], Malformed> {
         use std::io::Read;
         if self.at.checked_add(n).is_none_or(|e| e > self.end) {
             return Err(format!(
                 "offset {}: truncated: {what} needs {n} bytes, {} left",
                 self.at,
                 self.end - self.at
-            ));
+            )
+            .into());
         }
         self.buf.resize(n, 0);
         self.file
@@ -318,11 +317,11 @@ impl RowStream {
         path: &std::path::Path,
         expect: &CacheHeader,
         seal: Seal,
-    ) -> Result<Option<RowStream>, String> {
+    ) -> Result<Option<RowStream>, Malformed> {
         use std::io::{Read, Seek};
         let mut file = match std::fs::File::open(path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(e.to_string().into()),
             Ok(f) => f,
         };
         let len = file.metadata().map_err(|e| e.to_string())?.len() as usize;
@@ -334,7 +333,7 @@ impl RowStream {
         file.rewind().map_err(|e| e.to_string())?;
         let mut buf = vec![0u8; 1 << 20];
         // The body [0, end), read from the start into `h`.
-        let mut feed = |file: &mut std::fs::File, h: &mut SealHasher| -> Result<(), String> {
+        let mut feed = |file: &mut std::fs::File, h: &mut SealHasher| -> Result<(), Malformed> {
             file.rewind().map_err(|e| e.to_string())?;
             let mut left = end;
             while left > 0 {
@@ -349,14 +348,14 @@ impl RowStream {
         feed(&mut file, &mut h)?;
         let mut digest = [0u8; 32];
         file.read_exact(&mut digest).map_err(|e| e.to_string())?;
-        if let Err(why) = h.verify(&digest) {
+        if !h.verify(&digest) {
             // The body read again for its plain sha256 only when a seal
             // failed, to tell an edit sealed again from an accident.
             let mut plain_matches = || {
                 let mut p = Seal::Plain.hasher();
                 feed(&mut file, &mut p).is_ok() && p.finish() == digest
             };
-            return Err(seal.explain(why, &mut plain_matches));
+            return Err(seal.explain(&mut plain_matches).into());
         }
         file.seek(std::io::SeekFrom::Start(8))
             .map_err(|e| e.to_string())?;
@@ -380,12 +379,11 @@ impl RowStream {
     }
 
     /// The next position's row.
-    pub(crate) fn next_row(&mut self) -> Result<RefPosition, String> {
+    pub(crate) fn next_row(&mut self) -> Result<RefPosition, Malformed> {
         if self.next >= self.header.positions {
-            return Err(format!(
-                "all {} positions were read already",
-                self.header.positions
-            ));
+            return Err(
+                format!("all {} positions were read already", self.header.positions).into(),
+            );
         }
         let row = read_row(&mut self.src, &self.header, self.next)?;
         self.next += 1;
@@ -393,7 +391,7 @@ impl RowStream {
     }
 
     /// Every position read, and nothing after them.
-    pub(crate) fn finish(&self) -> Result<(), String> {
+    pub(crate) fn finish(&self) -> Result<(), Malformed> {
         if self.next != self.header.positions || self.src.at != self.src.end {
             return Err(format!(
                 "offset {}: {} of {} positions read, {} bytes left",
@@ -401,7 +399,8 @@ impl RowStream {
                 self.next,
                 self.header.positions,
                 self.src.end - self.src.at
-            ));
+            )
+            .into());
         }
         Ok(())
     }
@@ -413,7 +412,7 @@ pub fn decode(
     bytes: &[u8],
     expect: &CacheHeader,
     seal: Seal,
-) -> Result<(CacheHeader, Vec<RefPosition>), String> {
+) -> Result<(CacheHeader, Vec<RefPosition>), Malformed> {
     if bytes.len() < 8 + 32 || &bytes[..8] != MAGIC {
         return Err("not a quantgate reference cache (magic `QGKLDREF` missing)".into());
     }
@@ -430,17 +429,18 @@ pub fn decode(
             r.at,
             body.len() - r.at,
             header.positions
-        ));
+        )
+        .into());
     }
     Ok((header, rows))
 }
 
 /// The version and header after the magic, checked against `expect` (all
 /// fields but the vocabulary size and tokenizer fingerprint).
-fn read_head(r: &mut impl Source, expect: &CacheHeader) -> Result<CacheHeader, String> {
+fn read_head(r: &mut impl Source, expect: &CacheHeader) -> Result<CacheHeader, Malformed> {
     let version = r.u32("version")?;
     if version != VERSION {
-        return Err(format!("version {version}, this build reads {VERSION}"));
+        return Err(format!("version {version}, this build reads {VERSION}").into());
     }
     let hl = r.u32("header length")? as usize;
     let h = r.take(hl, "header")?;
@@ -453,15 +453,16 @@ fn read_head(r: &mut impl Source, expect: &CacheHeader) -> Result<CacheHeader, S
         return Err(format!(
             "header does not match the case: file {:?}, case {:?}",
             header, want
-        ));
+        )
+        .into());
     }
     Ok(header)
 }
 
 /// Position `p`'s record, every field checked.
-fn read_row(r: &mut impl Source, header: &CacheHeader, p: usize) -> Result<RefPosition, String> {
+fn read_row(r: &mut impl Source, header: &CacheHeader, p: usize) -> Result<RefPosition, Malformed> {
     let start = r.at();
-    let bad = |what: &str| format!("offset {start}: position {p}: {what}");
+    let bad = |what: &str| Malformed(format!("offset {start}: position {p}: {what}"));
     let n = r.u32("n_kept")? as usize;
     if n == 0 || n > header.n_vocab {
         return Err(bad(&format!(

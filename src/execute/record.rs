@@ -2,6 +2,7 @@
 //! as JSONL, so later runs compare against them without loading the model.
 //! Also the format of the reference-score cache.
 
+use crate::core::error::Malformed;
 use crate::engine::TokenId;
 use crate::execute::windows::{Scored, ScoringPlan};
 use crate::measure::WindowNll;
@@ -82,7 +83,7 @@ pub(crate) fn record_jsonl(header: &RecordHeader, plan: &ScoringPlan, scored: &S
 pub(crate) fn read_record(
     src: &str,
     plan: &ScoringPlan,
-) -> std::result::Result<(RecordHeader, Scored), String> {
+) -> std::result::Result<(RecordHeader, Scored), Malformed> {
     let mut lines = src.lines().enumerate();
     let (_, first) = lines.next().ok_or("empty file")?;
     let header: RecordHeader =
@@ -91,13 +92,15 @@ pub(crate) fn read_record(
         return Err(format!(
             "1: unsupported record version {}",
             header.quantgate_reference_record
-        ));
+        )
+        .into());
     }
     if header.token_stream_sha256 != plan.token_stream_sha256 {
         return Err(format!(
             "1: the record scores token stream {}, the case {}: not the same tokens",
             header.token_stream_sha256, plan.token_stream_sha256
-        ));
+        )
+        .into());
     }
     let mut scored = Scored {
         windows: vec![WindowNll::default(); plan.windows.len()],
@@ -122,14 +125,15 @@ pub(crate) fn read_record(
             return Err(format!(
                 "{}: entry (window {}, position {}, target {}) where the case scores (window {}, position {}, target {})",
                 l + 1, e.window, e.position, e.target, want.0, want.1, want.2
-            ));
+            ).into());
         }
         if !e.logprob.is_finite() || e.logprob > 0.0 {
             return Err(format!(
                 "{}: logprob {} is not a finite log-probability",
                 l + 1,
                 e.logprob
-            ));
+            )
+            .into());
         }
         let top1 = e.top1 == e.target;
         scored.windows[e.window].add(-e.logprob, top1);
@@ -138,10 +142,7 @@ pub(crate) fn read_record(
         scored.token_argmax.push(e.top1);
     }
     if let Some(w) = expected.next() {
-        return Err(format!(
-            "ends early: no entry for window {}, position {}",
-            w.0, w.1
-        ));
+        return Err(format!("ends early: no entry for window {}, position {}", w.0, w.1).into());
     }
     Ok((header, scored))
 }

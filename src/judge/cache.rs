@@ -187,16 +187,13 @@ pub fn write(runner: &RunContext, p: &Planned, o: &Outcome) {
 /// MAC verifies with the result-cache key) and parses; a damaged or forged
 /// entry is reported and the trial runs again.
 fn read_entry(path: &std::path::Path, key: Option<&auth::Key>) -> Option<Outcome> {
-    let unusable = |why: String| {
-        crate::core::progress::say!(
-            "quantgate: result cache entry {} is unusable ({why}); running the trial",
-            path.display()
-        );
-    };
     match authentic(path, key) {
         Ok(o) => o,
         Err(why) => {
-            unusable(why);
+            crate::core::progress::say!(
+                "quantgate: result cache entry {} is unusable ({why}); running the trial",
+                path.display()
+            );
             None
         }
     }
@@ -204,7 +201,10 @@ fn read_entry(path: &std::path::Path, key: Option<&auth::Key>) -> Option<Outcome
 
 /// The outcome an entry holds: Ok(None) when there is no entry (or no key
 /// to authenticate one); Err(why) when it is damaged, forged or unreadable.
-fn authentic(path: &std::path::Path, key: Option<&auth::Key>) -> Result<Option<Outcome>, String> {
+fn authentic(
+    path: &std::path::Path,
+    key: Option<&auth::Key>,
+) -> Result<Option<Outcome>, crate::core::error::Malformed> {
     let Some(key) = key else {
         return Ok(None);
     };
@@ -216,7 +216,7 @@ fn authentic(path: &std::path::Path, key: Option<&auth::Key>) -> Result<Option<O
     auth::verify(&mut value, key)?;
     serde_json::from_value(value)
         .map(Some)
-        .map_err(|e| format!("not an outcome: {e}"))
+        .map_err(|e| format!("not an outcome: {e}").into())
 }
 
 /// The newest recorded outcome of a planned trial by any build of
@@ -314,7 +314,7 @@ mod tests {
         assert!(forged.contains("3.25"));
         crate::core::fsutil::write_sealed(&path, forged.into_bytes()).unwrap();
         assert_eq!(
-            authentic(&path, Some(key)).unwrap_err(),
+            authentic(&path, Some(key)).unwrap_err().to_string(),
             format!(
                 "its MAC does not verify with the signing key ({}): the file was edited, or \
                  written under another key",
@@ -324,6 +324,7 @@ mod tests {
         crate::core::fsutil::write_sealed(&path, serde_json::to_vec(&o).unwrap()).unwrap();
         assert!(authentic(&path, Some(key))
             .unwrap_err()
+            .to_string()
             .contains("carries no MAC"));
         let mut rng = crate::measure::SplitMix64(7);
         for _ in 0..300 {

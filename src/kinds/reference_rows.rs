@@ -287,9 +287,10 @@ impl Fill for StoredFeed {
     }
 
     fn fill(&mut self, windows: &Range<usize>) -> Result<()> {
-        let bad = |why: String| Error::harness(format!("{}: {why}", self.path.display()));
+        let bad =
+            |why: &dyn std::fmt::Display| Error::harness(format!("{}: {why}", self.path.display()));
         if windows.start != self.next.0 {
-            return Err(bad(format!(
+            return Err(bad(&format!(
                 "windows {windows:?} asked for, the next is {}",
                 self.next.0
             )));
@@ -297,13 +298,13 @@ impl Fill for StoredFeed {
         self.slot.begin(windows.clone(), self.next.1);
         for w in windows.clone() {
             for _ in 0..self.counts[w] {
-                let row = self.stream.next_row().map_err(bad)?;
+                let row = self.stream.next_row().map_err(|e| bad(&e))?;
                 self.slot.push(row);
             }
             self.next = (w + 1, self.next.1 + self.counts[w]);
         }
         if self.next.0 == self.counts.len() {
-            self.stream.finish().map_err(bad)?;
+            self.stream.finish().map_err(|e| bad(&e))?;
         }
         Ok(())
     }

@@ -51,7 +51,7 @@ fn a_cache_round_trips_and_every_corruption_is_caught() {
     let mut other = h.clone();
     other.token_stream_sha256 = "c".repeat(64);
     let e = decode(&bytes, &other, Seal::Plain).unwrap_err();
-    assert!(e.contains("header does not match"), "{e}");
+    assert!(e.0.contains("header does not match"), "{e}");
 }
 
 /// A cache written row by row is byte for byte the one `encode`
@@ -79,7 +79,7 @@ fn a_cache_written_and_read_row_by_row_is_the_whole_one() {
     w.finish().unwrap();
     let bytes = std::fs::read(&path).unwrap();
     assert_eq!(bytes, encode(&h, &rows(), Seal::Plain));
-    let read_all = |p: &std::path::Path| -> Result<Vec<RefPosition>, String> {
+    let read_all = |p: &std::path::Path| -> Result<Vec<RefPosition>, Malformed> {
         let mut s = RowStream::open(p, &h, Seal::Plain)?.ok_or("no file")?;
         let mut out = Vec::new();
         for _ in 0..h.positions {
@@ -117,7 +117,7 @@ fn a_cache_written_and_read_row_by_row_is_the_whole_one() {
     let mut other = h.clone();
     other.token_stream_sha256 = "c".repeat(64);
     let e = RowStream::open(&path, &other, Seal::Plain).err().unwrap();
-    assert!(e.contains("header does not match"), "{e}");
+    assert!(e.0.contains("header does not match"), "{e}");
     assert!(RowStream::open(&dir.join("none.qgref"), &h, Seal::Plain)
         .unwrap()
         .is_none());
@@ -146,7 +146,7 @@ fn a_stream_under_a_key_tells_an_edit_sealed_again_from_an_accident() {
     std::fs::write(&path, crate::core::fsutil::seal(body.clone())).unwrap();
     let e = RowStream::open(&path, &h, Seal::Keyed(key)).err().unwrap();
     assert!(
-        e.contains("plain sha256 seal instead") && e.contains("the stream key"),
+        e.0.contains("plain sha256 seal instead") && e.0.contains("the stream key"),
         "{e}"
     );
     let whole = decode(&std::fs::read(&path).unwrap(), &h, Seal::Keyed(key))
@@ -159,7 +159,7 @@ fn a_stream_under_a_key_tells_an_edit_sealed_again_from_an_accident() {
     std::fs::write(&path, &b).unwrap();
     let e = RowStream::open(&path, &h, Seal::Keyed(key)).err().unwrap();
     assert!(
-        e.contains("does not verify") && !e.contains("plain sha256"),
+        e.0.contains("does not verify") && !e.0.contains("plain sha256"),
         "{e}"
     );
 }

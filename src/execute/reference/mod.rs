@@ -22,7 +22,7 @@
 //! shipped folder is never written.
 
 use crate::core::auth::Seal;
-use crate::core::error::{Error, Result};
+use crate::core::error::{Error, Malformed, Result};
 use crate::core::fsutil::{read_sealed_with, write_sealed_with};
 use crate::core::{Location, Settings};
 use crate::engine::ModelInfo;
@@ -69,7 +69,7 @@ pub struct ReferenceStore {
     pub dir: PathBuf,
     /// A shipped, read-only reference folder (`QUANTGATE_REFERENCE_DIR`),
     /// or why the environment that names it is unusable.
-    shipped: std::result::Result<Option<Shipped>, String>,
+    shipped: Result<Option<Shipped>>,
     scores: Memo<StoredScores>,
     rows: Memo<RefRows>,
     kept: Memo<dyn std::any::Any + Send + Sync>,
@@ -132,7 +132,7 @@ impl ReferenceStore {
     /// folder (or why there is none to use), sealed with `config`'s keys.
     pub fn with_shipped(
         dir: PathBuf,
-        shipped: std::result::Result<Option<Shipped>, String>,
+        shipped: Result<Option<Shipped>>,
         config: &crate::core::config::Config,
     ) -> Self {
         ReferenceStore {
@@ -182,7 +182,7 @@ impl ReferenceStore {
     /// an unusable environment forbids it too.
     fn forbidding(&self) -> Result<Option<&Path>> {
         match &self.shipped {
-            Err(why) => Err(Error::input(why.clone())),
+            Err(why) => Err(why.clone()),
             Ok(Some(s)) if s.missing == Missing::Error => Ok(Some(&s.dir)),
             Ok(_) => Ok(None),
         }
@@ -222,7 +222,7 @@ impl ReferenceStore {
     /// A shipped copy that fails its checks: an error under
     /// `QUANTGATE_REFERENCE_MISSING=error`, else said and left for the
     /// local cache or a new computation.
-    fn shipped_unusable(&self, path: &Path, why: &str) -> Result<()> {
+    fn shipped_unusable(&self, path: &Path, why: &dyn Display) -> Result<()> {
         let msg = format!("shipped reference {} is unusable ({why})", path.display());
         if self.forbidding()?.is_some() {
             return Err(Error::input(msg));
@@ -546,10 +546,10 @@ impl ReferenceStore {
         header: &CacheHeader,
         path: &Path,
         seal: Seal,
-    ) -> std::result::Result<Option<Arc<RefRows>>, String> {
+    ) -> std::result::Result<Option<Arc<RefRows>>, Malformed> {
         match std::fs::read(path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(e.to_string().into()),
             Ok(bytes) => crate::execute::qgref::decode(&bytes, header, seal).map(|(h, rows)| {
                 Some(Arc::new(RefRows {
                     rows,
@@ -621,7 +621,7 @@ impl ReferenceStore {
 fn read_kept<T: serde::de::DeserializeOwned>(id: &str, path: &Path, seal: Seal) -> Option<T> {
     let why = match read_sealed_with(path, seal) {
         Ok(None) => return None,
-        Err(why) => why,
+        Err(why) => why.to_string(),
         Ok(Some(bytes)) => match serde_json::from_slice::<KeptFile<T>>(&bytes) {
             Ok(f) if f.quantgate_kept == 1 && f.id == id => return Some(f.value),
             Ok(f) if f.quantgate_kept != 1 => {

@@ -180,7 +180,7 @@ impl ReferenceStore {
         key: &ScoresKey,
         path: &Path,
         seal: Seal,
-    ) -> std::result::Result<Option<(RecordHeader, Scored)>, String> {
+    ) -> std::result::Result<Option<(RecordHeader, Scored)>, Malformed> {
         let Some(bytes) = read_sealed_with(path, seal)? else {
             return Ok(None);
         };
@@ -190,14 +190,16 @@ impl ReferenceStore {
             return Err(format!(
                 "it is for another model or build ({} {}, expected {} {})",
                 h.model_sha256, h.build, key.model_sha256, key.build
-            ));
+            )
+            .into());
         }
         let want = key.settings.describe();
         if h.settings.as_deref() != Some(want.as_str()) {
             return Err(format!(
                 "it was scored under other settings ({}, expected {want})",
                 h.settings.as_deref().unwrap_or("none recorded")
-            ));
+            )
+            .into());
         }
         Ok(Some((h, scored)))
     }

@@ -136,7 +136,7 @@ fn a_scores_file_copied_under_another_settings_name_is_refused() {
         Seal::local(&crate::core::config::Config::load().unwrap()),
     )
     .unwrap_err();
-    assert!(e.contains("scored under other settings"), "{e}");
+    assert!(e.0.contains("scored under other settings"), "{e}");
 }
 
 /// A shipped folder is read first and never written; what it lacks is
@@ -222,9 +222,9 @@ fn a_shipped_reference_folder_is_read_only_and_complete_or_refused() {
     // An unusable environment refuses to compute, naming the variable.
     let broken = ReferenceStore::with_shipped(
         root.join("cache2"),
-        Err(format!(
+        Err(crate::core::error::Error::input(format!(
             "{REFERENCE_MISSING_ENV}=`x`: expected `error` or `compute`"
-        )),
+        ))),
         &crate::core::config::Config::load().unwrap(),
     );
     let e = fetch(&broken, &built).unwrap_err();

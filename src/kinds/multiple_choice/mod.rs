@@ -433,7 +433,9 @@ impl Kind for MultipleChoice {
             Some(w) => score_winogrande_part(m, settings, w, &shown, only),
             None => score_part(m, settings, &tasks, self.format, &shown, only),
         };
-        let score = |m: &dyn LoadedModel, settings: &Settings| Ok(part(m, settings, None)?.0);
+        let score = |m: &dyn LoadedModel, settings: &Settings| -> Result<_> {
+            Ok(part(m, settings, None)?.0)
+        };
         let (verified, model) = cx.load(alias)?;
         out.timings.prepare = t.elapsed();
         out.model_sha256 = Some(verified.file.sha256.clone());
