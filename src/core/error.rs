@@ -86,6 +86,13 @@ impl From<&str> for Malformed {
     }
 }
 
+impl From<Malformed> for Error {
+    /// Bytes that break their format are the input's fault.
+    fn from(e: Malformed) -> Self {
+        Error::input(e.0)
+    }
+}
+
 impl From<SealError> for Malformed {
     fn from(e: SealError) -> Self {
         Malformed(e.to_string())
@@ -150,6 +157,18 @@ pub enum SealError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct Inconsistent(pub String);
+
+impl From<String> for Inconsistent {
+    fn from(why: String) -> Self {
+        Inconsistent(why)
+    }
+}
+
+impl From<&str> for Inconsistent {
+    fn from(why: &str) -> Self {
+        Inconsistent(why.to_string())
+    }
+}
 
 /// Several errors found in one file, reported together.
 pub fn join(errors: Vec<Error>) -> Error {

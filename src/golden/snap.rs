@@ -6,6 +6,7 @@
 use crate::core::Outcome;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use crate::core::error::Malformed;
 
 /// The inputs a golden was recorded with (its header's `info`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -200,7 +201,7 @@ pub struct Parsed {
 }
 
 /// Parse a golden; the error says which line is wrong.
-pub fn parse(text: &str) -> std::result::Result<Parsed, String> {
+pub fn parse(text: &str) -> std::result::Result<Parsed, Malformed> {
     let mut lines = text.lines().enumerate();
     match lines.next() {
         Some((_, "---")) => {}
@@ -225,7 +226,7 @@ pub fn parse(text: &str) -> std::result::Result<Parsed, String> {
         } else if line.starts_with("source: ") || line.starts_with("expression: ") {
             in_info = false;
         } else {
-            return Err(format!("{}: unexpected header line `{line}`", i + 1));
+            return Err(format!("{}: unexpected header line `{line}`", i + 1).into());
         }
     }
     let body_start = body_start.ok_or("the header has no closing `---`")?;
@@ -259,7 +260,7 @@ pub fn parse(text: &str) -> std::result::Result<Parsed, String> {
                         .parse()
                         .map_err(|_| format!("{n}: `{v}` is not a number"))?;
                     if metrics.insert(k.to_string(), v).is_some() {
-                        return Err(format!("{n}: metric `{k}` appears twice"));
+                        return Err(format!("{n}: metric `{k}` appears twice").into());
                     }
                 }
                 "gates" => gates.push(rest.to_string()),
@@ -269,17 +270,17 @@ pub fn parse(text: &str) -> std::result::Result<Parsed, String> {
                         .ok_or(format!("{n}: expected `name: text`"))?;
                     let v = yaml_unscalar(v).ok_or(format!("{n}: unterminated quoted text"))?;
                     if texts.insert(k.to_string(), v).is_some() {
-                        return Err(format!("{n}: text `{k}` appears twice"));
+                        return Err(format!("{n}: text `{k}` appears twice").into());
                     }
                 }
                 _ => {
                     return Err(format!(
                         "{n}: indented line outside `metrics:`, `gates:` or `texts:`"
-                    ))
+                    ).into())
                 }
             }
         } else if !line.trim().is_empty() {
-            return Err(format!("{n}: unexpected line `{line}`"));
+            return Err(format!("{n}: unexpected line `{line}`").into());
         }
     }
     Ok(Parsed {

@@ -71,7 +71,7 @@ pub trait Kind: Send + Sync + std::fmt::Debug {
     /// `--json` file) holds together: each metric that can be computed
     /// again from what the outcome carries (a per-window series, counts)
     /// equals it. Err(why) names the metrics that disagree.
-    fn recheck(&self, _out: &Outcome) -> std::result::Result<(), String> {
+    fn recheck(&self, _out: &Outcome) -> std::result::Result<(), crate::core::error::Inconsistent> {
         Ok(())
     }
 

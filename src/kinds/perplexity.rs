@@ -323,7 +323,7 @@ impl Kind for Perplexity {
             .then_some(" without a `reference` or `reference_record`")
     }
 
-    fn recheck(&self, out: &Outcome) -> std::result::Result<(), String> {
+    fn recheck(&self, out: &Outcome) -> std::result::Result<(), crate::core::error::Inconsistent> {
         self.text.recheck(out)
     }
 

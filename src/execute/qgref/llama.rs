@@ -6,6 +6,7 @@
 use crate::execute::runtime::basefile;
 use crate::execute::windows::ScoringPlan;
 use crate::measure::kld::RefPosition;
+use crate::core::error::Malformed;
 
 /// Import a llama-perplexity `--kl-divergence-base` file for a case's plan
 /// (llama-perplexity windowing): checks the exact length, the dimensions
@@ -17,7 +18,7 @@ pub(crate) fn import_llama_kld(
     plan: &ScoringPlan,
     n_ctx: u32,
     n_vocab_cand: usize,
-) -> Result<Vec<RefPosition>, String> {
+) -> Result<Vec<RefPosition>, Malformed> {
     // The layout, dimensions, length and every row's scale and minimum
     // are checked by the runtimes' reader of the same files.
     let mut r = basefile::Reader::new(bytes, bytes.len() as u64)?;
@@ -27,18 +28,18 @@ pub(crate) fn import_llama_kld(
     if n_ctx_f != n_ctx as usize {
         return Err(format!(
             "offset 8: n_ctx {n_ctx_f}, the case's window.n_ctx is {n_ctx}"
-        ));
+        ).into());
     }
     if n_vocab != n_vocab_cand {
         return Err(format!(
             "offset 12: n_vocab {n_vocab}, the candidate's vocabulary has {n_vocab_cand}"
-        ));
+        ).into());
     }
     if n_chunk != plan.windows.len() {
         return Err(format!(
             "offset 16: n_chunk {n_chunk}, the case scores {} chunks",
             plan.windows.len()
-        ));
+        ).into());
     }
     let tokens = &head.tokens;
     for (w, pw) in plan.windows.iter().enumerate() {
@@ -50,7 +51,7 @@ pub(crate) fn import_llama_kld(
                 20 + 4 * (w * n_ctx_f + i),
                 file[i],
                 pw.window.tokens[i]
-            ));
+            ).into());
         }
         if pw.first_scored != n_ctx_f / 2 || pw.targets.len() != per_chunk {
             return Err("the case's windows are not llama-perplexity's default windows".into());
@@ -65,9 +66,11 @@ pub(crate) fn import_llama_kld(
     for (w, pw) in plan.windows.iter().enumerate() {
         for (k, &target) in pw.targets.iter().enumerate() {
             let at = r.offset();
-            let place = |e: String| format!("chunk {w}, scored position {k}: {e}");
-            if !r.next_row(&mut row).map_err(place)? {
-                return Err(place(format!("offset {at}: the file ends")));
+            let place = |e: &dyn std::fmt::Display| {
+                Malformed(format!("chunk {w}, scored position {k}: {e}"))
+            };
+            if !r.next_row(&mut row).map_err(|e| place(&e))? {
+                return Err(place(&format!("offset {at}: the file ends")));
             }
             let lp = |j: usize| -> f32 { row.scale * f32::from(row.q[j]) + row.min };
             let mut entries: Vec<(u32, f32)> = (0..n_vocab)
@@ -77,7 +80,7 @@ pub(crate) fn import_llama_kld(
             if entries.is_empty() {
                 return Err(format!(
                     "offset {at}: chunk {w}, scored position {k}: no entry above the −16 floor"
-                ));
+                ).into());
             }
             entries.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
             rows.push(RefPosition {

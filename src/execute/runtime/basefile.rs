@@ -17,6 +17,7 @@
 
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::Path;
+use crate::core::error::Malformed;
 
 /// The file's head.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,7 +92,7 @@ pub struct Reader<R: Read = BufReader<std::fs::File>> {
 
 impl Reader {
     /// Open `path`: its head read and checked, and its length against it.
-    pub fn open(path: &Path) -> Result<Reader, String> {
+    pub fn open(path: &Path) -> Result<Reader, Malformed> {
         let f = std::fs::File::open(path).map_err(|e| format!("{e}"))?;
         let size = f.metadata().map_err(|e| format!("{e}"))?.len();
         Reader::new(BufReader::with_capacity(1 << 20, f), size)
@@ -101,7 +102,7 @@ impl Reader {
 impl<R: Read> Reader<R> {
     /// The base file `file` of `size` bytes: its head read and checked,
     /// and its length against it.
-    pub(crate) fn new(mut file: R, size: u64) -> Result<Reader<R>, String> {
+    pub(crate) fn new(mut file: R, size: u64) -> Result<Reader<R>, Malformed> {
         let mut magic = [0u8; 8];
         file.read_exact(&mut magic)
             .map_err(|_| "offset 0: shorter than a head".to_string())?;
@@ -111,7 +112,7 @@ impl<R: Read> Reader<R> {
                     .into(),
             );
         }
-        let mut i32_at = |what: &str, at: u64| -> Result<i32, String> {
+        let mut i32_at = |what: &str, at: u64| -> Result<i32, Malformed> {
             let mut b = [0u8; 4];
             file.read_exact(&mut b)
                 .map_err(|_| format!("offset {at}: {what}: the file ends"))?;
@@ -125,7 +126,7 @@ impl<R: Read> Reader<R> {
         if c < 4 || v <= 0 || k <= 0 {
             return Err(format!(
                 "offset 8: impossible dimensions n_ctx {c}, n_vocab {v}, n_chunk {k}"
-            ));
+            ).into());
         }
         let mut head = Head {
             n_ctx: c as usize,
@@ -142,7 +143,7 @@ impl<R: Read> Reader<R> {
                 } else {
                     "trailing bytes"
                 }
-            ));
+            ).into());
         }
         let mut tb = vec![0u8; head.n_ctx * head.n_chunk * 4];
         file.read_exact(&mut tb)
@@ -170,7 +171,7 @@ impl<R: Read> Reader<R> {
     /// The next row, or None after the last; a row with a scale or minimum
     /// that is not finite (or a negative scale) is an error naming its
     /// offset.
-    pub fn next_row(&mut self, into: &mut OwnedRow) -> Result<bool, String> {
+    pub fn next_row(&mut self, into: &mut OwnedRow) -> Result<bool, Malformed> {
         if self.rows_left == 0 {
             return Ok(false);
         }
@@ -185,7 +186,7 @@ impl<R: Read> Reader<R> {
         if !scale.is_finite() || !min.is_finite() || scale < 0.0 {
             return Err(format!(
                 "offset {at}: scale {scale}, min_log_prob {min} (must be finite, scale ≥ 0)"
-            ));
+            ).into());
         }
         into.scale = scale;
         into.min = min;
@@ -341,11 +342,11 @@ mod tests {
         // The top entry decodes to about its log-softmax.
         let bytes = std::fs::read(&p).unwrap();
         std::fs::write(&p, &bytes[..bytes.len() - 1]).unwrap();
-        assert!(Reader::open(&p).err().unwrap().contains("truncated"));
+        assert!(Reader::open(&p).err().unwrap().0.contains("truncated"));
         let mut more = bytes.clone();
         more.push(0);
         std::fs::write(&p, &more).unwrap();
-        assert!(Reader::open(&p).err().unwrap().contains("trailing"));
+        assert!(Reader::open(&p).err().unwrap().0.contains("trailing"));
     }
 
     /// The encoding is the tool's: the maximum at 65535, entries more than

@@ -537,8 +537,7 @@ pub(crate) fn compare(
                 return Err(Error::input("a base file ends before the case's windows"));
             }
             drift
-                .push(w, xa.view(), xb.view(), t as usize)
-                .map_err(Error::input)?;
+                .push(w, xa.view(), xb.view(), t as usize)?;
         }
     }
     Ok(drift)

@@ -242,7 +242,7 @@ impl Kind for Kld {
         }
     }
 
-    fn recheck(&self, out: &Outcome) -> std::result::Result<(), String> {
+    fn recheck(&self, out: &Outcome) -> std::result::Result<(), crate::core::error::Inconsistent> {
         self.text.recheck(out)
     }
 

@@ -2,6 +2,7 @@
 //! a bad value is an input error naming its key, never an abort.
 
 use super::Meta;
+use crate::core::error::Malformed;
 use std::collections::BTreeMap;
 
 /// The most layers llama.cpp takes (`LLAMA_MAX_LAYERS`).
@@ -16,7 +17,7 @@ const MAX_LAYERS: i128 = 512;
 pub(super) fn hyperparameters(
     meta: &BTreeMap<String, Meta>,
     arch: Option<&str>,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), Malformed> {
     let Some(arch) = arch else {
         return Ok(());
     };
@@ -153,6 +154,6 @@ pub(super) fn hyperparameters(
         Err(format!(
             "hyperparameters llama.cpp cannot run: {}",
             problems.join("; ")
-        ))
+        ).into())
     }
 }

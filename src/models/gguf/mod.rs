@@ -6,7 +6,7 @@
 //! as `.gguf`) is an `Error` naming the file and byte position, never a panic
 //! or an allocation of attacker-chosen size.
 
-use crate::core::error::{Error, Result};
+use crate::core::error::{Error, Malformed, Result};
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufReader, Read};
@@ -144,13 +144,13 @@ impl<R: Read> Reader<R> {
         self.len.saturating_sub(self.pos)
     }
 
-    fn bytes(&mut self, n: u64, what: &str) -> std::result::Result<Vec<u8>, String> {
+    fn bytes(&mut self, n: u64, what: &str) -> std::result::Result<Vec<u8>, Malformed> {
         if n > self.left() {
             return Err(format!(
                 "{what} needs {n} bytes at offset {}, but only {} are left in the file",
                 self.pos,
                 self.left()
-            ));
+            ).into());
         }
         let n_usize = usize::try_from(n).map_err(|_| format!("{what}: length {n} too large"))?;
         let mut buf = vec![0u8; n_usize];
@@ -164,13 +164,13 @@ impl<R: Read> Reader<R> {
         Ok(buf)
     }
 
-    fn skip(&mut self, n: u64, what: &str) -> std::result::Result<(), String> {
+    fn skip(&mut self, n: u64, what: &str) -> std::result::Result<(), Malformed> {
         if n > self.left() {
             return Err(format!(
                 "{what} needs {n} bytes at offset {}, but only {} are left in the file",
                 self.pos,
                 self.left()
-            ));
+            ).into());
         }
         let mut src = (&mut self.inner).take(n);
         let copied = match &mut self.hash {
@@ -179,37 +179,37 @@ impl<R: Read> Reader<R> {
         }
         .map_err(|e| format!("{what} at offset {}: {e}", self.pos))?;
         if copied != n {
-            return Err(format!("{what} at offset {}: file ended early", self.pos));
+            return Err(format!("{what} at offset {}: file ended early", self.pos).into());
         }
         self.pos += n;
         Ok(())
     }
 
-    fn u32(&mut self, what: &str) -> std::result::Result<u32, String> {
+    fn u32(&mut self, what: &str) -> std::result::Result<u32, Malformed> {
         let b = self.bytes(4, what)?;
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     }
 
-    fn u64(&mut self, what: &str) -> std::result::Result<u64, String> {
+    fn u64(&mut self, what: &str) -> std::result::Result<u64, Malformed> {
         let b = self.bytes(8, what)?;
         let mut a = [0u8; 8];
         a.copy_from_slice(&b);
         Ok(u64::from_le_bytes(a))
     }
 
-    fn string(&mut self, what: &str) -> std::result::Result<Vec<u8>, String> {
+    fn string(&mut self, what: &str) -> std::result::Result<Vec<u8>, Malformed> {
         let at = self.pos;
         let n = self.u64(what)?;
         if n > self.left() {
             return Err(format!(
                 "{what} at offset {at} claims {n} bytes, but only {} are left in the file",
                 self.left()
-            ));
+            ).into());
         }
         self.bytes(n, what)
     }
 
-    fn skip_string(&mut self, what: &str) -> std::result::Result<(), String> {
+    fn skip_string(&mut self, what: &str) -> std::result::Result<(), Malformed> {
         let n = self.u64(what)?;
         self.skip(n, what)
     }
@@ -255,7 +255,7 @@ pub(crate) fn header_structure(path: &Path) -> Result<GgufHeader> {
 
 /// Parse a header from bytes in memory (the unit tests' way in).
 #[cfg(test)]
-pub(crate) fn preflight_bytes(bytes: &[u8]) -> std::result::Result<GgufHeader, String> {
+pub(crate) fn preflight_bytes(bytes: &[u8]) -> std::result::Result<GgufHeader, Malformed> {
     let mut r = Reader {
         inner: bytes,
         pos: 0,
@@ -267,7 +267,7 @@ pub(crate) fn preflight_bytes(bytes: &[u8]) -> std::result::Result<GgufHeader, S
     Ok(h)
 }
 
-fn parse<R: Read>(r: &mut Reader<R>) -> std::result::Result<GgufHeader, String> {
+fn parse<R: Read>(r: &mut Reader<R>) -> std::result::Result<GgufHeader, Malformed> {
     let magic = r
         .bytes(4, "magic")
         .map_err(|_| format!("file is {} bytes, too short for a GGUF header", r.len))?;
@@ -282,13 +282,13 @@ fn parse<R: Read>(r: &mut Reader<R>) -> std::result::Result<GgufHeader, String> 
         return Err(format!(
             "bad magic {:?} at offset 0, expected \"GGUF\"{hint}",
             String::from_utf8_lossy(&magic)
-        ));
+        ).into());
     }
     let version = r.u32("version")?;
     if version != 2 && version != 3 {
         return Err(format!(
             "unsupported GGUF version {version} at offset 4 (expected 2 or 3)"
-        ));
+        ).into());
     }
     let n_tensors = r.u64("tensor count")?;
     let n_kv = r.u64("metadata count")?;
@@ -300,7 +300,7 @@ fn parse<R: Read>(r: &mut Reader<R>) -> std::result::Result<GgufHeader, String> 
         return Err(format!(
             "header claims {n_kv} metadata entries and {n_tensors} tensors, more than the {} bytes left can hold",
             r.left()
-        ));
+        ).into());
     }
     let mut architecture = None;
     let mut alignment: u64 = 32;
@@ -336,7 +336,7 @@ fn parse<R: Read>(r: &mut Reader<R>) -> std::result::Result<GgufHeader, String> 
                 if !alignment.is_power_of_two() {
                     return Err(format!(
                         "`general.alignment` is {alignment}, not a power of two"
-                    ));
+                    ).into());
                 }
             }
             _ => {}
@@ -364,7 +364,7 @@ fn parse<R: Read>(r: &mut Reader<R>) -> std::result::Result<GgufHeader, String> 
         if n_dims > 8 {
             return Err(format!(
                 "tensor #{i} claims {n_dims} dimensions (at most 8 are possible)"
-            ));
+            ).into());
         }
         let mut elems: u64 = 1;
         for _ in 0..n_dims {
@@ -402,7 +402,7 @@ fn parse<R: Read>(r: &mut Reader<R>) -> std::result::Result<GgufHeader, String> 
                 bytes.map_or("?".to_string(), |b| b.to_string()),
                 offset,
                 r.len
-            ));
+            ).into());
         }
     }
     Ok(GgufHeader {
@@ -426,7 +426,7 @@ pub(crate) fn check_split_part(
     h: &GgufHeader,
     index: usize,
     n: usize,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), Malformed> {
     let mut problems = Vec::new();
     for (k, want) in [("split.no", index), ("split.count", n)] {
         match h.meta.get(k) {
@@ -444,14 +444,14 @@ pub(crate) fn check_split_part(
         Err(format!(
             "the split parts are not in order: {} (parts renamed or mixed up?)",
             problems.join("; ")
-        ))
+        ).into())
     }
 }
 
 /// Read one value of GGUF type `t`: a scalar or a string of at most 4 KiB
 /// as itself, a longer string as its length, an array as its length (its
 /// elements skipped, bounded as in [`skip_value`]).
-fn read_value<R: Read>(r: &mut Reader<R>, t: u32, key: &str) -> std::result::Result<Meta, String> {
+fn read_value<R: Read>(r: &mut Reader<R>, t: u32, key: &str) -> std::result::Result<Meta, Malformed> {
     let what = format!("value of `{key}`");
     let int = |b: &[u8], signed: bool| -> i128 {
         let mut a = [0u8; 16];
@@ -495,7 +495,7 @@ fn read_value<R: Read>(r: &mut Reader<R>, t: u32, key: &str) -> std::result::Res
             return Err(format!(
                 "`{key}`: unknown value type {t} at offset {}",
                 r.pos
-            ))
+            ).into())
         }
     })
 }
@@ -505,7 +505,7 @@ fn skip_value<R: Read>(
     t: u32,
     key: &str,
     depth: u32,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), Malformed> {
     if let Some(size) = scalar_size(t) {
         return r.skip(size, &format!("value of `{key}`"));
     }
@@ -513,7 +513,7 @@ fn skip_value<R: Read>(
         8 => r.skip_string(&format!("value of `{key}`")),
         9 => {
             if depth > 2 {
-                return Err(format!("`{key}`: arrays nested too deeply"));
+                return Err(format!("`{key}`: arrays nested too deeply").into());
             }
             let et = r.u32(&format!("array type of `{key}`"))?;
             let n = r.u64(&format!("array length of `{key}`"))?;
@@ -522,7 +522,7 @@ fn skip_value<R: Read>(
         _ => Err(format!(
             "`{key}`: unknown value type {t} at offset {}",
             r.pos
-        )),
+        ).into()),
     }
 }
 
@@ -533,7 +533,7 @@ fn skip_array<R: Read>(
     n: u64,
     key: &str,
     depth: u32,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), Malformed> {
     if let Some(size) = scalar_size(et) {
         let total = n
             .checked_mul(size)
@@ -545,7 +545,7 @@ fn skip_array<R: Read>(
         return Err(format!(
             "`{key}`: array claims {n} elements, more than the {} bytes left can hold",
             r.left()
-        ));
+        ).into());
     }
     for _ in 0..n {
         skip_value(r, et, key, depth + 1)?;

@@ -165,7 +165,7 @@ fn hyperparameters_llama_cpp_aborts_on_are_input_errors() {
     ] {
         let e = with(key, t, val);
         assert!(
-            e.contains(&format!("`{key}`")) && e.contains(says),
+            e.0.contains(&format!("`{key}`")) && e.0.contains(says),
             "{key}={val}: {e}"
         );
     }
@@ -186,9 +186,9 @@ fn hyperparameters_llama_cpp_aborts_on_are_input_errors() {
     };
     check_split_part(&part("1", "3"), 1, 3).unwrap();
     let e = check_split_part(&part("2", "3"), 1, 3).unwrap_err();
-    assert!(e.contains("`split.no` = 2, but it is part 2 of 3"), "{e}");
+    assert!(e.0.contains("`split.no` = 2, but it is part 2 of 3"), "{e}");
     let e = check_split_part(&part("1", "4"), 1, 3).unwrap_err();
-    assert!(e.contains("`split.count` = 4"), "{e}");
+    assert!(e.0.contains("`split.count` = 4"), "{e}");
 }
 
 /// The tokenizer hash covers the vocabulary, merges and every other
@@ -235,7 +235,7 @@ fn tensor_data_beyond_the_end_of_the_file_is_caught() {
     for cut in [full.len() - 1, full.len() - 34] {
         let e = preflight_bytes(&full[..cut]).unwrap_err();
         assert!(
-            e.contains("tensor #0 `w`") && e.contains("beyond the end of the file"),
+            e.0.contains("tensor #0 `w`") && e.0.contains("beyond the end of the file"),
             "{cut}: {e}"
         );
     }
@@ -291,27 +291,27 @@ fn absurd_counts_are_rejected_before_allocation() {
     h[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
     let e = preflight_bytes(&h).unwrap_err();
     assert!(
-        e.contains("tensor count overflows") || e.contains("more than"),
+        e.0.contains("tensor count overflows") || e.0.contains("more than"),
         "{e}"
     );
     let mut h = tiny_header();
     h[16..24].copy_from_slice(&(1u64 << 40).to_le_bytes());
     assert!(preflight_bytes(&h)
         .unwrap_err()
-        .contains("metadata entries"));
+        .0.contains("metadata entries"));
     // A string length far beyond the file.
     let mut h = tiny_header();
     h[24..32].copy_from_slice(&(1u64 << 62).to_le_bytes());
-    assert!(preflight_bytes(&h).unwrap_err().contains("claims"));
+    assert!(preflight_bytes(&h).unwrap_err().0.contains("claims"));
 }
 
 #[test]
 fn html_and_lfs_pointers_are_named() {
     let e = preflight_bytes(b"<!DOCTYPE html><html>...</html>").unwrap_err();
-    assert!(e.contains("HTML"), "{e}");
+    assert!(e.0.contains("HTML"), "{e}");
     let e = preflight_bytes(b"version https://git-lfs.github.com/spec/v1\noid sha256:ab\n")
         .unwrap_err();
-    assert!(e.contains("git-lfs"), "{e}");
+    assert!(e.0.contains("git-lfs"), "{e}");
 }
 
 #[test]
