@@ -380,7 +380,7 @@ impl Outcome {
 
     /// The failure message for a test, or None on pass.
     pub fn failure_message(&self) -> Option<String> {
-        self.end().into_result().err()
+        self.end().into_result().err().map(|e| e.to_string())
     }
 
     /// How the trial ended: passed, a gate violated (the violations), or
@@ -405,26 +405,31 @@ impl Outcome {
 
 /// How a trial ended, with the whole failure message when it did not pass
 /// (one enum over an outcome's status, error and input fault).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TrialEnd {
     /// Its gates held, its files were written and its golden matches.
+    #[error("passed")]
     Pass,
     /// It ran, and a gate was violated, a file could not be written or
     /// its golden differs.
+    #[error("{0}")]
     Fail(String),
     /// It could not run: its input is wrong (a case, a model file, a
     /// pinned file); exit 2 in `quantgate run`.
+    #[error("{0}")]
     InputError(String),
     /// It could not run: the engine failed, or its worker died.
+    #[error("{0}")]
     EngineError(String),
 }
 
 impl TrialEnd {
-    /// Ok, or the whole failure message.
-    pub fn into_result(self) -> Result<(), String> {
+    /// Ok when it passed; else itself, whose `Display` is the whole
+    /// failure message.
+    pub fn into_result(self) -> Result<(), TrialEnd> {
         match self {
             TrialEnd::Pass => Ok(()),
-            TrialEnd::Fail(m) | TrialEnd::InputError(m) | TrialEnd::EngineError(m) => Err(m),
+            end => Err(end),
         }
     }
 

@@ -156,6 +156,27 @@ fn accept_hint(pending: &str, golden: &str) -> String {
     )
 }
 
+/// Why a trial's golden does not match: each with its whole message (the
+/// diff, the file written as pending, the command that accepts it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GoldenError {
+    /// The golden or its pending file could not be read or written.
+    #[error("{0}")]
+    Io(String),
+    /// There is none yet: the outcome was written as pending (`.snap.new`).
+    #[error("{0}")]
+    New(String),
+    /// There is none, and nothing may be written (update mode `no`).
+    #[error("{0}")]
+    Missing(String),
+    /// It does not parse (and is not taken as missing).
+    #[error("{0}")]
+    Unparsable(String),
+    /// It differs from the outcome, or was recorded with other inputs.
+    #[error("{0}")]
+    Changed(String),
+}
+
 /// Check `outcome` against its golden; write per `mode`. Ok(()) when the
 /// golden matches (or was written in `Always` mode); Err(message) otherwise.
 pub fn check(
@@ -164,7 +185,7 @@ pub fn check(
     case_file: &str,
     goldens: &Goldens,
     mode: UpdateMode,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), GoldenError> {
     if outcome.status == Status::Error {
         // An error is reported by itself; there is nothing to record.
         return Ok(());
@@ -175,39 +196,43 @@ pub fn check(
     let rendered = render(outcome, case_file);
     let write = |dest: &Path| {
         crate::core::fsutil::write_atomic(dest, rendered.as_bytes())
-            .map_err(|e| format!("writing {}: {e}", goldens.show(dest)))
+            .map_err(|e| GoldenError::Io(format!("writing {}: {e}", goldens.show(dest))))
     };
     let old = match std::fs::read_to_string(&path) {
         Ok(t) => Some(t),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(format!("{shown}: cannot read the golden: {e}")),
+        Err(e) => {
+            return Err(GoldenError::Io(format!(
+                "{shown}: cannot read the golden: {e}"
+            )))
+        }
     };
     let Some(old) = old else {
         return match mode {
             UpdateMode::Always => write(&path),
             UpdateMode::New => {
                 write(&pending)?;
-                Err(format!(
+                Err(GoldenError::New(format!(
                     "no golden yet for {}::{}; wrote {shown_new}:\n{}\n{}",
                     outcome.case,
                     outcome.model,
                     indent(&rendered),
                     accept_hint(&shown_new, &shown)
-                ))
+                )))
             }
-            UpdateMode::No => Err(format!(
+            UpdateMode::No => Err(GoldenError::Missing(format!(
                 "missing golden {shown} for {}::{} (nothing written: update mode `no`{}); \
                  run `cargo test --release` locally to write it, review and commit it",
                 outcome.case,
                 outcome.model,
                 if goldens.ci { ", CI is set" } else { "" }
-            )),
+            ))),
         };
     };
     let golden = parse(&old).map_err(|e| {
-        format!(
+        GoldenError::Unparsable(format!(
             "{shown}:{e}\nthe golden does not parse; it is not treated as missing. Fix it, or delete it and rerun to record a new one"
-        )
+        ))
     })?;
     let current = Inputs::of(outcome);
     let changed_inputs: Vec<String> = Inputs::IDENTITY
@@ -221,8 +246,9 @@ pub fn check(
             )
         })
         .collect();
-    let now =
-        parse(&rendered).map_err(|e| format!("internal: a rendered golden does not parse: {e}"))?;
+    let now = parse(&rendered).map_err(|e| {
+        GoldenError::Unparsable(format!("internal: a rendered golden does not parse: {e}"))
+    })?;
     let diffs = compare(&golden, &now, case);
     if changed_inputs.is_empty() && diffs.is_empty() {
         if mode != UpdateMode::No && pending.exists() {
@@ -246,14 +272,14 @@ pub fn check(
         UpdateMode::Always => write(&path),
         UpdateMode::New => {
             write(&pending)?;
-            Err(format!(
+            Err(GoldenError::Changed(format!(
                 "{what}-old golden / +new outcome:\n{diff}wrote {shown_new}\n{}",
                 accept_hint(&shown_new, &shown)
-            ))
+            )))
         }
-        UpdateMode::No => Err(format!(
+        UpdateMode::No => Err(GoldenError::Changed(format!(
             "{what}-old golden / +new outcome:\n{diff}nothing written (update mode `no`)"
-        )),
+        ))),
     }
 }
 

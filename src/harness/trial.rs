@@ -16,7 +16,7 @@ pub fn run_trial(
     p: &Planned,
     goldens: &Goldens,
     mode: UpdateMode,
-) -> Result<(), String> {
+) -> Result<(), TrialEnd> {
     group_verdicts(runner, &[p], &[], goldens, mode)
         .pop()
         .expect("one verdict per trial")
@@ -82,12 +82,12 @@ pub(crate) fn verdict(
     mode: UpdateMode,
 ) -> TrialEnd {
     let end = outcome.end();
-    let mut messages: Vec<String> = end.clone().into_result().err().into_iter().collect();
+    let mut messages: Vec<String> = end.clone().into_result().err().iter().map(ToString::to_string).collect();
     messages.extend(unwritten);
     if let Ok(parsed) = &p.case {
         let source = format!("suites/{}.toml", parsed.case.name);
         if let Err(m) = golden::check(outcome, &parsed.case, &source, goldens, mode) {
-            messages.push(m);
+            messages.push(m.to_string());
         }
     }
     let message = messages.join("\n");

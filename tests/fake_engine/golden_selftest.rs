@@ -82,8 +82,9 @@ fn fixture(tag: &str, gate_max: f64) -> Fixture {
 }
 
 impl Fixture {
+    /// Ok, or the trial's whole failure message.
     fn run(&self, mode: UpdateMode) -> Result<(), String> {
-        run_trial(&self.runner, &self.planned[0], &self.goldens, mode)
+        run_trial(&self.runner, &self.planned[0], &self.goldens, mode).map_err(|e| e.to_string())
     }
     fn golden(&self) -> PathBuf {
         self.goldens.path("ppl/case", "tiny")

@@ -56,29 +56,62 @@ pub struct Condition {
     pub threshold: f64,
 }
 
+/// Why a preregistered rule gives no decision: never a tie.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum NoDecision {
+    /// A metric the rule reads was not measured.
+    #[error("metric `{metric}` was not measured: no decision")]
+    NotMeasured {
+        /// Its name.
+        metric: String,
+    },
+    /// A metric the rule reads is NaN or infinite.
+    #[error("metric `{metric}` is {value}: no decision")]
+    NotFinite {
+        /// Its name.
+        metric: String,
+        /// What was measured.
+        value: f64,
+    },
+    /// Both the win and the loss conditions hold.
+    #[error("{rule_at}: rule: both `{win}` and `{loss}` hold ({w}, {l}): the rule is ambiguous")]
+    Ambiguous {
+        /// Where the rule is written.
+        rule_at: String,
+        /// The win condition.
+        win: String,
+        /// The loss condition.
+        loss: String,
+        /// The win condition's bound as measured.
+        w: f64,
+        /// The loss condition's bound as measured.
+        l: f64,
+    },
+}
+
 impl Condition {
-    fn parse(text: &str) -> std::result::Result<Self, String> {
+    fn parse(text: &str) -> std::result::Result<Self, crate::core::error::Malformed> {
         let parts: Vec<&str> = text.split_whitespace().collect();
         let [bound, op, num] = parts[..] else {
             return Err(format!(
                 "`{text}`: write `<bound> <op> <number>`, e.g. `ci95_hi < 0`"
-            ));
+            ).into());
         };
         if !BOUNDS.contains(&bound) && !SEQ_BOUNDS.contains(&bound) {
             return Err(format!(
                 "`{text}`: `{bound}` is not one of {}, {}",
                 BOUNDS.join(", "),
                 SEQ_BOUNDS.join(", ")
-            ));
+            ).into());
         }
         if !["<", "<=", ">", ">="].contains(&op) {
-            return Err(format!("`{text}`: `{op}` is not one of <, <=, >, >="));
+            return Err(format!("`{text}`: `{op}` is not one of <, <=, >, >=").into());
         }
         let threshold: f64 = num
             .parse()
             .map_err(|_| format!("`{text}`: `{num}` is not a number"))?;
         if !threshold.is_finite() {
-            return Err(format!("`{text}`: `{num}` is not a finite number"));
+            return Err(format!("`{text}`: `{num}` is not a finite number").into());
         }
         Ok(Condition {
             bound: bound.into(),
@@ -360,12 +393,17 @@ impl Prereg {
         &self,
         metrics: &BTreeMap<String, f64>,
         sealed_at: &str,
-    ) -> std::result::Result<Decision, String> {
-        let get = |name: &str| -> std::result::Result<f64, String> {
+    ) -> std::result::Result<Decision, NoDecision> {
+        let get = |name: &str| -> std::result::Result<f64, NoDecision> {
             match metrics.get(name) {
                 Some(v) if v.is_finite() => Ok(*v),
-                Some(v) => Err(format!("metric `{name}` is {v}: no decision")),
-                None => Err(format!("metric `{name}` was not measured: no decision")),
+                Some(v) => Err(NoDecision::NotFinite {
+                    metric: name.to_string(),
+                    value: *v,
+                }),
+                None => Err(NoDecision::NotMeasured {
+                    metric: name.to_string(),
+                }),
             }
         };
         let value = get(&self.metric.0)?;
@@ -373,10 +411,13 @@ impl Prereg {
         let l = get(&self.loss.metric_name(&self.metric.0))?;
         let outcome = match (self.win.holds(w), self.loss.holds(l)) {
             (true, true) => {
-                return Err(format!(
-                    "{}: rule: both `{}` and `{}` hold ({w}, {l}): the rule is ambiguous",
-                    self.rule_at, self.win, self.loss
-                ))
+                return Err(NoDecision::Ambiguous {
+                    rule_at: self.rule_at.to_string(),
+                    win: self.win.to_string(),
+                    loss: self.loss.to_string(),
+                    w,
+                    l,
+                })
             }
             (true, false) => Verdict::Win,
             (false, true) => Verdict::Loss,
