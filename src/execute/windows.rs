@@ -108,13 +108,31 @@ pub struct ScoringPlan {
     pub token_stream_sha256: String,
 }
 
+/// Why a text cannot be cut into the windows a case asks for: too few
+/// tokens for its context, a skip past the end, no window left.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Unplannable(pub String);
+
+impl From<&str> for Unplannable {
+    fn from(why: &str) -> Self {
+        Unplannable(why.to_string())
+    }
+}
+
+impl From<String> for Unplannable {
+    fn from(why: String) -> Self {
+        Unplannable(why)
+    }
+}
+
 /// Cut `ids` into windows. `bos` is Some(id) when the model adds BOS
 /// (llama-perplexity default mode substitutes it).
 pub fn plan_windows(
     ids: &[TokenId],
     windowing: &Windowing,
     bos: Option<TokenId>,
-) -> std::result::Result<ScoringPlan, String> {
+) -> std::result::Result<ScoringPlan, Unplannable> {
     let mut windows = Vec::new();
     let n = ids.len();
     match windowing {
@@ -125,13 +143,14 @@ pub fn plan_windows(
         } => {
             let n_ctx = *n_ctx as usize;
             if n < 2 * n_ctx {
-                return Err(format!("the text tokenizes to only {n} tokens; llama-perplexity needs at least 2 × n_ctx = {}", 2 * n_ctx));
+                return Err(format!("the text tokenizes to only {n} tokens; llama-perplexity needs at least 2 × n_ctx = {}", 2 * n_ctx).into());
             }
             let total = n / n_ctx;
             if *skip >= total {
                 return Err(format!(
                     "window.skip: {skip} chunks leaves none of the {total} chunks of {n_ctx} tokens"
-                ));
+                )
+                .into());
             }
             let left = total - skip;
             let n_chunk = chunks.map_or(left, |c| c.min(left));
@@ -159,7 +178,7 @@ pub fn plan_windows(
                 return Err(format!(
                     "the text tokenizes to only {n} tokens; strided mode needs at least 2 × context = {}",
                     2 * calc
-                ));
+                ).into());
             }
             // The tool's (n − C + S − 1) / S.
             let n_chunk_max = (n - calc).div_ceil(stride);
@@ -185,7 +204,7 @@ pub fn plan_windows(
                         "the window at start {s} needs ids {s}..={}, so at least {} ids; the file has {n}",
                         s.saturating_add(l),
                         s.saturating_add(l + 1)
-                    ));
+                    ).into());
                 }
                 windows.push(PlannedWindow {
                     window: Window {
@@ -216,7 +235,9 @@ pub fn plan_windows(
 
 /// Parse a token-id file: decimal integers separated by whitespace.
 /// Errors name the line and column.
-pub(crate) fn parse_token_ids(src: &str) -> std::result::Result<Vec<TokenId>, String> {
+pub(crate) fn parse_token_ids(
+    src: &str,
+) -> std::result::Result<Vec<TokenId>, crate::core::error::Malformed> {
     let mut out = Vec::new();
     for (l, line) in src.lines().enumerate() {
         let mut col = 0;
@@ -227,11 +248,11 @@ pub(crate) fn parse_token_ids(src: &str) -> std::result::Result<Vec<TokenId>, St
                 .ok()
                 .filter(|v: &TokenId| *v >= 0)
                 .ok_or_else(|| {
-                    format!(
+                    crate::core::error::Malformed(format!(
                         "{}:{}: `{word}` is not a token id (a non-negative integer)",
                         l + 1,
                         col + 1
-                    )
+                    ))
                 })?;
             out.push(id);
             col += word.len();
@@ -579,7 +600,7 @@ mod tests {
             None,
         )
         .unwrap_err();
-        assert!(e.contains("only 100 tokens"), "{e}");
+        assert!(e.0.contains("only 100 tokens"), "{e}");
         // skip: the tool's chunks 4 and 5, nothing else.
         let held_out = Windowing::LlamaPerplexity {
             n_ctx: 16,
@@ -596,7 +617,7 @@ mod tests {
             skip: 6,
         };
         let e = plan_windows(&toks, &none_left, None).unwrap_err();
-        assert!(e.contains("window.skip: 6"), "{e}");
+        assert!(e.0.contains("window.skip: 6"), "{e}");
     }
 
     #[test]
@@ -643,7 +664,7 @@ mod tests {
             starts: vec![usize::MAX - 10],
         };
         let e = plan_windows(&toks, &far, None).unwrap_err();
-        assert!(e.contains("the file has 1025"), "{e}");
+        assert!(e.0.contains("the file has 1025"), "{e}");
         // The strided context is computed without wrapping.
         let huge = Windowing::Strided {
             n_ctx: u32::MAX - 1,
@@ -653,7 +674,7 @@ mod tests {
         assert_eq!(huge.context(), u32::MAX);
         let e = plan_windows(&toks[..1024], &w, None).unwrap_err();
         assert!(
-            e.contains("start 512 needs ids 512..=1024, so at least 1025 ids; the file has 1024"),
+            e.0.contains("start 512 needs ids 512..=1024, so at least 1025 ids; the file has 1024"),
             "{e}"
         );
     }
@@ -662,7 +683,7 @@ mod tests {
     fn token_id_files_name_the_bad_position() {
         assert_eq!(parse_token_ids("1 2\n3\n\n 4").unwrap(), vec![1, 2, 3, 4]);
         let e = parse_token_ids("1 2\n3 x4 5\n").unwrap_err();
-        assert_eq!(e, "2:3: `x4` is not a token id (a non-negative integer)");
-        assert!(parse_token_ids("-1").unwrap_err().starts_with("1:1:"));
+        assert_eq!(e.0, "2:3: `x4` is not a token id (a non-negative integer)");
+        assert!(parse_token_ids("-1").unwrap_err().0.starts_with("1:1:"));
     }
 }

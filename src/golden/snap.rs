@@ -3,10 +3,10 @@
 //! that `cargo insta accept` leaves a golden byte for byte as quantgate
 //! wrote it, and read back line by line with the line of any error.
 
+use crate::core::error::Malformed;
 use crate::core::Outcome;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use crate::core::error::Malformed;
 
 /// The inputs a golden was recorded with (its header's `info`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -276,7 +276,8 @@ pub fn parse(text: &str) -> std::result::Result<Parsed, Malformed> {
                 _ => {
                     return Err(format!(
                         "{n}: indented line outside `metrics:`, `gates:` or `texts:`"
-                    ).into())
+                    )
+                    .into())
                 }
             }
         } else if !line.trim().is_empty() {

@@ -82,7 +82,13 @@ pub(crate) fn verdict(
     mode: UpdateMode,
 ) -> TrialEnd {
     let end = outcome.end();
-    let mut messages: Vec<String> = end.clone().into_result().err().iter().map(ToString::to_string).collect();
+    let mut messages: Vec<String> = end
+        .clone()
+        .into_result()
+        .err()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
     messages.extend(unwritten);
     if let Ok(parsed) = &p.case {
         let source = format!("suites/{}.toml", parsed.case.name);

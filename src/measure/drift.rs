@@ -13,9 +13,9 @@
 //! mean NLL_A, its mean over windows with the Student-t 95% interval.
 //! Pure: no I/O.
 
+use crate::core::error::Malformed;
 use crate::measure::stats::{quantile, t_interval95, wilson95};
 use std::collections::BTreeMap;
-use crate::core::error::Malformed;
 
 /// One position's row, as a base file holds it.
 #[derive(Debug, Clone, Copy)]
@@ -105,13 +105,20 @@ impl Drift {
 
     /// One position of window `w` (windows in order, from 0): A's and B's
     /// rows, and the true next token. Rows of another length are an error.
-    pub(crate) fn push(&mut self, w: usize, a: Row, b: Row, target: usize) -> Result<(), Malformed> {
+    pub(crate) fn push(
+        &mut self,
+        w: usize,
+        a: Row,
+        b: Row,
+        target: usize,
+    ) -> Result<(), Malformed> {
         if a.q.len() != b.q.len() || target >= a.q.len() {
             return Err(format!(
                 "window {w}: rows of {} and {} entries, target {target}",
                 a.q.len(),
                 b.q.len()
-            ).into());
+            )
+            .into());
         }
         while self.windows.len() <= w {
             self.windows.push((0.0, 0.0, 0));

@@ -602,12 +602,13 @@ pub fn clean_stale_temps(cache: &Path) {
 mod tests {
     use super::*;
 
-    fn load(name: &str, body: &str) -> std::result::Result<Registry, String> {
+    /// The registry `body` written to a file of its own, or the error's words.
+    fn load(name: &str, body: &str) -> Result<Registry> {
         let dir = std::env::temp_dir().join(format!("qg-registry-{name}-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
         let p = dir.join("models.toml");
         fs::write(&p, body).unwrap();
-        Registry::load(&p).map_err(|e| e.message)
+        Registry::load(&p)
     }
 
     const SHA: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -620,7 +621,7 @@ mod tests {
             ("\"a/b\"", "may hold only letters"),
             ("\".hidden\"", "must not start with `.`"),
         ] {
-            let e = load("alias", &format!("[ok]\nsha256 = \"{SHA}\"\npath = \"m.gguf\"\n\n[{alias}]\nsha256 = \"{SHA}\"\npath = \"m.gguf\"\n")).unwrap_err();
+            let e = load("alias", &format!("[ok]\nsha256 = \"{SHA}\"\npath = \"m.gguf\"\n\n[{alias}]\nsha256 = \"{SHA}\"\npath = \"m.gguf\"\n")).unwrap_err().message;
             assert!(
                 e.contains("models.toml:5:2: [") && e.contains(why),
                 "{alias}: {e}"
@@ -631,13 +632,16 @@ mod tests {
 
     #[test]
     fn derive_cycles_are_refused_at_load_naming_the_cycle() {
-        let e = load("self", "[a]\nderive = { from = \"a\", quant = \"Q8_0\" }\n").unwrap_err();
+        let e = load("self", "[a]\nderive = { from = \"a\", quant = \"Q8_0\" }\n")
+            .unwrap_err()
+            .message;
         assert!(e.contains("the derive recipes form a cycle: a → a"), "{e}");
         let e = load(
             "pair",
             "[a]\nderive = { from = \"b\", quant = \"Q8_0\" }\n[b]\nderive = { from = \"a\", quant = \"Q8_0\" }\n",
         )
-        .unwrap_err();
+        .unwrap_err()
+        .message;
         assert!(e.contains("cycle: a → b → a"), "{e}");
         assert_eq!(e.matches("cycle").count(), 1, "{e}");
     }

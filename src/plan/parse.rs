@@ -80,7 +80,7 @@ pub fn parse_case(file: &Path, path: &Path, name: &str) -> Result<Parsed> {
 /// The aliases a case's model entry names: a registry alias, or with
 /// `path:` local files (relative to the case file, globs allowed), pinned in
 /// the lock beside the registry that holds the case.
-fn resolve_models(file: &Path, spec: &str) -> std::result::Result<Vec<String>, String> {
+fn resolve_models(file: &Path, spec: &str) -> Result<Vec<String>> {
     if !spec.starts_with("path:") {
         return Ok(vec![spec.to_string()]);
     }
@@ -89,10 +89,14 @@ fn resolve_models(file: &Path, spec: &str) -> std::result::Result<Vec<String>, S
         .ancestors()
         .map(|d| d.join("models.toml"))
         .find(|r| r.is_file())
-        .ok_or_else(|| format!("`{spec}`: no models.toml above the case to pin the file beside"))?;
-    let reg = crate::models::Registry::load(&registry).map_err(|e| e.message)?;
-    let files = crate::models::local::expand(spec, dir).map_err(|e| e.message)?;
-    crate::models::local::pin(&registry, &reg.own_aliases(), &files, false).map_err(|e| e.message)
+        .ok_or_else(|| {
+            Error::input(format!(
+                "`{spec}`: no models.toml above the case to pin the file beside"
+            ))
+        })?;
+    let reg = crate::models::Registry::load(&registry)?;
+    let files = crate::models::local::expand(spec, dir)?;
+    crate::models::local::pin(&registry, &reg.own_aliases(), &files, false)
 }
 
 /// [`parse_case`] with the command line's [`Overrides`].

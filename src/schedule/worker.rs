@@ -28,6 +28,21 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, ExitCode, Stdio};
 use std::sync::{Arc, Mutex};
 
+/// Why a worker answered no more of a job, with `{name}` where the name of
+/// the trial it did not answer goes.
+#[derive(Debug, Clone, thiserror::Error)]
+enum WorkerError {
+    /// It could not be started.
+    #[error("{0}")]
+    Start(String),
+    /// It died (how, and its last words), now or before this job.
+    #[error("{0}")]
+    Died(String),
+    /// It wrote a line that is not the protocol.
+    #[error("{0}")]
+    Protocol(String),
+}
+
 /// The environment variable that makes an executable a worker.
 pub const WORKER_ENV: &str = "QUANTGATE_WORKER";
 /// The selection a worker plans (JSON [`Selection`]).
@@ -292,6 +307,7 @@ impl Worker {
     pub(crate) fn run(&mut self, job: &Job, threads: u32) -> GroupRun {
         let mut ran = GroupRun::default();
         if let Err(why) = self.run_inner(job, threads, &mut ran) {
+            let why = why.to_string();
             let answered = ran.outcomes.len();
             // Reference work alone has no trial to carry the death: it is
             // said as failed work (the trials that need it then build it
@@ -319,10 +335,11 @@ impl Worker {
         ran
     }
 
-    fn start(&mut self, threads: u32) -> Result<(), String> {
+    fn start(&mut self, threads: u32) -> Result<(), WorkerError> {
         // The running build itself, even if its file was rebuilt or
         // removed since it started (named as it was started, for `ps`).
-        let exe = crate::core::fsutil::running_exe().map_err(|e| format!("current_exe: {e}"))?;
+        let exe = crate::core::fsutil::running_exe()
+            .map_err(|e| WorkerError::Start(format!("current_exe: {e}")))?;
         let plan = serde_json::to_string(&*self.selection).expect("a selection serialises");
         let mut cmd = Command::new(exe);
         #[cfg(unix)]
@@ -344,9 +361,9 @@ impl Worker {
         } else if crate::core::progress::stderr_is_terminal() {
             cmd.env(crate::core::progress::TERMINAL_ENV, "1");
         }
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| format!("starting the worker for `{}`: {e}", self.alias))?;
+        let mut child = cmd.spawn().map_err(|e| {
+            WorkerError::Start(format!("starting the worker for `{}`: {e}", self.alias))
+        })?;
         let stdin = child.stdin.take().expect("piped stdin");
         let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
         let stderr = child.stderr.take().expect("piped stderr");
@@ -380,9 +397,14 @@ impl Worker {
 
     /// Answers go into `ran`; an Err is why the rest were not answered,
     /// with `{name}` where the unanswered trial's name goes.
-    fn run_inner(&mut self, job: &Job, threads: u32, ran: &mut GroupRun) -> Result<(), String> {
+    fn run_inner(
+        &mut self,
+        job: &Job,
+        threads: u32,
+        ran: &mut GroupRun,
+    ) -> Result<(), WorkerError> {
         if let Some(why) = &self.dead {
-            return Err(format!("not run: {why}"));
+            return Err(WorkerError::Died(format!("not run: {why}")));
         }
         if self.proc.is_none() {
             self.start(threads)?;
@@ -399,7 +421,7 @@ impl Worker {
                 0
             };
             if n == 0 {
-                return Err(self.died(job, ran));
+                return Err(WorkerError::Died(self.died(job, ran)));
             }
             let line = line.trim_end();
             if line == DONE {
@@ -408,16 +430,17 @@ impl Worker {
             if let Some(rest) = line.strip_prefix(crate::core::progress::PROGRESS) {
                 crate::core::progress::board_remote(p.child.id(), rest);
             } else if let Some(json) = line.strip_prefix(WORK) {
-                ran.work = serde_json::from_str(json)
-                    .map_err(|e| format!("unreadable worker work line `{json}`: {e}"))?;
+                ran.work = serde_json::from_str(json).map_err(|e| {
+                    WorkerError::Protocol(format!("unreadable worker work line `{json}`: {e}"))
+                })?;
             } else if let Some(json) = line.strip_prefix(RESULT) {
                 let r: Reply = serde_json::from_str(json)
-                    .map_err(|e| format!("unreadable worker result: {e}"))?;
+                    .map_err(|e| WorkerError::Protocol(format!("unreadable worker result: {e}")))?;
                 if job.run.get(ran.outcomes.len()) != Some(&r.name) {
-                    return Err(format!(
+                    return Err(WorkerError::Protocol(format!(
                         "worker answered for `{}` instead of {{name}}",
                         r.name
-                    ));
+                    )));
                 }
                 let mut o = r.outcome;
                 o.input_error = r.input_error;

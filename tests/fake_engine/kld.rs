@@ -696,7 +696,10 @@ fn a_changed_flip_count_fails_the_golden_whatever_the_tolerance() {
         match ty {
             "count" => {
                 let e = result.unwrap_err();
-                assert!(matches!(e, quantgate::golden::GoldenError::Changed(_)), "{e}");
+                assert!(
+                    matches!(e, quantgate::golden::GoldenError::Changed(_)),
+                    "{e}"
+                );
                 assert!(
                     e.to_string().contains(&format!(
                         "{metric}: {:?} → {value:?} (counts compare exactly)",

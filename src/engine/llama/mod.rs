@@ -40,7 +40,7 @@ pub const LLAMA_CPP_2_VERSION: &str = "0.1.160";
 /// The pinned sys crate version, which carries the llama.cpp sources.
 pub const LLAMA_CPP_SYS_2_VERSION: &str = "0.1.161";
 
-static BACKEND: OnceLock<std::result::Result<LlamaBackend, String>> = OnceLock::new();
+static BACKEND: OnceLock<Result<LlamaBackend>> = OnceLock::new();
 
 static CONTEXT_LOCK: Mutex<()> = Mutex::new(());
 
@@ -50,7 +50,9 @@ static CONTEXT_LOCK: Mutex<()> = Mutex::new(());
 fn backend(log: bool) -> Result<&'static LlamaBackend> {
     BACKEND
         .get_or_init(|| {
-            let mut b = LlamaBackend::init().map_err(|e| e.to_string())?;
+            let mut b = LlamaBackend::init().map_err(|e| {
+                Error::engine(format!("llama.cpp backend failed to initialise: {e}"))
+            })?;
             // llama.cpp prints ~1,100 lines per load; QUANTGATE_LLAMA_LOG=1 keeps them.
             if !log {
                 b.void_logs();
@@ -58,7 +60,7 @@ fn backend(log: bool) -> Result<&'static LlamaBackend> {
             Ok(b)
         })
         .as_ref()
-        .map_err(|e| Error::engine(format!("llama.cpp backend failed to initialise: {e}")))
+        .map_err(Clone::clone)
 }
 
 /// The llama.cpp engine, with its options (GPU layers, KV cache type,

@@ -3,10 +3,10 @@
 //! the tokens, then per position a scale, a minimum and u16 log-probs),
 //! every length and value checked before a row is believed.
 
+use crate::core::error::Malformed;
 use crate::execute::runtime::basefile;
 use crate::execute::windows::ScoringPlan;
 use crate::measure::kld::RefPosition;
-use crate::core::error::Malformed;
 
 /// Import a llama-perplexity `--kl-divergence-base` file for a case's plan
 /// (llama-perplexity windowing): checks the exact length, the dimensions
@@ -26,20 +26,22 @@ pub(crate) fn import_llama_kld(
     let (n_vocab, n_chunk, n_ctx_f) = (head.n_vocab, head.n_chunk, head.n_ctx);
     let per_chunk = head.per_chunk();
     if n_ctx_f != n_ctx as usize {
-        return Err(format!(
-            "offset 8: n_ctx {n_ctx_f}, the case's window.n_ctx is {n_ctx}"
-        ).into());
+        return Err(
+            format!("offset 8: n_ctx {n_ctx_f}, the case's window.n_ctx is {n_ctx}").into(),
+        );
     }
     if n_vocab != n_vocab_cand {
         return Err(format!(
             "offset 12: n_vocab {n_vocab}, the candidate's vocabulary has {n_vocab_cand}"
-        ).into());
+        )
+        .into());
     }
     if n_chunk != plan.windows.len() {
         return Err(format!(
             "offset 16: n_chunk {n_chunk}, the case scores {} chunks",
             plan.windows.len()
-        ).into());
+        )
+        .into());
     }
     let tokens = &head.tokens;
     for (w, pw) in plan.windows.iter().enumerate() {
@@ -80,7 +82,8 @@ pub(crate) fn import_llama_kld(
             if entries.is_empty() {
                 return Err(format!(
                     "offset {at}: chunk {w}, scored position {k}: no entry above the −16 floor"
-                ).into());
+                )
+                .into());
             }
             entries.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
             rows.push(RefPosition {

@@ -15,9 +15,9 @@
 //! dimensions make and its every row has a finite scale ≥ 0 and a finite
 //! minimum; an error names the offset.
 
+use crate::core::error::Malformed;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::Path;
-use crate::core::error::Malformed;
 
 /// The file's head.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,7 +126,8 @@ impl<R: Read> Reader<R> {
         if c < 4 || v <= 0 || k <= 0 {
             return Err(format!(
                 "offset 8: impossible dimensions n_ctx {c}, n_vocab {v}, n_chunk {k}"
-            ).into());
+            )
+            .into());
         }
         let mut head = Head {
             n_ctx: c as usize,
@@ -143,7 +144,8 @@ impl<R: Read> Reader<R> {
                 } else {
                     "trailing bytes"
                 }
-            ).into());
+            )
+            .into());
         }
         let mut tb = vec![0u8; head.n_ctx * head.n_chunk * 4];
         file.read_exact(&mut tb)
@@ -186,7 +188,8 @@ impl<R: Read> Reader<R> {
         if !scale.is_finite() || !min.is_finite() || scale < 0.0 {
             return Err(format!(
                 "offset {at}: scale {scale}, min_log_prob {min} (must be finite, scale ≥ 0)"
-            ).into());
+            )
+            .into());
         }
         into.scale = scale;
         into.min = min;

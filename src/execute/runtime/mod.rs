@@ -536,8 +536,7 @@ pub(crate) fn compare(
             if !(more_a && more_b) {
                 return Err(Error::input("a base file ends before the case's windows"));
             }
-            drift
-                .push(w, xa.view(), xb.view(), t as usize)?;
+            drift.push(w, xa.view(), xb.view(), t as usize)?;
         }
     }
     Ok(drift)

@@ -93,16 +93,17 @@ impl Condition {
     fn parse(text: &str) -> std::result::Result<Self, crate::core::error::Malformed> {
         let parts: Vec<&str> = text.split_whitespace().collect();
         let [bound, op, num] = parts[..] else {
-            return Err(format!(
-                "`{text}`: write `<bound> <op> <number>`, e.g. `ci95_hi < 0`"
-            ).into());
+            return Err(
+                format!("`{text}`: write `<bound> <op> <number>`, e.g. `ci95_hi < 0`").into(),
+            );
         };
         if !BOUNDS.contains(&bound) && !SEQ_BOUNDS.contains(&bound) {
             return Err(format!(
                 "`{text}`: `{bound}` is not one of {}, {}",
                 BOUNDS.join(", "),
                 SEQ_BOUNDS.join(", ")
-            ).into());
+            )
+            .into());
         }
         if !["<", "<=", ">", ">="].contains(&op) {
             return Err(format!("`{text}`: `{op}` is not one of <, <=, >, >=").into());

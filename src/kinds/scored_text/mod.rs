@@ -233,7 +233,10 @@ impl ScoredText {
     /// per-window ΔNLL series it carries (mean, Student-t and bootstrap
     /// intervals, windows better, the window count). Err(why) when one
     /// differs, or when the metrics are there and the series is not.
-    pub(crate) fn recheck(&self, out: &Outcome) -> std::result::Result<(), crate::core::error::Inconsistent> {
+    pub(crate) fn recheck(
+        &self,
+        out: &Outcome,
+    ) -> std::result::Result<(), crate::core::error::Inconsistent> {
         if !out.metrics.contains_key("delta_nll_mean") {
             return Ok(());
         }
@@ -280,7 +283,8 @@ impl ScoredText {
                     "its {ppl} disagrees with its own per-window NLL series ({} windows give \
                      {from_series})",
                     sum.len()
-                ).into());
+                )
+                .into());
             }
         }
         let wrong: Vec<String> = expected
@@ -302,7 +306,8 @@ impl ScoredText {
             Err(format!(
                 "its metrics disagree with its own per-window ΔNLL series: {}",
                 wrong.join("; ")
-            ).into())
+            )
+            .into())
         }
     }
 

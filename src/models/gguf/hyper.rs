@@ -154,6 +154,7 @@ pub(super) fn hyperparameters(
         Err(format!(
             "hyperparameters llama.cpp cannot run: {}",
             problems.join("; ")
-        ).into())
+        )
+        .into())
     }
 }

@@ -150,7 +150,8 @@ impl<R: Read> Reader<R> {
                 "{what} needs {n} bytes at offset {}, but only {} are left in the file",
                 self.pos,
                 self.left()
-            ).into());
+            )
+            .into());
         }
         let n_usize = usize::try_from(n).map_err(|_| format!("{what}: length {n} too large"))?;
         let mut buf = vec![0u8; n_usize];
@@ -170,7 +171,8 @@ impl<R: Read> Reader<R> {
                 "{what} needs {n} bytes at offset {}, but only {} are left in the file",
                 self.pos,
                 self.left()
-            ).into());
+            )
+            .into());
         }
         let mut src = (&mut self.inner).take(n);
         let copied = match &mut self.hash {
@@ -204,7 +206,8 @@ impl<R: Read> Reader<R> {
             return Err(format!(
                 "{what} at offset {at} claims {n} bytes, but only {} are left in the file",
                 self.left()
-            ).into());
+            )
+            .into());
         }
         self.bytes(n, what)
     }
@@ -282,13 +285,14 @@ fn parse<R: Read>(r: &mut Reader<R>) -> std::result::Result<GgufHeader, Malforme
         return Err(format!(
             "bad magic {:?} at offset 0, expected \"GGUF\"{hint}",
             String::from_utf8_lossy(&magic)
-        ).into());
+        )
+        .into());
     }
     let version = r.u32("version")?;
     if version != 2 && version != 3 {
-        return Err(format!(
-            "unsupported GGUF version {version} at offset 4 (expected 2 or 3)"
-        ).into());
+        return Err(
+            format!("unsupported GGUF version {version} at offset 4 (expected 2 or 3)").into(),
+        );
     }
     let n_tensors = r.u64("tensor count")?;
     let n_kv = r.u64("metadata count")?;
@@ -334,9 +338,9 @@ fn parse<R: Read>(r: &mut Reader<R>) -> std::result::Result<GgufHeader, Malforme
             (Meta::Int(v), "general.alignment") if t == 4 => {
                 alignment = *v as u64;
                 if !alignment.is_power_of_two() {
-                    return Err(format!(
-                        "`general.alignment` is {alignment}, not a power of two"
-                    ).into());
+                    return Err(
+                        format!("`general.alignment` is {alignment}, not a power of two").into(),
+                    );
                 }
             }
             _ => {}
@@ -362,9 +366,9 @@ fn parse<R: Read>(r: &mut Reader<R>) -> std::result::Result<GgufHeader, Malforme
         };
         let n_dims = r.u32(&format!("dimension count of tensor #{i}"))?;
         if n_dims > 8 {
-            return Err(format!(
-                "tensor #{i} claims {n_dims} dimensions (at most 8 are possible)"
-            ).into());
+            return Err(
+                format!("tensor #{i} claims {n_dims} dimensions (at most 8 are possible)").into(),
+            );
         }
         let mut elems: u64 = 1;
         for _ in 0..n_dims {
@@ -402,7 +406,8 @@ fn parse<R: Read>(r: &mut Reader<R>) -> std::result::Result<GgufHeader, Malforme
                 bytes.map_or("?".to_string(), |b| b.to_string()),
                 offset,
                 r.len
-            ).into());
+            )
+            .into());
         }
     }
     Ok(GgufHeader {
@@ -444,14 +449,19 @@ pub(crate) fn check_split_part(
         Err(format!(
             "the split parts are not in order: {} (parts renamed or mixed up?)",
             problems.join("; ")
-        ).into())
+        )
+        .into())
     }
 }
 
 /// Read one value of GGUF type `t`: a scalar or a string of at most 4 KiB
 /// as itself, a longer string as its length, an array as its length (its
 /// elements skipped, bounded as in [`skip_value`]).
-fn read_value<R: Read>(r: &mut Reader<R>, t: u32, key: &str) -> std::result::Result<Meta, Malformed> {
+fn read_value<R: Read>(
+    r: &mut Reader<R>,
+    t: u32,
+    key: &str,
+) -> std::result::Result<Meta, Malformed> {
     let what = format!("value of `{key}`");
     let int = |b: &[u8], signed: bool| -> i128 {
         let mut a = [0u8; 16];
@@ -491,12 +501,7 @@ fn read_value<R: Read>(r: &mut Reader<R>, t: u32, key: &str) -> std::result::Res
             skip_array(r, et, n, key, 0)?;
             Meta::Array(n)
         }
-        _ => {
-            return Err(format!(
-                "`{key}`: unknown value type {t} at offset {}",
-                r.pos
-            ).into())
-        }
+        _ => return Err(format!("`{key}`: unknown value type {t} at offset {}", r.pos).into()),
     })
 }
 
@@ -519,10 +524,7 @@ fn skip_value<R: Read>(
             let n = r.u64(&format!("array length of `{key}`"))?;
             skip_array(r, et, n, key, depth)
         }
-        _ => Err(format!(
-            "`{key}`: unknown value type {t} at offset {}",
-            r.pos
-        ).into()),
+        _ => Err(format!("`{key}`: unknown value type {t} at offset {}", r.pos).into()),
     }
 }
 
@@ -545,7 +547,8 @@ fn skip_array<R: Read>(
         return Err(format!(
             "`{key}`: array claims {n} elements, more than the {} bytes left can hold",
             r.left()
-        ).into());
+        )
+        .into());
     }
     for _ in 0..n {
         skip_value(r, et, key, depth + 1)?;

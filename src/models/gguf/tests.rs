@@ -298,7 +298,8 @@ fn absurd_counts_are_rejected_before_allocation() {
     h[16..24].copy_from_slice(&(1u64 << 40).to_le_bytes());
     assert!(preflight_bytes(&h)
         .unwrap_err()
-        .0.contains("metadata entries"));
+        .0
+        .contains("metadata entries"));
     // A string length far beyond the file.
     let mut h = tiny_header();
     h[24..32].copy_from_slice(&(1u64 << 62).to_le_bytes());
