@@ -179,6 +179,22 @@ fn the_config_is_read_at_the_edge_and_passed_down() {
     assert_eq!(worker.matches("std::env::var(").count(), 3);
 }
 
+/// The library's errors are typed (the crate's `Error` with its kind, or
+/// a `thiserror` type of the failure: `Malformed`, `SealError`, …), never a
+/// bare `String` a caller can only print; the command line's own helpers
+/// (clap's value parsers, git's output) may keep one.
+#[test]
+fn the_library_returns_typed_errors() {
+    let found = src_lines_where(|rel, code| {
+        !rel.starts_with("src/cli/") && code.contains("Result<") && code.contains(", String>")
+    });
+    assert!(
+        found.is_empty(),
+        "a library error as a String (give it a type, core/error.rs):\n{}",
+        found.join("\n")
+    );
+}
+
 /// The library says what it says through `core::progress` (a program that
 /// embeds it can take its notes); only the edges write to stderr: the
 /// command line, the harness, a worker's own failure, and the fake engine's
