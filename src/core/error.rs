@@ -74,17 +74,26 @@ impl Error {
 #[error("{0}")]
 pub struct Malformed(pub String);
 
-impl From<String> for Malformed {
-    fn from(why: String) -> Self {
-        Malformed(why)
-    }
-}
+/// `From<String>` and `From<&str>` for an error that is its words
+/// (`struct E(pub String)`), so that `?` and `.into()` take a message.
+macro_rules! from_words {
+    ($e:ident) => {
+        impl From<String> for $e {
+            fn from(why: String) -> Self {
+                $e(why)
+            }
+        }
 
-impl From<&str> for Malformed {
-    fn from(why: &str) -> Self {
-        Malformed(why.to_string())
-    }
+        impl From<&str> for $e {
+            fn from(why: &str) -> Self {
+                $e(why.to_string())
+            }
+        }
+    };
 }
+pub(crate) use from_words;
+
+from_words!(Malformed);
 
 impl From<Malformed> for Error {
     /// Bytes that break their format are the input's fault.
@@ -158,17 +167,7 @@ pub enum SealError {
 #[error("{0}")]
 pub struct Inconsistent(pub String);
 
-impl From<String> for Inconsistent {
-    fn from(why: String) -> Self {
-        Inconsistent(why)
-    }
-}
-
-impl From<&str> for Inconsistent {
-    fn from(why: &str) -> Self {
-        Inconsistent(why.to_string())
-    }
-}
+from_words!(Inconsistent);
 
 /// Several errors found in one file, reported together.
 pub fn join(errors: Vec<Error>) -> Error {

@@ -114,17 +114,7 @@ pub struct ScoringPlan {
 #[error("{0}")]
 pub struct Unplannable(pub String);
 
-impl From<&str> for Unplannable {
-    fn from(why: &str) -> Self {
-        Unplannable(why.to_string())
-    }
-}
-
-impl From<String> for Unplannable {
-    fn from(why: String) -> Self {
-        Unplannable(why)
-    }
-}
+crate::core::error::from_words!(Unplannable);
 
 /// Cut `ids` into windows. `bos` is Some(id) when the model adds BOS
 /// (llama-perplexity default mode substitutes it).
