@@ -48,9 +48,10 @@ static CONTEXT_LOCK: Mutex<()> = Mutex::new(());
 /// threads started per pair of windows, and glibc hands a new thread an
 /// arena of its own; the vocabulary rows the lanes free there stay as
 /// fragments, so a process's peak grew with the windows it decoded: a kld
-/// trial run alone (SmolLM2, 2 threads) peaked 1.03–1.06× higher at 32
-/// chunks than at 4, and 0.99× with two arenas, in the same time. Two serve
-/// the two lanes; llama.cpp's own threads hardly allocate.
+/// trial run alone (SmolLM2, 2 threads) peaked 1.03–1.07× higher at 32
+/// chunks than at 4, and 1.002× with two arenas, in the same time (the
+/// book, performance). Two serve the two lanes; llama.cpp's own threads
+/// hardly allocate.
 fn few_arenas() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets a limit glibc reads when it makes an arena.
