@@ -64,12 +64,14 @@ impl Error {
     }
 }
 
-/// Bytes read back that break their format: a GGUF header, a store or
-/// reference file, a llama-perplexity base file, a golden, a
-/// preregistration, a list of token ids. It holds the format's own words
-/// for what is wrong and where (an offset, a key, a position); the reader
-/// knows no path, and its caller puts the path in front. It is always the
-/// input's fault: a file that is not what it says cannot be used.
+/// Bytes read back that cannot be used as their format says: a GGUF
+/// header, a store or reference file, a llama-perplexity base file, a
+/// golden, a preregistration, a list of token ids. It holds the format's
+/// own words for what is wrong and where (an offset, a key, a position),
+/// or, from a reader that opens the file itself, the I/O error that kept
+/// it from reading; the reader knows no path, and its caller puts the path
+/// in front and decides whose fault it is (a store's reader reports it and
+/// builds the file again; a case's input is an input error).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct Malformed(pub String);
@@ -96,7 +98,7 @@ pub(crate) use from_words;
 from_words!(Malformed);
 
 impl From<Malformed> for Error {
-    /// Bytes that break their format are the input's fault.
+    /// Bytes handed in that break their format are the input's fault.
     fn from(e: Malformed) -> Self {
         Error::input(e.0)
     }
