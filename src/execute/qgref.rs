@@ -239,30 +239,47 @@ trait Source {
     }
 }
 
+/// Bytes in memory: a whole file, or one record of a file (`base` its
+/// offset there, so that every message names the file's offset).
 struct Reader<'a> {
     b: &'a [u8],
     at: usize,
+    base: usize,
+    /// A record cut short where its file ended: the file's own error, which
+    /// reading past these bytes gives.
+    past_end: Option<Malformed>,
+}
+
+impl<'a> Reader<'a> {
+    fn whole(b: &'a [u8], at: usize) -> Self {
+        Reader {
+            b,
+            at,
+            base: 0,
+            past_end: None,
+        }
+    }
 }
 
 impl Source for Reader<'_> {
     fn take(&mut self, n: usize, what: &str) -> Result<&[u8], Malformed> {
-        let end = self
-            .at
-            .checked_add(n)
-            .filter(|&e| e <= self.b.len())
-            .ok_or_else(|| {
-                format!(
-                    "offset {}: truncated: {what} needs {n} bytes, {} left",
-                    self.at,
-                    self.b.len() - self.at
-                )
-            })?;
+        let Some(end) = self.at.checked_add(n).filter(|&e| e <= self.b.len()) else {
+            if let Some(e) = &self.past_end {
+                return Err(e.clone());
+            }
+            return Err(format!(
+                "offset {}: truncated: {what} needs {n} bytes, {} left",
+                self.base + self.at,
+                self.b.len() - self.at
+            )
+            .into());
+        };
         let s = &self.b[self.at..end];
         self.at = end;
         Ok(s)
     }
     fn at(&self) -> usize {
-        self.at
+        self.base + self.at
     }
 }
 
@@ -390,6 +407,83 @@ impl RowStream {
         Ok(row)
     }
 
+    /// The next `k` positions' rows, as `k` calls of [`RowStream::next_row`]
+    /// give them (the same rows, the same first error): the records are
+    /// read from the file in order, then parsed and checked on up to
+    /// `threads` threads (a record's rANS tail is most of a row's time, and
+    /// the decoding lanes wait while a feed reads).
+    pub(crate) fn next_rows(
+        &mut self,
+        k: usize,
+        threads: usize,
+    ) -> Result<Vec<RefPosition>, Malformed> {
+        if threads <= 1 || k < 2 || self.next + k > self.header.positions {
+            return (0..k).map(|_| self.next_row()).collect();
+        }
+        let mut records: Vec<(usize, Vec<u8>)> = Vec::with_capacity(k);
+        for p in self.next..self.next + k {
+            let start = self.src.at;
+            let mut bytes = Vec::new();
+            if let Err(e) = record_bytes(&mut self.src, &self.header, &mut bytes) {
+                // What read_row says of the bytes there were: a bad value
+                // before the cut, else the file's own error at the cut.
+                let mut r = Reader {
+                    b: &bytes,
+                    at: 0,
+                    base: start,
+                    past_end: Some(e.clone()),
+                };
+                let cut = read_row(&mut r, &self.header, p).err().unwrap_or(e);
+                // A bad row before this one is the first error.
+                for (j, (start, bytes)) in records.iter().enumerate() {
+                    let mut r = Reader {
+                        b: bytes,
+                        at: 0,
+                        base: *start,
+                        past_end: None,
+                    };
+                    read_row(&mut r, &self.header, self.next + j)?;
+                }
+                return Err(cut);
+            }
+            records.push((start, bytes));
+        }
+        let (first, header) = (self.next, &self.header);
+        let per = k.div_ceil(threads.min(k));
+        let parsed: Vec<Result<Vec<RefPosition>, Malformed>> = std::thread::scope(|scope| {
+            let parts: Vec<_> = records
+                .chunks(per)
+                .enumerate()
+                .map(|(c, part)| {
+                    scope.spawn(move || {
+                        part.iter()
+                            .enumerate()
+                            .map(|(j, (start, bytes))| {
+                                let mut r = Reader {
+                                    b: bytes,
+                                    at: 0,
+                                    base: *start,
+                                    past_end: None,
+                                };
+                                read_row(&mut r, header, first + c * per + j)
+                            })
+                            .collect()
+                    })
+                })
+                .collect();
+            parts
+                .into_iter()
+                .map(|h| h.join().expect("a reference parser panicked"))
+                .collect()
+        });
+        let mut rows = Vec::with_capacity(k);
+        for part in parsed {
+            rows.extend(part?);
+        }
+        self.next += k;
+        Ok(rows)
+    }
+
     /// Every position read, and nothing after them.
     pub(crate) fn finish(&self) -> Result<(), Malformed> {
         if self.next != self.header.positions || self.src.at != self.src.end {
@@ -417,7 +511,7 @@ pub fn decode(
         return Err("not a quantgate reference cache (magic `QGKLDREF` missing)".into());
     }
     let body = unseal_with(bytes, seal)?;
-    let mut r = Reader { b: body, at: 8 };
+    let mut r = Reader::whole(body, 8);
     let header = read_head(&mut r, expect)?;
     let mut rows = Vec::with_capacity(header.positions);
     for p in 0..header.positions {
@@ -547,6 +641,67 @@ fn read_row(r: &mut impl Source, header: &CacheHeader, p: usize) -> Result<RefPo
         tail,
         approximate: false,
     })
+}
+
+/// One position's record copied from `r` as it stands, read field by
+/// field as [`read_row`] reads it (so that a file cut short gives the error
+/// read_row would), its values unchecked: [`read_row`] parses and checks
+/// the bytes. An error when the file ends inside it, or when its structure
+/// cannot be followed (a count read_row refuses).
+fn record_bytes(
+    r: &mut impl Source,
+    header: &CacheHeader,
+    out: &mut Vec<u8>,
+) -> Result<(), Malformed> {
+    fn leb<S: Source>(r: &mut S, out: &mut Vec<u8>, what: &str) -> Result<(), Malformed> {
+        for _ in 0..5 {
+            let b = r.take(1, what)?[0];
+            out.push(b);
+            if b & 0x80 == 0 {
+                return Ok(());
+            }
+        }
+        Err("more than 5 LEB128 bytes".into())
+    }
+    fn copy<S: Source>(
+        r: &mut S,
+        out: &mut Vec<u8>,
+        n: usize,
+        what: &str,
+    ) -> Result<(), Malformed> {
+        out.extend_from_slice(r.take(n, what)?);
+        Ok(())
+    }
+    copy(r, out, 4, "n_kept")?;
+    let n = u32::from_le_bytes(out[..4].try_into().unwrap()) as usize;
+    if n == 0 || n > header.n_vocab {
+        return Err("a kept count read_row refuses".into());
+    }
+    for (bytes, what) in [(4, "max"), (8, "lse"), (8, "lp_true"), (8, "tail_mass")] {
+        copy(r, out, bytes, what)?;
+    }
+    for _ in 0..n {
+        leb(r, out, "entry id")?;
+    }
+    for _ in 0..n {
+        copy(r, out, 4, "entry logit")?;
+    }
+    if n < header.n_vocab {
+        for (bytes, what) in [(4, "tail hi"), (8, "tail mean logit"), (8, "tail rounding")] {
+            copy(r, out, bytes, what)?;
+        }
+        for _ in 0..LEVELS {
+            copy(r, out, 4, "tail level mass")?;
+        }
+        for _ in 0..LEVELS {
+            leb(r, out, "tail level count")?;
+        }
+        let at = out.len();
+        copy(r, out, 4, "tail code length")?;
+        let len = u32::from_le_bytes(out[at..].try_into().unwrap()) as usize;
+        copy(r, out, len, "tail code")?;
+    }
+    Ok(())
 }
 
 /// A row's tail levels in vocabulary order (kept ids skipped), rANS coded

@@ -260,16 +260,19 @@ pub(crate) struct StoredFeed {
     /// The next window to read, and its first position's number.
     next: (usize, usize),
     path: std::path::PathBuf,
+    /// Threads that parse the rows read (the decoding lanes wait).
+    threads: usize,
 }
 
 impl StoredFeed {
     /// The rows of `stream` (read from `path`), whose windows score
-    /// `counts` positions each, into `slot`.
+    /// `counts` positions each, into `slot`, parsed on `threads` threads.
     pub(crate) fn new(
         stream: RowStream,
         path: std::path::PathBuf,
         counts: Vec<usize>,
         slot: Arc<LiveRows>,
+        threads: usize,
     ) -> Self {
         StoredFeed {
             stream,
@@ -277,6 +280,7 @@ impl StoredFeed {
             counts,
             next: (0, 0),
             path,
+            threads,
         }
     }
 }
@@ -296,13 +300,15 @@ impl Fill for StoredFeed {
             )));
         }
         self.slot.begin(windows.clone(), self.next.1);
-        for w in windows.clone() {
-            for _ in 0..self.counts[w] {
-                let row = self.stream.next_row().map_err(|e| bad(&e))?;
-                self.slot.push(row);
-            }
-            self.next = (w + 1, self.next.1 + self.counts[w]);
+        let k: usize = self.counts[windows.clone()].iter().sum();
+        for row in self
+            .stream
+            .next_rows(k, self.threads)
+            .map_err(|e| bad(&e))?
+        {
+            self.slot.push(row);
         }
+        self.next = (windows.end, self.next.1 + k);
         if self.next.0 == self.counts.len() {
             self.stream.finish().map_err(|e| bad(&e))?;
         }

@@ -163,3 +163,63 @@ fn a_stream_under_a_key_tells_an_edit_sealed_again_from_an_accident() {
         "{e}"
     );
 }
+
+/// Rows read several at a time on two threads are those read one at a
+/// time, and a file edited and sealed again (so that its rows are what
+/// fails) fails with the same first error, at every byte and every cut.
+#[test]
+fn rows_parsed_on_threads_are_the_rows_read_one_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("x.qgref");
+    let mut h = header();
+    h.positions = 7;
+    let rows: Vec<RefPosition> = (0..7)
+        .map(|i| {
+            let row: Vec<f32> = (0..10).map(|j| ((j * 7 + i * 3) % 11) as f32).collect();
+            // Some rows whole (no tail), most with one.
+            let kept = if i % 3 == 0 { 10 } else { 2 + i % 2 };
+            crate::measure::kld::compress_row(&row, &row_stats(&row), 2, 1e-6, kept)
+        })
+        .collect();
+    let bytes = encode(&h, &rows, Seal::Plain);
+    let one_at_a_time = |s: &mut RowStream| -> Result<Vec<RefPosition>, Malformed> {
+        (0..7).map(|_| s.next_row()).collect()
+    };
+    let in_parts = |s: &mut RowStream, parts: &[usize]| -> Result<Vec<RefPosition>, Malformed> {
+        let mut out = Vec::new();
+        for &k in parts {
+            out.extend(s.next_rows(k, 2)?);
+        }
+        Ok(out)
+    };
+    std::fs::write(&path, &bytes).unwrap();
+    let mut s = RowStream::open(&path, &h, Seal::Plain).unwrap().unwrap();
+    assert_eq!(in_parts(&mut s, &[2, 4, 1]).unwrap(), rows);
+    s.finish().unwrap();
+    let body = &bytes[..bytes.len() - 32];
+    let mut compared = 0;
+    let edits = (0..body.len())
+        .flat_map(|i| [0x01u8, 0x40, 0x80].map(|bit| (i, Some(bit))))
+        .chain((0..body.len()).map(|n| (n, None)));
+    for (i, bit) in edits {
+        let edited = match bit {
+            Some(bit) => {
+                let mut b = body.to_vec();
+                b[i] ^= bit;
+                b
+            }
+            None => body[..i].to_vec(),
+        };
+        std::fs::write(&path, crate::core::fsutil::seal(edited)).unwrap();
+        let open = || RowStream::open(&path, &h, Seal::Plain).ok().flatten();
+        let Some(mut a) = open() else { continue };
+        let want = one_at_a_time(&mut a).and_then(|r| a.finish().map(|()| r));
+        for parts in [&[7][..], &[3, 4], &[2, 2, 2, 1]] {
+            let mut b = open().unwrap();
+            let got = in_parts(&mut b, parts).and_then(|r| b.finish().map(|()| r));
+            assert_eq!(got, want, "edit {bit:?} at {i}, parts {parts:?}");
+        }
+        compared += 1;
+    }
+    assert!(compared > body.len(), "{compared} edits reached the rows");
+}

@@ -86,7 +86,7 @@ impl Kld {
         let key = format!("{product} read by {obs}");
         let slot = cx.references.live.slot(&key);
         let counts = plan.windows.iter().map(|w| w.targets.len()).collect();
-        let feed = StoredFeed::new(stream, path, counts, slot.clone());
+        let feed = StoredFeed::new(stream, path, counts, slot.clone(), cx.threads as usize);
         Ok(Some((
             Refs::Live(slot),
             LiveFeed {
