@@ -2,6 +2,11 @@
 # Build llama.cpp's own `llama-perplexity` against the very llama.cpp sources the
 # pinned llama-cpp-sys-2 crate compiles into quantgate (same commit, same ggml
 # flags), so tests can compare quantgate's numbers with the reference tool's.
+# Where quantgate's own build is in the cargo target folder (CARGO_TARGET_DIR,
+# else target/: the crate's CMake tree of these sources, a Release CPU build,
+# GGML_NATIVE off, static libraries), the tool's own files are compiled and
+# linked against those very libraries, the object code quantgate runs (seconds);
+# else llama.cpp is built again from the same sources (minutes).
 #
 # The crate ships llama.cpp's library and common/ sources but not tools/, so the
 # tool's two files (perplexity.cpp, main.cpp) come from the llama-cpp-python sdist
@@ -79,7 +84,57 @@ int llama_bench(int argc, char ** argv);
 int main(int argc, char ** argv) { return llama_bench(argc, argv); }
 MAIN
 
-cat > "$out/CMakeLists.txt" <<CMAKE
+# quantgate's own llama.cpp build: the crate's CMake tree of these very sources
+# (CMAKE_HOME_DIRECTORY), Release, CPU only, GGML_NATIVE off, static.
+linked_tree() {
+  local target=${CARGO_TARGET_DIR:-$here/target} c t
+  for c in "$target"/release/build/llama-cpp-sys-2-*/out/build/CMakeCache.txt; do
+    [ -f "$c" ] || continue
+    t=$(dirname "$c")
+    grep -qxF "CMAKE_HOME_DIRECTORY:INTERNAL=$src" "$c" || continue
+    grep -qx 'CMAKE_BUILD_TYPE:STRING=Release' "$c" || continue
+    grep -qx 'GGML_NATIVE:BOOL=OFF' "$c" || continue
+    grep -qx 'BUILD_SHARED_LIBS:BOOL=OFF' "$c" || continue
+    grep -q '^GGML_\(CUDA\|VULKAN\|METAL\|HIP\|SYCL\|OPENCL\):BOOL=ON' "$c" && continue
+    for a in common/libllama-common.a common/libllama-common-base.a src/libllama.a \
+      ggml/src/libggml.a ggml/src/libggml-cpu.a ggml/src/libggml-base.a; do
+      [ -f "$t/$a" ] || continue 2
+    done
+    echo "$t"
+    return 0
+  done
+  return 1
+}
+
+tree=""
+[ "$native" = OFF ] && tree=$(linked_tree) || true
+if [ -n "$tree" ]; then
+  vendor=""
+  for a in "$tree"/vendor/*/lib*.a; do [ -f "$a" ] && vendor="$vendor \"$a\""; done
+  cat > "$out/CMakeLists.txt" <<CMAKE
+cmake_minimum_required(VERSION 3.14)
+project(quantgate_llama_perplexity C CXX)
+# Linked against quantgate's own llama.cpp build: $tree
+find_package(Threads REQUIRED)
+find_package(OpenMP)
+find_package(OpenSSL)
+add_library(linked INTERFACE)
+target_include_directories(linked INTERFACE "$src/include" "$src/common" "$src/ggml/include" "$src/vendor")
+target_link_libraries(linked INTERFACE -Wl,--start-group
+  "$tree/common/libllama-common.a" "$tree/common/libllama-common-base.a" $vendor
+  "$tree/src/libllama.a" "$tree/ggml/src/libggml.a" "$tree/ggml/src/libggml-cpu.a"
+  "$tree/ggml/src/libggml-base.a" -Wl,--end-group Threads::Threads \${CMAKE_DL_LIBS})
+if(OpenMP_CXX_FOUND)
+  target_link_libraries(linked INTERFACE OpenMP::OpenMP_CXX)
+endif()
+if(OpenSSL_FOUND)
+  target_link_libraries(linked INTERFACE OpenSSL::SSL OpenSSL::Crypto)
+endif()
+set(LLAMA_LINK linked)
+CMAKE
+  how="linking llama-$tool against quantgate's own llama.cpp build in $tree"
+else
+  cat > "$out/CMakeLists.txt" <<CMAKE
 cmake_minimum_required(VERSION 3.14)
 project(quantgate_llama_perplexity C CXX)
 set(LLAMA_BUILD_COMMON ON CACHE BOOL "" FORCE)
@@ -88,16 +143,21 @@ foreach(opt LLAMA_BUILD_TOOLS LLAMA_BUILD_TESTS LLAMA_BUILD_EXAMPLES LLAMA_BUILD
 endforeach()
 set(GGML_NATIVE $native CACHE BOOL "" FORCE)
 add_subdirectory("$src" llama.cpp)
+set(LLAMA_LINK llama-common llama)
+CMAKE
+  how="building llama-$tool against $src (a few minutes)"
+fi
+cat >> "$out/CMakeLists.txt" <<'CMAKE'
 add_executable(llama-perplexity main.cpp perplexity.cpp)
-target_link_libraries(llama-perplexity PRIVATE llama-common llama)
+target_link_libraries(llama-perplexity PRIVATE ${LLAMA_LINK})
 target_compile_features(llama-perplexity PRIVATE cxx_std_17)
-if(EXISTS "\${CMAKE_CURRENT_SOURCE_DIR}/llama-bench.cpp")
+if(EXISTS "${CMAKE_CURRENT_SOURCE_DIR}/llama-bench.cpp")
   add_executable(llama-bench bench-main.cpp llama-bench.cpp)
-  target_link_libraries(llama-bench PRIVATE llama-common llama)
+  target_link_libraries(llama-bench PRIVATE ${LLAMA_LINK})
   target_compile_features(llama-bench PRIVATE cxx_std_17)
 endif()
 CMAKE
-echo "building llama-$tool against $src (a few minutes)" >&2
+echo "$how" >&2
 cmake -S "$out" -B "$out/build" -DCMAKE_BUILD_TYPE=Release >&2
 cmake --build "$out/build" --target "llama-$tool" -j "$(nproc)" >&2
 sha256sum "$bin" | cut -d' ' -f1 > "$stamp.tmp" && mv "$stamp.tmp" "$stamp"
