@@ -118,7 +118,7 @@ impl Source for FileSource {
 
 /// A cache read a row at a time, never held whole: its seal is checked
 /// first over the whole file (one streaming pass, on the file opened
-/// once), then each row is parsed and checked as [`decode`] checks it when
+/// once), then each row is parsed and checked as [`super::decode`] checks it when
 /// it is asked for; [`RowStream::finish`] checks that every position was
 /// read and nothing follows.
 pub(crate) struct RowStream {
@@ -128,7 +128,7 @@ pub(crate) struct RowStream {
 }
 
 impl RowStream {
-    /// The cache at `path` checked against `expect` as [`decode`] checks
+    /// The cache at `path` checked against `expect` as [`super::decode`] checks
     /// it (its `seal`, magic, version and header here; its rows as they are
     /// read): None when there is no file, the reason when it is unusable.
     pub(crate) fn open(
