@@ -182,6 +182,17 @@ impl<'a> Reader<'a> {
             past_end: None,
         }
     }
+
+    /// One record's bytes, read at offset `base` of its file; `past_end`
+    /// is the file's error where the record was cut short.
+    fn record(b: &'a [u8], base: usize, past_end: Option<Malformed>) -> Self {
+        Reader {
+            b,
+            at: 0,
+            base,
+            past_end,
+        }
+    }
 }
 
 impl Source for Reader<'_> {

@@ -228,22 +228,15 @@ impl RowStream {
             if let Err(e) = record_bytes(&mut self.src, &self.header, &mut bytes) {
                 // What read_row says of the bytes there were: a bad value
                 // before the cut, else the file's own error at the cut.
-                let mut r = Reader {
-                    b: &bytes,
-                    at: 0,
-                    base: start,
-                    past_end: Some(e.clone()),
-                };
+                let mut r = Reader::record(&bytes, start, Some(e.clone()));
                 let cut = read_row(&mut r, &self.header, p).err().unwrap_or(e);
                 // A bad row before this one is the first error.
                 for (j, (start, bytes)) in records.iter().enumerate() {
-                    let mut r = Reader {
-                        b: bytes,
-                        at: 0,
-                        base: *start,
-                        past_end: None,
-                    };
-                    read_row(&mut r, &self.header, self.next + j)?;
+                    read_row(
+                        &mut Reader::record(bytes, *start, None),
+                        &self.header,
+                        self.next + j,
+                    )?;
                 }
                 return Err(cut);
             }
@@ -260,12 +253,7 @@ impl RowStream {
                         part.iter()
                             .enumerate()
                             .map(|(j, (start, bytes))| {
-                                let mut r = Reader {
-                                    b: bytes,
-                                    at: 0,
-                                    base: *start,
-                                    past_end: None,
-                                };
+                                let mut r = Reader::record(bytes, *start, None);
                                 read_row(&mut r, header, first + c * per + j)
                             })
                             .collect()
