@@ -10,8 +10,9 @@
 //! must decode (`plan::groups`); the first test to run starts the one
 //! scheduler (`schedule::run_groups`, as `quantgate run` uses), which runs
 //! each group in one decode — after the groups whose references it reads,
-//! as many at once as there are test threads — and each test waits for its
-//! own outcome and judges it against its golden.
+//! one at a time on every core as `quantgate run` does (`--test-threads N`:
+//! N at once) — and each test waits for its own outcome and judges it
+//! against its golden.
 //!
 //! Crash isolation: by default each group runs in a worker process (this
 //! executable re-run with `QUANTGATE_WORKER=<alias>`), the job on its stdin,
@@ -265,13 +266,15 @@ fn run_with_config(
     if let Some(dir) = &config.out {
         crate::report::clean_product_temps(dir, &planned);
     }
-    // nextest runs one process per test, as many at once as there are cores.
-    let cores = crate::execute::cores();
-    let concurrent = if config.nextest {
-        cores
-    } else {
-        args.test_threads.unwrap_or(cores)
-    };
+    // Groups run at once, each on cores / that many llama.cpp threads.
+    // nextest runs one process per test, as many at once as there are
+    // cores. Otherwise one group at a time on every core, as `quantgate
+    // run` does (`--jobs 1`): a group of several candidates decodes them
+    // in lanes on those cores, a speed group (run alone) measures on all
+    // of them, and no core waits idle behind the longest group (a release
+    // repository's `cargo test`: 267 s with a group per core, 189 s so,
+    // book, performance). `--test-threads N` runs N groups at once.
+    let concurrent = groups_at_once(config.nextest, args.test_threads, crate::execute::cores());
     let goldens = Arc::new(Goldens::new(goldens.to_path_buf()).under_ci(config.ci));
     let n_planned = planned.len();
     let orphans = orphan_trial(suites, &goldens, &planned);
@@ -344,6 +347,17 @@ fn run_with_config(
     conclusion.exit_code()
 }
 
+/// How many groups run at once: as many as there are cores under nextest
+/// (its processes), `--test-threads` where given, else one (on every
+/// core).
+fn groups_at_once(nextest: bool, test_threads: Option<usize>, cores: usize) -> usize {
+    match (nextest, test_threads) {
+        (true, _) => cores,
+        (false, Some(n)) => n,
+        (false, None) => 1,
+    }
+}
+
 /// Failures and errors, counted apart for the summary line.
 #[derive(Default)]
 struct Counts {
@@ -401,4 +415,22 @@ fn orphan_trial(suites: &Path, goldens: &Arc<Goldens>, planned: &[Planned]) -> T
             Err(Failed::from(golden::orphans_message(&goldens, &orphans)))
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::groups_at_once;
+
+    #[test]
+    fn one_group_at_a_time_on_every_core_unless_told() {
+        // Plain `cargo test`: one group, on every core (as `quantgate run`).
+        assert_eq!(groups_at_once(false, None, 2), 1);
+        assert_eq!(groups_at_once(false, None, 16), 1);
+        // `--test-threads N`: N groups, each on cores / N threads.
+        assert_eq!(groups_at_once(false, Some(2), 2), 2);
+        assert_eq!(groups_at_once(false, Some(1), 8), 1);
+        // nextest: a process per test, as many as there are cores.
+        assert_eq!(groups_at_once(true, None, 4), 4);
+        assert_eq!(groups_at_once(true, Some(1), 4), 4);
+    }
 }
