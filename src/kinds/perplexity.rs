@@ -17,7 +17,7 @@ use crate::execute::reference::{same_tokenizer, Vocab};
 use crate::execute::windows::Scored;
 use crate::execute::RunContext;
 use crate::kinds::scored_text::{
-    BootstrapFile, LazyReference, PinnedFile, RefWindows, ScoredText, ScoresBuild, TextFile,
+    BootstrapFile, LazyWindows, ModelWindows, PinnedFile, ScoredText, ScoresBuild, TextFile,
     WindowFile,
 };
 use crate::kinds::{Finish, Kind, RefWork, Start};
@@ -386,8 +386,14 @@ impl Kind for Perplexity {
             let t = Instant::now();
             let reference = self.reference_windows(cx, &src, &model, &plan)?;
             out.timings.decode += t.elapsed();
+            // Its windows are kept under its file's sha256 (`prepare`
+            // verified it): never under a key another file could share.
+            let sha = out.model_sha256.clone().ok_or_else(|| {
+                Error::harness(format!("{alias}: a sequential trial's model has no sha256"))
+            })?;
+            let candidate = self.kept_windows(cx, alias, &sha, &model, plan.clone());
             let (scored, rscored) =
-                tx.decide_sequentially(cx, case, decide, (&model, &plan), &reference, out)?;
+                tx.decide_sequentially(cx, case, decide, (&candidate, &plan), &reference, out)?;
             conclude(tx, Some(&rscored), out, &scored);
             return Ok(Start::Done);
         }
@@ -466,10 +472,10 @@ impl Perplexity {
         src: &str,
         model: &Arc<dyn crate::engine::LoadedModel>,
         plan: &Arc<crate::execute::windows::ScoringPlan>,
-    ) -> Result<RefWindows> {
+    ) -> Result<ModelWindows> {
         let tx = &self.text;
         if let Some(rec) = &self.record {
-            return Ok(RefWindows::Full(record_scores(rec, &**model, plan)?));
+            return Ok(ModelWindows::Full(record_scores(rec, &**model, plan)?));
         }
         let Some((ralias, rat)) = &self.reference else {
             return Err(Error::harness(
@@ -479,28 +485,38 @@ impl Perplexity {
         let (rv, rmodel) = cx.load_reference((ralias, rat), Vocab::of(model.info()))?;
         tx.check_context(&*rmodel)?;
         let rplan = tx.identical_plan(cx, rat, src, &*rmodel, &**model, plan)?;
-        let build = cx.identity_of(ralias);
+        Ok(self.kept_windows(cx, ralias, &rv.file.sha256, &rmodel, Arc::new(rplan)))
+    }
+
+    /// `model`'s windows of `plan` (a candidate's, or a reference's
+    /// identical plan), under its scores key (file, token stream,
+    /// settings, build, windowing): its whole scores when a decode kept
+    /// them (a fixed-N run, or every window visited), else each window
+    /// from the store or decoded when first needed and kept, the whole
+    /// kept once every window is.
+    fn kept_windows(
+        &self,
+        cx: &RunContext,
+        alias: &str,
+        sha: &str,
+        model: &Arc<dyn crate::engine::LoadedModel>,
+        plan: Arc<crate::execute::windows::ScoringPlan>,
+    ) -> ModelWindows {
+        let tx = &self.text;
+        let build = cx.identity_of(alias);
         let settings = tx.settings(cx.threads, cx.options());
-        let key = tx.scores_key(ralias, &rv.file.sha256, &rplan, &settings, &build);
+        let key = tx.scores_key(alias, sha, &plan, &settings, &build);
         if let Some(full) = cx.references.cached_scores(&key) {
-            return Ok(RefWindows::Full(full));
+            return ModelWindows::Full(full);
         }
         let (id, _) = cx.references.scores_product(&key);
-        let keep = ScoresBuild::new(
-            tx,
-            ralias,
-            &rv.file.sha256,
-            &build,
-            &rmodel,
-            &rplan,
-            cx.options(),
-        );
-        Ok(RefWindows::Lazy(Box::new(LazyReference {
+        let keep = ScoresBuild::new(tx, alias, sha, &build, model, &plan, cx.options());
+        ModelWindows::Lazy(Box::new(LazyWindows {
             id,
-            model: rmodel,
-            plan: Arc::new(rplan),
+            model: model.clone(),
+            plan,
             keep: std::sync::Mutex::new(Some(keep)),
-        })))
+        }))
     }
 }
 

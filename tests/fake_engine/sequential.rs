@@ -219,28 +219,39 @@ fn a_sequential_case_stops_early_with_the_fixed_n_verdict() {
     }
     // Windows go to the engine in pairs (its two lanes): a stop at the first
     // of a pair leaves the second decoded. The reference decoded once per
-    // window some candidate needed, kept window by window; a damaged window
-    // file is decoded again (one window).
-    let decoded = |u: &usize| (u.div_ceil(STEP) * STEP).min(CHUNKS);
-    decoded_once(&fx, (&outs, decodes), &used_all, ("qgwin", 1));
-    // A warm reference store (the fixed-N run kept the reference's scores)
-    // serves the prefix: only the candidates decode.
+    // window some candidate needed, and every model's windows kept window
+    // by window: a rerun decodes none; damaged window files are decoded
+    // again, those alone.
+    decoded_once(&fx, (&outs, decodes), &used_all, ("qgwin", 1), true);
+    // A store that holds every model's whole scores (a fixed-N run kept
+    // them) serves the windows visited: nothing decodes, and the numbers
+    // are the window-by-window run's bit for bit.
+    std::fs::remove_dir_all(fx.root.join("cache")).unwrap();
     fixed(&fx, "");
-    let (_, decodes) = fx.run("seq");
-    assert_eq!(decodes, used_all.iter().map(decoded).sum::<usize>());
+    let (warm, decodes) = fx.run("seq");
+    assert_eq!(decodes, 0);
+    for (w, o) in warm.iter().zip(&outs) {
+        assert_eq!(w.metrics, o.metrics, "{}", o.model);
+        assert_eq!(w.texts, o.texts, "{}", o.model);
+    }
 }
 
 /// After a cold sequential run of case `seq` (`outs`, `decodes` windows
 /// decoded, candidates stopping at `used` windows): the reference was
 /// decoded once for the windows some candidate needed (in visits of
-/// [`STEP`]); a second run decodes only the candidates, with the same
-/// numbers; a damaged kept file of the reference (extension `ext`) is
-/// found out by its seal and its `again` windows are decoded again.
+/// [`STEP`]); a second run decodes only the candidates (none when
+/// `candidates_kept`: their windows are kept as the reference's are),
+/// with the same numbers; a damaged kept file (extension `ext`) is found
+/// out by its seal and decoded again: `again` windows for one file of the
+/// reference, or, when the candidates' windows are kept too, every
+/// window of every file damaged (a model that visited every window is
+/// read from its whole scores instead).
 fn decoded_once(
     fx: &Fx,
     (outs, decodes): (&[Outcome], usize),
     used: &[usize],
     (ext, again): (&str, usize),
+    candidates_kept: bool,
 ) {
     let decoded = |u: &usize| (u.div_ceil(STEP) * STEP).min(CHUNKS);
     let candidates: usize = used.iter().map(decoded).sum();
@@ -250,6 +261,30 @@ fn decoded_once(
     for (a, b) in second.iter().zip(outs) {
         assert_eq!(a.metrics, b.metrics);
         assert_eq!(a.texts, b.texts);
+    }
+    if candidates_kept {
+        assert_eq!(decodes, 0);
+        let files: Vec<_> = std::fs::read_dir(fx.root.join("cache"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == ext))
+            .collect();
+        let partial = |d: usize| if d < CHUNKS { d } else { 0 };
+        let windows = used.iter().map(decoded).map(partial).sum::<usize>() + partial(most);
+        assert_eq!(files.len(), windows, "a file per window of each model");
+        for kept in &files {
+            let mut bytes = std::fs::read(kept).unwrap();
+            let mid = bytes.len() / 2;
+            bytes[mid] ^= 1;
+            std::fs::write(kept, &bytes).unwrap();
+        }
+        let (third, decodes) = fx.run("seq");
+        for (a, b) in third.iter().zip(outs) {
+            assert_eq!(a.metrics, b.metrics);
+        }
+        assert_eq!(decodes, windows);
+        return;
     }
     assert_eq!(decodes, candidates);
     let kept = std::fs::read_dir(fx.root.join("cache"))
@@ -301,16 +336,15 @@ fn at_n_a_sequential_case_is_the_fixed_n_case() {
         f.metrics["delta_nll_mean"]
     );
     assert!(o.texts["decided"].contains("decided at N = 40 on the exact mean"));
-    // Every window of the reference was decoded: kept in the store, so
-    // the next run decodes only the candidates.
+    // Every window of the reference was decoded, and each model's windows
+    // are kept in the store: the next run decodes none, with the same
+    // numbers.
     assert!(decodes >= 2 * CHUNKS);
-    let (_, again) = fx.run("seq");
-    assert_eq!(
-        again,
-        outs.iter()
-            .map(|o| o.metrics["windows"] as usize)
-            .sum::<usize>()
-    );
+    let (second, again) = fx.run("seq");
+    assert_eq!(again, 0);
+    for (a, b) in second.iter().zip(&outs) {
+        assert_eq!(a.metrics, b.metrics, "{}", b.model);
+    }
 }
 
 #[test]
@@ -576,7 +610,7 @@ fn a_sequential_kld_case_stops_early_and_at_n_is_the_fixed_n_case() {
     // The reference decoded only for the windows some candidate needed
     // (in visits of STEP), each once, kept by visit; a damaged visit file
     // is decoded again (one visit).
-    decoded_once(&fx, (&outs, decodes), &used_all, ("qgref", STEP));
+    decoded_once(&fx, (&outs, decodes), &used_all, ("qgref", STEP), false);
 
     // Live (`store = "none"`), fresh cache: the same stops and numbers bit
     // for bit, nothing written, the reference decoded for each visit of

@@ -34,7 +34,7 @@ mod reference;
 pub(crate) use reference::*;
 mod sequential;
 pub use sequential::{
-    equal_windows, in_window_order, run_sequence, window_of, LazyReference, RefWindows,
+    equal_windows, in_window_order, run_sequence, window_of, LazyWindows, ModelWindows,
     WindowValues, STEP,
 };
 

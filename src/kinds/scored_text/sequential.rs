@@ -10,7 +10,10 @@
 //! window by window, so a later run (a quant added next month) reads the
 //! windows decoded so far and decodes only the rest; a stored full
 //! reference serves any prefix, and the whole is kept once every window
-//! is. A value outside its declared bounds is never
+//! is. A candidate's windows are kept the same way, under its own scores
+//! key (model file, token stream, settings, build, windowing: the key its
+//! fixed-N scores are kept under), so the same model on the same windows
+//! is decoded once whichever run, process or executable asks again. A value outside its declared bounds is never
 //! clipped: the case then runs to N and says why. At N the verdict is the
 //! fixed-N verdict: both bounds are the exact mean.
 
@@ -49,22 +52,23 @@ fn concat(parts: &[Arc<Scored>]) -> Scored {
     all
 }
 
-/// The reference side of a sequential run, window by window.
-pub enum RefWindows {
-    /// Every window at hand (a stored reference, a reference record).
+/// One side of a sequential run (the reference, or a candidate), window by
+/// window.
+pub enum ModelWindows {
+    /// Every window at hand (stored whole scores, a reference record).
     Full(Arc<Scored>),
-    /// A reference model decoded window by window when first needed.
-    Lazy(Box<LazyReference>),
+    /// A model decoded window by window when first needed.
+    Lazy(Box<LazyWindows>),
 }
 
-/// A reference model decoded window by window.
-pub struct LazyReference {
-    /// The reference model's scores key (its store id): the key of each
-    /// kept window, and where the whole is kept once complete.
+/// A model decoded window by window, each window kept in the store.
+pub struct LazyWindows {
+    /// The model's scores key (its store id): the key of each kept window,
+    /// and where the whole is kept once complete.
     pub id: String,
-    /// The reference model.
+    /// The model.
     pub model: Arc<dyn LoadedModel>,
-    /// Its plan (identical tokens to the candidate's).
+    /// Its plan (a reference's: identical tokens to the candidate's).
     pub plan: Arc<ScoringPlan>,
     /// What keeps the whole in the store once every window is decoded.
     pub keep: std::sync::Mutex<Option<ScoresBuild>>,
@@ -90,7 +94,7 @@ fn score_windows(
         .collect())
 }
 
-/// One reference window's scores as the store keeps them (sealed JSON,
+/// One window's scores as the store keeps them (sealed JSON,
 /// `<cache>/reference/<sha256(id)>.qgwin`): the per-position values, from
 /// which the window's sums are added up again in order (bitwise the
 /// decode's).
@@ -130,8 +134,8 @@ impl KeptWindow {
     }
 }
 
-impl RefWindows {
-    /// The reference's scores of windows `ws` of `plan`: from this process
+impl ModelWindows {
+    /// The model's scores of windows `ws` of `plan`: from this process
     /// or the store (each window a sealed product of the reference's
     /// scores key), those neither holds decoded in one call and kept.
     fn windows(
@@ -142,13 +146,13 @@ impl RefWindows {
         ws: &[usize],
     ) -> Result<Vec<Arc<Scored>>> {
         let (id, model, rplan, keep) = match self {
-            RefWindows::Full(s) => {
+            ModelWindows::Full(s) => {
                 return Ok(ws
                     .iter()
                     .map(|&w| Arc::new(window_of(s, plan, w)))
                     .collect())
             }
-            RefWindows::Lazy(r) => (&r.id, &r.model, &r.plan, &r.keep),
+            ModelWindows::Lazy(r) => (&r.id, &r.model, &r.plan, &r.keep),
         };
         let wid = |w: usize| format!("{id}#window{w}");
         let stored = |w: usize| {
@@ -172,9 +176,9 @@ impl RefWindows {
                 let at = ws.iter().position(|v| v == w).expect("asked for");
                 got[at] = Some(Arc::unwrap_or_clone(s));
             }
-            // Every window decoded (here or by earlier runs): the whole
-            // reference, kept as a full run would keep it (looked for
-            // only until it is kept).
+            // Every window decoded (here or by earlier runs): the whole,
+            // kept as a full run would keep it (looked for only until it
+            // is kept).
             let mut keep = keep.lock().unwrap_or_else(|p| p.into_inner());
             if keep.is_some() {
                 let all: Option<Vec<Arc<Scored>>> = (0..rplan.windows.len())
@@ -436,18 +440,18 @@ pub fn in_window_order(order: &[usize], parts: &[Arc<Scored>]) -> Scored {
 }
 
 impl ScoredText {
-    /// Decide `case`'s gates on `model` window by window in the design's
-    /// order against `reference`; the candidate's and the reference's
-    /// scores of the windows used, in window order, with the metrics of
-    /// the design (bounds at the stop, windows of N, what decided) in
-    /// `out`.
+    /// Decide `case`'s gates on `candidate` (its windows of `plan`) window
+    /// by window in the design's order against `reference`; the
+    /// candidate's and the reference's scores of the windows used, in
+    /// window order, with the metrics of the design (bounds at the stop,
+    /// windows of N, what decided) in `out`.
     pub(crate) fn decide_sequentially(
         &self,
         cx: &RunContext,
         case: &Case,
         decide: &Decide,
-        (model, plan): (&Arc<dyn LoadedModel>, &ScoringPlan),
-        reference: &RefWindows,
+        (candidate, plan): (&ModelWindows, &ScoringPlan),
+        reference: &ModelWindows,
         out: &mut Outcome,
     ) -> Result<(Scored, Scored)> {
         equal_windows(decide, plan)?;
@@ -460,7 +464,7 @@ impl ScoredText {
             "window",
             &mut |pair| {
                 let rs = reference.windows(cx, self.n_batch, plan, pair)?;
-                let cs = score_windows(cx, model, plan, pair, self.n_batch)?;
+                let cs = candidate.windows(cx, self.n_batch, plan, pair)?;
                 let mut values = Vec::new();
                 for (c, r) in cs.into_iter().zip(rs) {
                     // Only delta_nll_mean is sequential here (the parse checks).
