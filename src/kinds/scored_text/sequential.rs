@@ -13,9 +13,10 @@
 //! is. A candidate's windows are kept the same way, under its own scores
 //! key (model file, token stream, settings, build, windowing: the key its
 //! fixed-N scores are kept under), so the same model on the same windows
-//! is decoded once whichever run, process or executable asks again. A value outside its declared bounds is never
-//! clipped: the case then runs to N and says why. At N the verdict is the
-//! fixed-N verdict: both bounds are the exact mean.
+//! is decoded once whichever run, process or executable asks again. A
+//! value outside its declared bounds is never clipped: the case then runs
+//! to N and says why. At N the verdict is the fixed-N verdict: both bounds
+//! are the exact mean.
 
 use super::*;
 use crate::core::case::Decide;
