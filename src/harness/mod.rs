@@ -271,9 +271,9 @@ fn run_with_config(
     // cores. Otherwise one group at a time on every core, as `quantgate
     // run` does (`--jobs 1`): a group of several candidates decodes them
     // in lanes on those cores, a speed group (run alone) measures on all
-    // of them, and no core waits idle behind the longest group (a release
-    // repository's `cargo test`: 267 s with a group per core, 189 s so,
-    // book, performance). `--test-threads N` runs N groups at once.
+    // of them, and no core waits idle behind the longest group (the book's
+    // performance chapter measures a release repository's `cargo test`
+    // both ways). `--test-threads N` runs N groups at once.
     let concurrent = groups_at_once(config.nextest, args.test_threads, crate::execute::cores());
     let goldens = Arc::new(Goldens::new(goldens.to_path_buf()).under_ci(config.ci));
     let n_planned = planned.len();

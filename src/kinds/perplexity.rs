@@ -382,15 +382,16 @@ impl Kind for Perplexity {
     fn start(&self, cx: &RunContext, case: &Case, alias: &str, out: &mut Outcome) -> Result<Start> {
         let tx = &self.text;
         let (src, model, plan) = tx.prepare(cx, alias, out)?;
+        // Its scores are kept under its file's sha256 (`prepare` verified
+        // it): never under a key another file could share.
+        let sha = out
+            .model_sha256
+            .clone()
+            .ok_or_else(|| Error::harness(format!("{alias}: the trial's model has no sha256")))?;
         if let Some(decide) = &case.decide {
             let t = Instant::now();
             let reference = self.reference_windows(cx, &src, &model, &plan)?;
             out.timings.decode += t.elapsed();
-            // Its windows are kept under its file's sha256 (`prepare`
-            // verified it): never under a key another file could share.
-            let sha = out.model_sha256.clone().ok_or_else(|| {
-                Error::harness(format!("{alias}: a sequential trial's model has no sha256"))
-            })?;
             let candidate = self.kept_windows(cx, alias, &sha, &model, plan.clone());
             let (scored, rscored) =
                 tx.decide_sequentially(cx, case, decide, (&candidate, &plan), &reference, out)?;
@@ -408,16 +409,9 @@ impl Kind for Perplexity {
             None
         };
         out.timings.decode += t_ref.elapsed();
+        let build = cx.identity_of(alias);
         let trial = PerplexityTrial {
-            scores: ScoresBuild::new(
-                tx,
-                alias,
-                out.model_sha256.as_deref().unwrap_or_default(),
-                &cx.identity_of(alias),
-                &model,
-                &plan,
-                cx.options(),
-            ),
+            scores: ScoresBuild::new(tx, alias, &sha, &build, &model, &plan, cx.options()),
             reference,
             text: tx.clone(),
             case_path: case.path.clone(),
@@ -425,9 +419,7 @@ impl Kind for Perplexity {
         // This model's scores of these windows, when any earlier decode (as
         // a candidate or as a reference, in this process or another) kept
         // them: the same product, read back and checked, no decode.
-        let build = cx.identity_of(alias);
         let settings = tx.settings(cx.threads, cx.options());
-        let sha = out.model_sha256.clone().unwrap_or_default();
         let key = tx.scores_key(alias, &sha, &plan, &settings, &build);
         if let Some(scored) = cx.references.cached_scores(&key) {
             conclude(tx, trial.reference.as_deref(), out, &scored);

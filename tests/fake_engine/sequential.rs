@@ -222,7 +222,7 @@ fn a_sequential_case_stops_early_with_the_fixed_n_verdict() {
     // window some candidate needed, and every model's windows kept window
     // by window: a rerun decodes none; damaged window files are decoded
     // again, those alone.
-    decoded_once(&fx, (&outs, decodes), &used_all, ("qgwin", 1), true);
+    decoded_once(&fx, (&outs, decodes), &used_all, "qgwin", Kept::EveryModel);
     // A store that holds every model's whole scores (a fixed-N run kept
     // them) serves the windows visited: nothing decodes, and the numbers
     // are the window-by-window run's bit for bit.
@@ -236,22 +236,30 @@ fn a_sequential_case_stops_early_with_the_fixed_n_verdict() {
     }
 }
 
+/// Which of a sequential case's models keep their decoded parts.
+enum Kept {
+    /// Only the reference: a rerun decodes the candidates again, and a
+    /// damaged file of the reference costs `again` windows.
+    OnlyReference { again: usize },
+    /// Every model (the reference and each candidate): a rerun decodes
+    /// nothing, and every damaged file is decoded again.
+    EveryModel,
+}
+
 /// After a cold sequential run of case `seq` (`outs`, `decodes` windows
 /// decoded, candidates stopping at `used` windows): the reference was
 /// decoded once for the windows some candidate needed (in visits of
-/// [`STEP`]); a second run decodes only the candidates (none when
-/// `candidates_kept`: their windows are kept as the reference's are),
-/// with the same numbers; a damaged kept file (extension `ext`) is found
-/// out by its seal and decoded again: `again` windows for one file of the
-/// reference, or, when the candidates' windows are kept too, every
-/// window of every file damaged (a model that visited every window is
-/// read from its whole scores instead).
+/// [`STEP`]); a second run decodes what `kept` says is not kept, with the
+/// same numbers; damaged kept files (extension `ext`: one file of the
+/// reference, or every window file when every model keeps them) are found
+/// out by their seals and decoded again, those alone (a model that visited
+/// every window is read from its whole scores instead).
 fn decoded_once(
     fx: &Fx,
     (outs, decodes): (&[Outcome], usize),
     used: &[usize],
-    (ext, again): (&str, usize),
-    candidates_kept: bool,
+    ext: &str,
+    kept: Kept,
 ) {
     let decoded = |u: &usize| (u.div_ceil(STEP) * STEP).min(CHUNKS);
     let candidates: usize = used.iter().map(decoded).sum();
@@ -262,46 +270,37 @@ fn decoded_once(
         assert_eq!(a.metrics, b.metrics);
         assert_eq!(a.texts, b.texts);
     }
-    if candidates_kept {
-        assert_eq!(decodes, 0);
-        let files: Vec<_> = std::fs::read_dir(fx.root.join("cache"))
-            .unwrap()
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|e| e == ext))
-            .collect();
-        let partial = |d: usize| if d < CHUNKS { d } else { 0 };
-        let windows = used.iter().map(decoded).map(partial).sum::<usize>() + partial(most);
-        assert_eq!(files.len(), windows, "a file per window of each model");
-        for kept in &files {
-            let mut bytes = std::fs::read(kept).unwrap();
-            let mid = bytes.len() / 2;
-            bytes[mid] ^= 1;
-            std::fs::write(kept, &bytes).unwrap();
-        }
-        let (third, decodes) = fx.run("seq");
-        for (a, b) in third.iter().zip(outs) {
-            assert_eq!(a.metrics, b.metrics);
-        }
-        assert_eq!(decodes, windows);
-        return;
-    }
-    assert_eq!(decodes, candidates);
-    let kept = std::fs::read_dir(fx.root.join("cache"))
+    let mut files: Vec<_> = std::fs::read_dir(fx.root.join("cache"))
         .unwrap()
         .flatten()
         .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|e| e == ext))
-        .expect("a kept part of the reference");
-    let mut bytes = std::fs::read(&kept).unwrap();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 1;
-    std::fs::write(&kept, &bytes).unwrap();
+        .filter(|p| p.extension().is_some_and(|e| e == ext))
+        .collect();
+    let (rerun, again) = match kept {
+        Kept::OnlyReference { again } => {
+            files.truncate(1);
+            (candidates, again)
+        }
+        Kept::EveryModel => {
+            let partial = |d: usize| if d < CHUNKS { d } else { 0 };
+            let windows = used.iter().map(decoded).map(partial).sum::<usize>() + partial(most);
+            assert_eq!(files.len(), windows, "a file per window of each model");
+            (0, windows)
+        }
+    };
+    assert_eq!(decodes, rerun);
+    assert!(!files.is_empty(), "a kept part of the reference");
+    for kept in &files {
+        let mut bytes = std::fs::read(kept).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 1;
+        std::fs::write(kept, &bytes).unwrap();
+    }
     let (third, decodes) = fx.run("seq");
     for (a, b) in third.iter().zip(outs) {
         assert_eq!(a.metrics, b.metrics);
     }
-    assert_eq!(decodes, candidates + again);
+    assert_eq!(decodes, rerun + again);
 }
 
 #[test]
@@ -610,7 +609,13 @@ fn a_sequential_kld_case_stops_early_and_at_n_is_the_fixed_n_case() {
     // The reference decoded only for the windows some candidate needed
     // (in visits of STEP), each once, kept by visit; a damaged visit file
     // is decoded again (one visit).
-    decoded_once(&fx, (&outs, decodes), &used_all, ("qgref", STEP), false);
+    decoded_once(
+        &fx,
+        (&outs, decodes),
+        &used_all,
+        "qgref",
+        Kept::OnlyReference { again: STEP },
+    );
 
     // Live (`store = "none"`), fresh cache: the same stops and numbers bit
     // for bit, nothing written, the reference decoded for each visit of
