@@ -2,9 +2,11 @@
 """confseq-oracle.py: the bounds confseq gives on the inputs quantgate's
 sequential decisions were computed from (tests/sequential_oracle.rs).
 
-Reads JSON on stdin: {"N": int, "alpha": float, "breaks": int,
-"trunc_scale": float, "series": [[x in [0, 1], ...], ...]}; writes JSON:
-one list of lower bounds per series, the value after each x, from
+Reads JSON on stdin: a request {"N": int, "alpha": float, "breaks": int,
+"trunc_scale": float, "series": [[x in [0, 1], ...], ...]}, or a list of
+requests (one process for many: its start-up and imports are most of a small
+request's time); writes JSON: for a request, one list of lower bounds per
+series, the value after each x (for a list, one such answer per request), from
 confseq.betting.betting_lower_cs with the adaptive Kelly bets
 (confseq.betting_strategies.lambda_aKelly with N) taken one-sided.
 Run with PYTHONPATH set to the folder scripts/fetch-confseq.sh prints.
@@ -35,19 +37,25 @@ for name in ("matplotlib", "matplotlib.pyplot", "multiprocess", "scipy", "scipy.
 from confseq.betting import betting_lower_cs  # noqa: E402
 from confseq.betting_strategies import lambda_aKelly  # noqa: E402
 
+
+def answer(req):
+    N = req["N"]
+    out = []
+    for x in req["series"]:
+        x = np.asarray(x, dtype=float)
+        lower = betting_lower_cs(
+            x,
+            lambdas_fns=[lambda x, m: np.maximum(0, lambda_aKelly(x, m, N=N))],
+            alpha=req["alpha"],
+            N=N,
+            breaks=req["breaks"],
+            trunc_scale=req["trunc_scale"],
+            m_trunc=True,
+        )
+        out.append([float(v) for v in lower])
+    return out
+
+
 req = json.load(sys.stdin)
-N = req["N"]
-out = []
-for x in req["series"]:
-    x = np.asarray(x, dtype=float)
-    lower = betting_lower_cs(
-        x,
-        lambdas_fns=[lambda x, m: np.maximum(0, lambda_aKelly(x, m, N=N))],
-        alpha=req["alpha"],
-        N=N,
-        breaks=req["breaks"],
-        trunc_scale=req["trunc_scale"],
-        m_trunc=True,
-    )
-    out.append([float(v) for v in lower])
+out = [answer(r) for r in req] if isinstance(req, list) else answer(req)
 json.dump(out, sys.stdout)

@@ -102,12 +102,20 @@ fn confseq() -> String {
     })
 }
 
-/// confseq's lower bounds after each value of each series.
-fn oracle(n_pop: usize, alpha: f64, series: &[Vec<f64>]) -> Vec<Vec<f64>> {
-    let req = serde_json::json!({
-        "N": n_pop, "alpha": alpha, "breaks": BREAKS, "trunc_scale": TRUNC_SCALE,
-        "series": series,
-    });
+/// confseq's lower bounds after each value of each series, for each
+/// request `(N, alpha, series)`: one process for them all (its start-up and
+/// imports cost more than a request's sums).
+fn oracle(requests: &[(usize, f64, Vec<Vec<f64>>)]) -> Vec<Vec<Vec<f64>>> {
+    let req: Vec<serde_json::Value> = requests
+        .iter()
+        .map(|(n_pop, alpha, series)| {
+            serde_json::json!({
+                "N": n_pop, "alpha": alpha, "breaks": BREAKS, "trunc_scale": TRUNC_SCALE,
+                "series": series,
+            })
+        })
+        .collect();
+    let req = serde_json::Value::from(req);
     let mut child = Command::new(std::env::var("QUANTGATE_PYTHON").unwrap_or("python3".into()))
         .arg(repo().join("scripts/confseq-oracle.py"))
         .env("PYTHONPATH", confseq())
@@ -128,7 +136,10 @@ fn oracle(n_pop: usize, alpha: f64, series: &[Vec<f64>]) -> Vec<Vec<f64>> {
         "confseq-oracle.py: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).expect("the oracle's JSON")
+    let answers: Vec<Vec<Vec<f64>>> =
+        serde_json::from_slice(&out.stdout).expect("the oracle's JSON");
+    assert_eq!(answers.len(), requests.len(), "one answer per request");
+    answers
 }
 
 fn ours(n_pop: usize, alpha: f64, x: &[f64]) -> Vec<f64> {
@@ -153,27 +164,34 @@ fn bounds_equal_confseqs_on_the_same_inputs() {
     }
     let step = 1.0 / BREAKS as f64;
     let (mut compared, mut equal) = (0usize, 0usize);
+    // Each case at each alpha: a seeded visiting order, as a sequential
+    // case makes it; the lower bound on x and on 1 − x (the upper bound,
+    // reflected). Every request goes to the oracle at once.
+    let mut asked = Vec::new();
     for alpha in [0.05, 0.01] {
         for (name, pop) in &cases {
             let n = pop.len();
-            // A seeded visiting order, as a sequential case makes it; the
-            // lower bound on x and on 1 − x (the upper bound, reflected).
             let order = permutation(n, 7);
             let x: Vec<f64> = order.iter().map(|&i| pop[i]).collect();
             let flipped: Vec<f64> = x.iter().map(|v| 1.0 - v).collect();
-            let want = oracle(n, alpha, &[x.clone(), flipped.clone()]);
-            for (side, (xs, w)) in [(&x, &want[0]), (&flipped, &want[1])].iter().enumerate() {
-                let got = ours(n, alpha, xs);
-                assert_eq!(got.len(), w.len());
-                for (t, (g, w)) in got.iter().zip(w.iter()).enumerate() {
-                    compared += 1;
-                    equal += usize::from((g - w).abs() < 1e-12);
-                    assert!(
-                        (g - w).abs() <= step + 1e-12,
-                        "{name}, alpha {alpha}, side {side}, t={}: ours {g}, confseq {w}",
-                        t + 1
-                    );
-                }
+            asked.push((name, (n, alpha, vec![x, flipped])));
+        }
+    }
+    let requests: Vec<_> = asked.iter().map(|(_, r)| r.clone()).collect();
+    let answers = oracle(&requests);
+    for ((name, (n, alpha, series)), want) in asked.iter().zip(&answers) {
+        assert_eq!(want.len(), series.len(), "{name}: one answer per series");
+        for (side, (xs, w)) in series.iter().zip(want).enumerate() {
+            let got = ours(*n, *alpha, xs);
+            assert_eq!(got.len(), w.len());
+            for (t, (g, w)) in got.iter().zip(w.iter()).enumerate() {
+                compared += 1;
+                equal += usize::from((g - w).abs() < 1e-12);
+                assert!(
+                    (g - w).abs() <= step + 1e-12,
+                    "{name}, alpha {alpha}, side {side}, t={}: ours {g}, confseq {w}",
+                    t + 1
+                );
             }
         }
     }

@@ -53,8 +53,10 @@ pub struct LowerSequence {
     dev2: f64,
     /// Capital per grid point `k / BREAKS`.
     capital: Vec<f64>,
-    /// Grid points shown impossible (their conditional mean left [0, 1]).
-    impossible: Vec<bool>,
+    /// Grid points not shown impossible: once a point's conditional mean
+    /// leaves [0, 1] it stays out, and that mean rises with the point, so
+    /// the points ruled out are a prefix and a suffix of the grid.
+    possible: std::ops::Range<usize>,
 }
 
 impl LowerSequence {
@@ -65,6 +67,11 @@ impl LowerSequence {
 
     /// The same with another truncation of the bets.
     pub(crate) fn with_trunc(n_pop: usize, alpha: f64, trunc: f64) -> Self {
+        // `push` relies on it (trunc/mu ≤ 1/mu).
+        assert!(
+            trunc > 0.0 && trunc <= 1.0,
+            "trunc_scale {trunc} outside (0, 1]"
+        );
         LowerSequence {
             n_pop,
             alpha,
@@ -73,7 +80,7 @@ impl LowerSequence {
             sum: 0.0,
             dev2: 0.0,
             capital: vec![1.0; BREAKS + 1],
-            impossible: vec![false; BREAKS + 1],
+            possible: 0..BREAKS + 1,
         }
     }
 
@@ -93,32 +100,40 @@ impl LowerSequence {
         let mu_hat = (0.5 + self.sum) / t;
         let v = (0.25 + self.dev2) / t;
         let cond = (n * mu_hat - self.sum) / left;
-        for k in 0..=BREAKS {
-            if self.impossible[k] {
-                continue;
-            }
-            let m = k as f64 * (1.0 / BREAKS as f64);
-            let mu = (n * m - self.sum) / left;
-            if !(0.0..=1.0).contains(&mu) {
-                // Once outside, always outside: the values seen already
-                // rule this mean out.
-                self.impossible[k] = true;
-                continue;
-            }
+        let sum = self.sum;
+        // The conditional mean if the population's mean were grid point k;
+        // it rises with k (each step rounds monotonically).
+        let mu_at = |k: usize| (n * (k as f64 * (1.0 / BREAKS as f64)) - sum) / left;
+        let inside = |k: usize| (0.0..=1.0).contains(&mu_at(k));
+        // Once outside, always outside: the values seen already rule
+        // those means out, from either end of the grid.
+        let (mut start, mut end) = (self.possible.start, self.possible.end);
+        while start < end && !inside(start) {
+            start += 1;
+        }
+        while end > start && !inside(end - 1) {
+            end -= 1;
+        }
+        self.possible = start..end;
+        for (k, capital) in (start..end).zip(&mut self.capital[start..end]) {
+            let mu = mu_at(k);
             let g = cond - mu;
-            let mut lambda = g / (v + g * g);
-            lambda = lambda.max(-1.0 / (1.0 - mu)).min(1.0 / mu);
-            // One-sided: never bet on the mean being below m.
-            lambda = lambda.max(0.0);
-            lambda = lambda.min(self.trunc / mu).max(-self.trunc / (1.0 - mu));
+            // confseq's bet, clamped to [-1/(1-mu), 1/mu], then to [0, ∞)
+            // (one-sided: never bet on the mean being below m), then to
+            // [-trunc/(1-mu), trunc/mu]. Once it is ≥ 0 the negative
+            // bounds cannot bind, and trunc/mu ≤ 1/mu (trunc ≤ 1, and
+            // division rounds monotonically), so two clamps give the very
+            // same value with half the divisions (a NaN bet is 0 either
+            // way: f64::max ignores NaN).
+            let lambda = (g / (v + g * g)).max(0.0).min(self.trunc / mu);
             let d = x - mu;
             let factor = if lambda == f64::INFINITY && d == 0.0 {
                 1.0
             } else {
                 1.0 + lambda * d
             };
-            let c = self.capital[k] * factor;
-            self.capital[k] = if c.is_nan() { 0.0 } else { c };
+            let c = *capital * factor;
+            *capital = if c.is_nan() { 0.0 } else { c };
         }
         self.sum += x;
         let mu_hat_now = (0.5 + self.sum) / (t + 1.0);
@@ -130,7 +145,10 @@ impl LowerSequence {
     /// down, and never below what the values seen alone imply (S / N).
     pub fn bound(&self) -> f64 {
         let threshold = 1.0 / self.alpha;
-        let first = (0..=BREAKS).find(|&k| !self.impossible[k] && self.capital[k] <= threshold);
+        let first = self
+            .possible
+            .clone()
+            .find(|&k| self.capital[k] <= threshold);
         let l = match first {
             Some(k) => (k as f64 * (1.0 / BREAKS as f64) - 1.0 / BREAKS as f64).max(0.0),
             None => 0.0,
