@@ -18,6 +18,8 @@ the order the file lists them, with the workflow's, the job's and the step's `en
 (tests/cli/publish.rs runs it on a fixture of F16 and Q8_0 over a short text):
 
 - `actions/checkout`: a fresh copy of DIR's files (GGUF files hard-linked);
+- each job its own empty `QUANTGATE_CACHE` (under the work folder), as a fresh
+  runner has: nothing reaches a job but through artifacts;
 - `actions/upload-artifact` / `download-artifact`: folders under the work
   folder (a `pattern` download puts each artifact in a folder of its name,
   as GitHub does);
@@ -210,6 +212,7 @@ def main():
             label = name + "".join(f" {k}={v}" for k, v in combo.items())
             ws = work / "jobs" / re.sub(r"[^\w=.-]+", "_", label)
             shutil.rmtree(ws, ignore_errors=True)
+            shutil.rmtree(work / "caches" / ws.name, ignore_errors=True)
             ws.mkdir(parents=True)
             ok = True
             for i, step in enumerate(job["steps"]):
@@ -261,6 +264,11 @@ def main():
                         for l in expand(step["run"], combo).splitlines()
                     )
                     env = dict(base_env)
+                    # A fresh runner's cache: each job its own, empty at
+                    # its start (results, reference products, kept windows
+                    # are never carried from one job to another but by
+                    # artifacts, as on GitHub).
+                    env["QUANTGATE_CACHE"] = str(work / "caches" / ws.name)
                     for scope in (doc.get("env"), job.get("env"), step.get("env")):
                         env.update({k: expand(v, combo) for k, v in (scope or {}).items()})
                     log = work / "logs" / f"{ws.name}.{i + 1}.log"

@@ -6,6 +6,12 @@ use std::path::PathBuf;
 #[command(
     name = "quantgate",
     version,
+    long_version = concat!(
+        env!("CARGO_PKG_VERSION"),
+        " (source sha256 ",
+        env!("QUANTGATE_SOURCE_SHA256"),
+        ")"
+    ),
     about = "Evaluate GGUF models and their quants against gates and goldens"
 )]
 pub struct Cli {

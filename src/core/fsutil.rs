@@ -31,8 +31,8 @@ pub fn sha256_bytes(bytes: &[u8]) -> String {
 /// The executable this process runs, as the kernel holds it: on Linux
 /// `/proc/self/exe`, which stays this very build when the file it was
 /// started from is rebuilt or removed mid-run (`cargo build` during a long
-/// `cargo test`), so a worker started from it is its parent's build and a
-/// hash of it is this build's; elsewhere [`std::env::current_exe`].
+/// `cargo test`), so a worker started from it is its parent's build;
+/// elsewhere [`std::env::current_exe`].
 pub(crate) fn running_exe() -> std::io::Result<std::path::PathBuf> {
     let held = Path::new("/proc/self/exe");
     if cfg!(target_os = "linux") && held.exists() {

@@ -12,7 +12,8 @@ use crate::execute::RunContext;
 use crate::plan::Planned;
 use std::path::PathBuf;
 
-/// The entry of a trial: keyed by this executable, the case's bytes (its
+/// The entry of a trial: keyed by the code that computes it
+/// ([`code_identity`]), the case's bytes (its
 /// pins cover texts, token files and reference files; its windowing, batch,
 /// context and seeds are written in it), the model's and the reference's
 /// pinned sha256, the engine build, the threads and every engine option
@@ -24,7 +25,6 @@ use std::path::PathBuf;
 /// has no key (an unpinned model, or speed on a machine that cannot be told
 /// apart).
 fn entry(runner: &RunContext, p: &Planned) -> Option<PathBuf> {
-    static EXE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     let parsed = p.case.as_ref().ok()?;
     let machine = if parsed.kind.measures_speed() {
         format!("|machine {}", runner.machine()?)
@@ -33,14 +33,7 @@ fn entry(runner: &RunContext, p: &Planned) -> Option<PathBuf> {
     };
     let runtimes = parsed.kind.run_key(runner)?;
     let case = &parsed.case;
-    let exe = EXE
-        .get_or_init(|| {
-            let exe = crate::core::fsutil::running_exe().ok()?;
-            crate::core::fsutil::sha256_file(&exe, |_| {})
-                .ok()
-                .map(|(s, _)| s)
-        })
-        .clone()?;
+    let code = code_identity();
     let pinned = |alias: &str| runner.registry().entry(alias).ok()?.sha256.clone();
     let model = pinned(&p.model)?;
     let reference = match &case.reference {
@@ -49,7 +42,7 @@ fn entry(runner: &RunContext, p: &Planned) -> Option<PathBuf> {
     };
     let key = crate::core::fsutil::sha256_bytes(
         format!(
-            "{exe}|{}|{}|{}={model}|{reference}|{}|{}{machine}|{runtimes}",
+            "{code}|{}|{}|{}={model}|{reference}|{}|{}{machine}|{runtimes}",
             case.name,
             case.content_sha256,
             p.model,
@@ -65,6 +58,34 @@ fn entry(runner: &RunContext, p: &Planned) -> Option<PathBuf> {
             .join("results")
             .join(format!("{key}.qgresult")),
     )
+}
+
+/// The code a result comes from: the library's source, features, target
+/// and compiler (`QUANTGATE_SOURCE_SHA256`, made by build.rs), and the
+/// exact builds of the crates that compute, parse or seal numbers (each a
+/// type's `TypeId`, which changes with the crate's version, features and
+/// dependencies, and with the compiler). Every executable built from the
+/// same source with the same crates (`quantgate`, the test harness, a
+/// release repository's `cargo test` against it) shares its results; a
+/// change to any of them keys a new entry.
+pub(crate) fn code_identity() -> &'static str {
+    use std::any::TypeId;
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| {
+        let crates = [
+            TypeId::of::<statrs::distribution::Normal>(),
+            TypeId::of::<serde_json::Value>(),
+            TypeId::of::<toml::Table>(),
+            TypeId::of::<num_bigint::BigInt>(),
+            TypeId::of::<parquet::errors::ParquetError>(),
+            TypeId::of::<sha2::Sha256>(),
+            TypeId::of::<hmac::Hmac<sha2::Sha256>>(),
+            TypeId::of::<llama_cpp_2::model::LlamaModel>(),
+        ];
+        crate::core::fsutil::sha256_bytes(
+            format!("{} {crates:?}", env!("QUANTGATE_SOURCE_SHA256")).as_bytes(),
+        )
+    })
 }
 
 /// The trial's recorded outcome, when a complete run of the same inputs is

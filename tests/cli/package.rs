@@ -225,3 +225,56 @@ fn only_the_edges_write_to_stderr() {
         "a worker's own failure only"
     );
 }
+
+/// `quantgate --version` names the source sha256 the result cache keys its
+/// entries by, and it is what an independent recomputation (Python's
+/// hashlib over this checkout: every file under `src/`, `Cargo.toml`,
+/// `build.rs`, the features, the target, `rustc -vV`, as build.rs
+/// documents) gives: the key covers every line of the source, so a result
+/// is never served to code that could compute it otherwise.
+#[test]
+fn the_version_names_the_source_sha256_results_are_keyed_by() {
+    let (code, stdout, stderr) =
+        output(Command::new(env!("CARGO_BIN_EXE_quantgate")).arg("--version"));
+    assert_eq!(code, 0, "{stderr}");
+    let named = stdout
+        .split_once("(source sha256 ")
+        .and_then(|(_, r)| r.split_once(')'))
+        .unwrap_or_else(|| panic!("no source sha256: {stdout}"))
+        .0
+        .to_string();
+    let mut features = vec!["CARGO_FEATURE_DEFAULT"];
+    for (on, name) in [
+        (cfg!(feature = "cuda"), "CARGO_FEATURE_CUDA"),
+        (cfg!(feature = "metal"), "CARGO_FEATURE_METAL"),
+        (cfg!(feature = "vulkan"), "CARGO_FEATURE_VULKAN"),
+    ] {
+        if on {
+            features.push(name);
+        }
+    }
+    let script = r#"
+import hashlib, os, subprocess, sys
+root, features = sys.argv[1], sys.argv[2]
+os.chdir(root)
+files = ["Cargo.toml", "build.rs"]
+for d, _, names in os.walk("src"):
+    files += [os.path.join(d, n) for n in names]
+h = hashlib.sha256()
+for f in sorted(files):
+    data = open(f, "rb").read()
+    h.update(f.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
+version = subprocess.run(["rustc", "-vV"], capture_output=True, check=True).stdout
+host = next(l.split(": ", 1)[1] for l in version.decode().splitlines() if l.startswith("host: "))
+h.update(features.encode() + b"\0" + host.encode() + b"\0" + version)
+print(h.hexdigest())
+"#;
+    let (code, recomputed, stderr) = output(
+        Command::new("python3")
+            .args(["-c", script])
+            .arg(repo())
+            .arg(features.join(",")),
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(named, recomputed.trim(), "quantgate --version: {stdout}");
+}

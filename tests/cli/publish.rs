@@ -261,7 +261,8 @@ fn test_lines(stdout: &str) -> Vec<(String, bool)> {
 ///   ΔNLL, KLD and MC; Q8_0 and Q4_K_M pass them) and a report with every
 ///   kind's columns;
 /// - `cargo test --release` in that folder, against quantgate as a path
-///   dependency, writes its goldens as pending, `cargo insta` lists and
+///   dependency, judges the results `quantgate run` measured (the same
+///   source: the result cache serves them), writes its goldens as pending, `cargo insta` lists and
 ///   accepts them, and then only the gates fail (Q2_K's); a golden
 ///   perturbed by hand fails its test with the diff until `cargo insta`
 ///   accepts the measured one again.
@@ -491,6 +492,17 @@ fn the_readme_publisher_commands_gate_a_folder_of_quants() {
         "{stdout}"
     );
     assert!(pending.is_file() && !golden.exists(), "{stdout}\n{stderr}");
+    // Built from the same quantgate source, the folder's tests take the
+    // results `quantgate run` measured (the result cache is keyed by the
+    // source, not the executable) and judge them: nothing is decoded again.
+    for case in ["release/delta_nll", "release/kld", "release/mc"] {
+        for model in ["mine-q8_0", "mine-q4_k_m", "mine-q2_k"] {
+            assert!(
+                stderr.contains(&format!("{case}::{model}: result from the result cache")),
+                "{case}::{model}: {stderr}"
+            );
+        }
+    }
     let (code, listed, stderr) = cargo_insta(&["pending-snapshots"]);
     assert_eq!(code, 0, "{listed}\n{stderr}");
     assert!(
