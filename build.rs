@@ -63,11 +63,14 @@ fn source_sha256() -> String {
     h.update(std::env::var("TARGET").unwrap_or_default().as_bytes());
     h.update([0]);
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
-    let version = std::process::Command::new(rustc)
+    // Never an empty version: results of two compilers would share keys.
+    let version = std::process::Command::new(&rustc)
         .arg("-vV")
         .output()
-        .map(|o| o.stdout)
-        .unwrap_or_default();
+        .ok()
+        .filter(|o| o.status.success() && !o.stdout.is_empty())
+        .unwrap_or_else(|| panic!("`{rustc} -vV` gave no version"))
+        .stdout;
     h.update(&version);
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }

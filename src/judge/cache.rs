@@ -68,7 +68,7 @@ fn entry(runner: &RunContext, p: &Planned) -> Option<PathBuf> {
 /// same source with the same crates (`quantgate`, the test harness, a
 /// release repository's `cargo test` against it) shares its results; a
 /// change to any of them keys a new entry.
-pub(crate) fn code_identity() -> &'static str {
+fn code_identity() -> &'static str {
     use std::any::TypeId;
     static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     ID.get_or_init(|| {
