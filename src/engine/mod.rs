@@ -4,6 +4,7 @@
 //! or non-finite logit is an `Error` naming the model alias, path and sha256,
 //! never a number. `llama_cpp_2` is used only in [`llama`].
 
+pub(crate) mod cores;
 pub mod fake;
 pub mod llama;
 

@@ -247,6 +247,7 @@ impl Engine for LlamaEngine {
 
     fn quantize(&self, src: &Path, dst: &Path, quant: &str, threads: u32) -> Result<()> {
         backend(self.log)?;
+        let _cores = crate::engine::cores::hold(threads as usize);
         quantize(src, dst, quant, threads)
     }
 

@@ -18,6 +18,7 @@ impl LoadedModel for Loaded {
         batches: &[Vec<crate::engine::SeqToken>],
         sink: &mut crate::engine::BatchSink<'_>,
     ) -> Result<EngineTimings> {
+        let _cores = crate::engine::cores::hold(settings.threads as usize);
         let t0 = Instant::now();
         let mut callback = std::time::Duration::ZERO;
         let n_batch = settings.n_batch as usize;
@@ -74,6 +75,8 @@ impl LoadedModel for Loaded {
         warmup: bool,
         seed: u64,
     ) -> Result<Vec<std::time::Duration>> {
+        // Measured with no other quantgate decode on the machine.
+        let _cores = crate::engine::cores::hold_all();
         // A context of its own, as llama-bench makes one per test.
         let mut ctx = self.fresh_context(settings)?;
         let n_vocab = self.info.n_vocab as u64;
@@ -154,6 +157,7 @@ impl LoadedModel for Loaded {
         windows: &[Window],
         sink: &mut PassSink<'_>,
     ) -> Result<EngineTimings> {
+        let _cores = crate::engine::cores::hold(settings.threads as usize);
         let n_batch = settings.n_batch as usize;
         let one_pass = windows
             .iter()
@@ -252,6 +256,7 @@ impl LoadedModel for Loaded {
         decoding: Decoding,
         stop: &mut dyn FnMut(&[TokenId]) -> bool,
     ) -> Result<Vec<Step>> {
+        let _cores = crate::engine::cores::hold(settings.threads as usize);
         let n_batch = settings.n_batch as usize;
         // Rows of every pass that picks a token (invariant mode).
         let r = settings.padded_rows(1);
@@ -360,6 +365,7 @@ impl LoadedModel for Loaded {
         seed: u32,
         stop: &mut dyn FnMut(&[TokenId]) -> bool,
     ) -> Result<Vec<TokenId>> {
+        let _cores = crate::engine::cores::hold(settings.threads as usize);
         let settings = &settings.unpadded();
         let mut ctx = self.start(settings, prompt, max_new)?;
         let mut batch = LlamaBatch::new(settings.n_batch as usize, 1);
@@ -398,6 +404,7 @@ impl LoadedModel for Loaded {
         seeds: &[u32],
         stop: &mut dyn FnMut(usize, &[TokenId]) -> bool,
     ) -> Result<Vec<Vec<TokenId>>> {
+        let _cores = crate::engine::cores::hold(settings.threads as usize);
         let settings = &settings.unpadded();
         let mut ctx = self.start(settings, prompt, max_new)?;
         let mut batch = LlamaBatch::new(settings.n_batch as usize, 1);
