@@ -59,20 +59,32 @@ pub fn sha256_file(path: &Path, mut progress: impl FnMut(u64)) -> Result<(String
     Ok((hex(&hasher.finalize()), total))
 }
 
-/// An exclusive `flock` on `path` (created, never truncated; its directory
-/// created), held until the file is dropped or the process dies, so never stale.
-pub(crate) fn lock_file(path: &Path) -> Result<File> {
+/// The file `path` opened to be locked (created, never truncated; its
+/// directory created), not locked yet.
+pub(crate) fn lock_target(path: &Path) -> Result<File> {
     if let Some(dir) = path.parent() {
         fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     }
-    let f = fs::OpenOptions::new()
+    fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(path)
-        .map_err(|e| Error::io(path, e))?;
-    f.lock().map_err(|e| Error::io(path, e))?;
-    Ok(f)
+        .map_err(|e| Error::io(path, e))
+}
+
+/// An exclusive `flock` on `path` ([`lock_target`]), waited for again when a
+/// signal interrupts the wait, held until the file is dropped or the
+/// process dies, so never stale.
+pub(crate) fn lock_file(path: &Path) -> Result<File> {
+    let f = lock_target(path)?;
+    loop {
+        match f.lock() {
+            Ok(()) => return Ok(f),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Error::io(path, e)),
+        }
+    }
 }
 
 /// An exclusive `flock` on the folder `dir` (opened read-only; nothing is

@@ -23,8 +23,9 @@
 //! them for the calls it makes inside. Where the folder cannot be made or
 //! locked, calls run without slots, as before.
 
+use crate::core::fsutil::{lock_file, lock_target};
 use std::cell::Cell;
-use std::fs::{File, OpenOptions, TryLockError};
+use std::fs::{File, TryLockError};
 use std::path::PathBuf;
 
 thread_local! {
@@ -67,26 +68,6 @@ fn folder() -> PathBuf {
     std::env::temp_dir().join(format!("quantgate-cores-{uid}"))
 }
 
-fn open(path: &std::path::Path) -> Option<File> {
-    OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .ok()
-}
-
-/// A blocking `flock`, again when a signal interrupts it.
-fn lock(f: &File) -> bool {
-    loop {
-        match f.lock() {
-            Ok(()) => return true,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => return false,
-        }
-    }
-}
-
 /// Hold `threads` slots (at most every core's), waiting while others hold
 /// them; none when this thread holds slots already.
 pub(crate) fn hold(threads: usize) -> Cores {
@@ -106,25 +87,19 @@ fn hold_in(dir: &std::path::Path, threads: usize, n: usize) -> Cores {
         return none;
     }
     let want = threads.clamp(1, n.max(1));
-    if std::fs::create_dir_all(dir).is_err() {
-        return none;
-    }
     let slot = |i: usize| dir.join(format!("core-{i}.lock"));
     // Through the turnstile, one at a time: a waiter holds it until its
     // slots are free, so nobody who comes later takes them first.
-    let Some(turn) = open(&dir.join("turnstile.lock")) else {
+    let Ok(turn) = lock_file(&dir.join("turnstile.lock")) else {
         return none;
     };
-    if !lock(&turn) {
-        return none;
-    }
     // Any free slots at once, the common case; else slots 0.. in order.
     let mut files: Vec<File> = Vec::with_capacity(want);
     for i in 0..n {
         if files.len() == want {
             break;
         }
-        let Some(f) = open(&slot(i)) else {
+        let Ok(f) = lock_target(&slot(i)) else {
             return none;
         };
         match f.try_lock() {
@@ -136,12 +111,9 @@ fn hold_in(dir: &std::path::Path, threads: usize, n: usize) -> Cores {
     if files.len() < want {
         files.clear();
         for i in 0..want {
-            let Some(f) = open(&slot(i)) else {
+            let Ok(f) = lock_file(&slot(i)) else {
                 return none;
             };
-            if !lock(&f) {
-                return none;
-            }
             files.push(f);
         }
     }
