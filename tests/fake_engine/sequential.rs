@@ -79,7 +79,11 @@ impl Fx {
     /// Run case `name` on both candidates in one context; the outcomes
     /// and the windows decoded (of every model).
     fn run(&self, name: &str) -> (Vec<Outcome>, usize) {
-        let e = engine();
+        self.run_on(engine(), name)
+    }
+
+    /// [`Fx::run`] on engine `e`.
+    fn run_on(&self, e: FakeEngine, name: &str) -> (Vec<Outcome>, usize) {
         let decodes = e.windows.clone();
         let (registry, planned) =
             plan(&self.root.join("suites"), &[name.to_string()], &[]).unwrap();
@@ -233,6 +237,65 @@ fn a_sequential_case_stops_early_with_the_fixed_n_verdict() {
     for (w, o) in warm.iter().zip(&outs) {
         assert_eq!(w.metrics, o.metrics, "{}", o.model);
         assert_eq!(w.texts, o.texts, "{}", o.model);
+    }
+}
+
+/// Two runs of one sequential case at once on one cache (two processes:
+/// nextest's test processes, two CI jobs on one runner), each with its own
+/// store in memory: between them they decode each window of each model
+/// once, as one run alone does, the one that waited reading what the other
+/// kept; and both give the alone run's numbers.
+#[test]
+fn two_runs_at_once_decode_each_window_once() {
+    let fx = Fx::new("at-once");
+    let base = fixed(&fx, "");
+    let c = (mean(&base[0].series["delta_nll_per_window"])
+        + mean(&base[1].series["delta_nll_per_window"]))
+        / 2.0;
+    fx.case(
+        "seq",
+        &format!(
+            "[[gate]]\nmetric = \"delta_nll_mean\"\nmax = {c}\n{DECIDE}\
+             [decide.bounds]\ndelta_nll_mean = [-5.0, 5.0]\n"
+        ),
+    );
+    // Every model slow enough that the two runs' decodes overlap.
+    let slow = || {
+        let mut e = engine();
+        for spec in e.specs.values_mut() {
+            spec.sleep_ms = 20;
+        }
+        e
+    };
+    std::fs::remove_dir_all(fx.root.join("cache")).unwrap();
+    let (alone, alone_decodes) = fx.run_on(slow(), "seq");
+    assert!(alone_decodes > 0);
+    std::fs::remove_dir_all(fx.root.join("cache")).unwrap();
+    let start = std::sync::Barrier::new(2);
+    let both: Vec<(Vec<Outcome>, usize)> = std::thread::scope(|s| {
+        let runs: Vec<_> = (0..2)
+            .map(|_| {
+                s.spawn(|| {
+                    start.wait();
+                    fx.run_on(slow(), "seq")
+                })
+            })
+            .collect();
+        runs.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    assert_eq!(
+        both[0].1 + both[1].1,
+        alone_decodes,
+        "windows decoded by the two runs at once ({} + {}) against one run alone",
+        both[0].1,
+        both[1].1
+    );
+    for (outs, _) in &both {
+        for (o, a) in outs.iter().zip(&alone) {
+            assert!(o.error.is_none(), "{}: {:?}", o.model, o.error);
+            assert_eq!(o.metrics, a.metrics, "{}", o.model);
+            assert_eq!(o.texts, a.texts, "{}", o.model);
+        }
     }
 }
 

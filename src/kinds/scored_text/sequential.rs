@@ -13,7 +13,9 @@
 //! is. A candidate's windows are kept the same way, under its own scores
 //! key (model file, token stream, settings, build, windowing: the key its
 //! fixed-N scores are kept under), so the same model on the same windows
-//! is decoded once whichever run, process or executable asks again. A
+//! is decoded once whichever run, process or executable asks again, and
+//! once between runs that ask at the same moment (a window's decode holds
+//! a lock of its own; the run that waited reads what the other kept). A
 //! value outside its declared bounds is never clipped: the case then runs
 //! to N and says why. At N the verdict is the fixed-N verdict: both bounds
 //! are the exact mean.
@@ -162,21 +164,45 @@ impl ModelWindows {
                 .and_then(|k| k.scored(rplan.windows[w].targets.len()))
         };
         let mut got: Vec<Option<Scored>> = ws.iter().map(|&w| stored(w)).collect();
-        let missing: Vec<usize> = ws
-            .iter()
-            .zip(&got)
-            .filter(|(_, g)| g.is_none())
-            .map(|(w, _)| *w)
-            .collect();
-        if !missing.is_empty() {
-            let fresh = score_windows(cx, model, rplan, &missing, n_batch)?;
-            for (w, s) in missing.iter().zip(fresh) {
-                let finite = |k: &KeptWindow| k.token_nll.iter().all(|x| x.is_finite());
-                cx.references
-                    .kept(&wid(*w), "qgwin", &finite, &|| Ok(KeptWindow::of(&s)))?;
-                let at = ws.iter().position(|v| v == w).expect("asked for");
-                got[at] = Some(Arc::unwrap_or_clone(s));
+        let missing = |got: &[Option<Scored>]| -> Vec<usize> {
+            let mut m: Vec<usize> = ws
+                .iter()
+                .zip(got)
+                .filter(|(_, g)| g.is_none())
+                .map(|(w, _)| *w)
+                .collect();
+            m.sort_unstable();
+            m
+        };
+        let asked = missing(&got);
+        if !asked.is_empty() {
+            // Each window decoded once, whoever asks at the same time: its
+            // decode lock is held (taken in window order, so two askers
+            // never each hold one the other waits for) while it is decoded
+            // and kept, and a process that waited reads what the other
+            // kept. Not the kept product's own lock (`kept` takes that one
+            // to write).
+            let decoding = asked
+                .iter()
+                .map(|w| cx.references.lock(&format!("{}#decoding", wid(*w))))
+                .collect::<Result<Vec<_>>>()?;
+            for (g, &w) in got.iter_mut().zip(ws) {
+                if g.is_none() {
+                    *g = stored(w);
+                }
             }
+            let todo = missing(&got);
+            if !todo.is_empty() {
+                let fresh = score_windows(cx, model, rplan, &todo, n_batch)?;
+                for (w, s) in todo.iter().zip(fresh) {
+                    let finite = |k: &KeptWindow| k.token_nll.iter().all(|x| x.is_finite());
+                    cx.references
+                        .kept(&wid(*w), "qgwin", &finite, &|| Ok(KeptWindow::of(&s)))?;
+                    let at = ws.iter().position(|v| v == w).expect("asked for");
+                    got[at] = Some(Arc::unwrap_or_clone(s));
+                }
+            }
+            drop(decoding);
             // Every window decoded (here or by earlier runs): the whole,
             // kept as a full run would keep it (looked for only until it
             // is kept).
