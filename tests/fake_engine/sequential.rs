@@ -117,6 +117,18 @@ fn fixed(fx: &Fx, gate: &str) -> Vec<Outcome> {
     outs
 }
 
+/// Case `seq`: the ΔNLL gate `max = c`, decided sequentially ([`DECIDE`])
+/// within bounds [-5, 5].
+fn sequential_case(fx: &Fx, c: f64) {
+    fx.case(
+        "seq",
+        &format!(
+            "[[gate]]\nmetric = \"delta_nll_mean\"\nmax = {c}\n{DECIDE}\
+             [decide.bounds]\ndelta_nll_mean = [-5.0, 5.0]\n"
+        ),
+    );
+}
+
 fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len() as f64
 }
@@ -133,9 +145,7 @@ fn a_sequential_case_stops_early_with_the_fixed_n_verdict() {
     // A threshold between the two, far from both: the near one passes, the
     // far one fails, each long before N.
     let c = (near + far) / 2.0;
-    let bounds = "[decide.bounds]\ndelta_nll_mean = [-5.0, 5.0]\n";
-    let gate = format!("[[gate]]\nmetric = \"delta_nll_mean\"\nmax = {c}\n");
-    fx.case("seq", &format!("{gate}{DECIDE}{bounds}"));
+    sequential_case(&fx, c);
     // A cold store: the fixed-N run kept the reference's scores.
     std::fs::remove_dir_all(fx.root.join("cache")).unwrap();
     let (outs, decodes) = fx.run("seq");
@@ -249,15 +259,11 @@ fn a_sequential_case_stops_early_with_the_fixed_n_verdict() {
 fn two_runs_at_once_decode_each_window_once() {
     let fx = Fx::new("at-once");
     let base = fixed(&fx, "");
-    let c = (mean(&base[0].series["delta_nll_per_window"])
-        + mean(&base[1].series["delta_nll_per_window"]))
-        / 2.0;
-    fx.case(
-        "seq",
-        &format!(
-            "[[gate]]\nmetric = \"delta_nll_mean\"\nmax = {c}\n{DECIDE}\
-             [decide.bounds]\ndelta_nll_mean = [-5.0, 5.0]\n"
-        ),
+    sequential_case(
+        &fx,
+        (mean(&base[0].series["delta_nll_per_window"])
+            + mean(&base[1].series["delta_nll_per_window"]))
+            / 2.0,
     );
     // Every model slow enough that the two runs' decodes overlap.
     let slow = || {
