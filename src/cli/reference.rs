@@ -108,6 +108,9 @@ fn build(ctx: &Ctx, select: &Select, out: &PathBuf) -> Result<Conclusion, Error>
     // set (the shards then refuse any edit), else plain (and each shard
     // names every file it reads as unauthenticated).
     runner.references.seal = quantgate::core::auth::Seal::shipped(&ctx.config);
+    // The folder holds the products shards read, not the windows a
+    // decode keeps for sequential cases in a cache.
+    runner.references.keeps_windows = false;
     if !runner.references.seal.keyed() {
         eprintln!(
             "quantgate: warning: no signing key is set ({}): the products in {} are sealed with \

@@ -17,8 +17,8 @@ use crate::execute::reference::{same_tokenizer, Vocab};
 use crate::execute::windows::Scored;
 use crate::execute::RunContext;
 use crate::kinds::scored_text::{
-    BootstrapFile, LazyWindows, ModelWindows, PinnedFile, ScoredText, ScoresBuild, TextFile,
-    WindowFile,
+    windows_prefix, BootstrapFile, LazyWindows, ModelWindows, PinnedFile, ScoredText, ScoresBuild,
+    TextFile, WindowFile,
 };
 use crate::kinds::{Finish, Kind, RefWork, Start};
 use crate::measure::perplexity_metrics;
@@ -481,11 +481,12 @@ impl Perplexity {
     }
 
     /// `model`'s windows of `plan` (a candidate's, or a reference's
-    /// identical plan), under its scores key (file, token stream,
-    /// settings, build, windowing): its whole scores when a decode kept
-    /// them (a fixed-N run, or every window visited), else each window
-    /// from the store or decoded when first needed and kept, the whole
-    /// kept once every window is.
+    /// identical plan): its whole scores when a decode kept them under its
+    /// scores key (file, token stream, settings, build, windowing: a
+    /// fixed-N run, or every window visited), else each window from the
+    /// store (kept by any decode of that window of the model: a sequential
+    /// run's, a kld case's) or decoded when first needed and kept, the
+    /// whole kept once every window is.
     fn kept_windows(
         &self,
         cx: &RunContext,
@@ -501,10 +502,9 @@ impl Perplexity {
         if let Some(full) = cx.references.cached_scores(&key) {
             return ModelWindows::Full(full);
         }
-        let (id, _) = cx.references.scores_product(&key);
         let keep = ScoresBuild::new(tx, alias, sha, &build, model, &plan, cx.options());
         ModelWindows::Lazy(Box::new(LazyWindows {
-            id,
+            prefix: windows_prefix(sha, &settings.describe(), &build),
             model: model.clone(),
             plan,
             keep: std::sync::Mutex::new(Some(keep)),

@@ -14,7 +14,9 @@ use crate::execute::observe::Fill;
 use crate::execute::observe::{mapped, observe_one, Consumer, Mapped, Observation, Row};
 use crate::execute::qgref::{CacheHeader, RowStream, RowWriter};
 use crate::execute::reference::LiveRows;
+use crate::execute::windows::{scored_from_targets, ScoringPlan};
 use crate::execute::RunContext;
+use crate::kinds::scored_text::keep_windows;
 use crate::kinds::{RefBuild, RefWork};
 use crate::measure::kld::{compress_row_exps, RefPosition};
 use std::ops::Range;
@@ -39,6 +41,19 @@ pub(crate) struct RowsBuild {
     )>,
     n_vocab: usize,
     fingerprint: String,
+    /// Windows to keep as a sequential case reads them, once the rows are
+    /// sealed.
+    windows: Option<WindowsToKeep>,
+}
+
+/// The windows of a reference's rows to keep ([`keep_windows`]).
+struct WindowsToKeep {
+    /// What names them.
+    prefix: String,
+    /// The plan whose every target is wanted, in order.
+    plan: Arc<ScoringPlan>,
+    /// Each row's log-prob of its target and argmax so far.
+    got: Vec<(f64, u32)>,
 }
 
 impl RowsBuild {
@@ -64,7 +79,21 @@ impl RowsBuild {
             max_kept,
             n_vocab,
             fingerprint,
+            windows: None,
         }
+    }
+
+    /// Also keep each window of `plan` (whose every target is wanted, in
+    /// order) under `prefix` once the rows are sealed: its scores are the
+    /// rows' `−lp_true` and argmax, bitwise what scoring the model gives
+    /// ([`scored_from_targets`]).
+    pub(crate) fn keeping_windows(mut self, prefix: String, plan: &ScoringPlan) -> Self {
+        self.windows = Some(WindowsToKeep {
+            prefix,
+            plan: Arc::new(plan.clone()),
+            got: Vec::new(),
+        });
+        self
     }
 
     /// The rows, all of them, or why not.
@@ -162,6 +191,9 @@ impl Consumer for RowsBuild {
             let row = mapped::<RefPosition>(m)
                 .ok_or_else(|| Error::harness("a wanted reference row was not compressed"))?;
             self.taken += 1;
+            if let Some(k) = &mut self.windows {
+                k.got.push((row.lp_true, row.argmax()));
+            }
             let header = self.kept_header();
             match &mut self.sink {
                 None => self.rows.push(row),
@@ -180,7 +212,7 @@ impl Consumer for RowsBuild {
 
 impl RefBuild for RowsBuild {
     /// Seal the file the rows went to ([`RowsBuild::work`] names it).
-    fn finish(mut self: Box<Self>, _cx: &RunContext) -> Result<()> {
+    fn finish(mut self: Box<Self>, cx: &RunContext) -> Result<()> {
         let Some((path, writer, seal)) = self.sink.take() else {
             return Err(Error::harness(
                 "reference rows built as reference work without their file",
@@ -192,7 +224,12 @@ impl RefBuild for RowsBuild {
             // No position at all: an empty file of the header.
             None => RowWriter::create(&path, self.kept_header(), seal)?,
         };
-        w.finish()
+        w.finish()?;
+        if let Some(k) = self.windows.take() {
+            let scored = scored_from_targets(&k.plan, k.got.into_iter());
+            keep_windows(cx, &k.prefix, &k.plan, &scored);
+        }
+        Ok(())
     }
 }
 

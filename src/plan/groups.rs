@@ -31,6 +31,12 @@ pub struct Group {
     /// About how many token rows the group decodes (its heaviest trial's
     /// [`crate::kinds::Kind::weight`]); groups start heaviest first.
     pub weight: usize,
+    /// Whether a trial of it decides sequentially over windows of a text:
+    /// such a group starts after the others, whose decodes keep the
+    /// windows it may visit (a kld case's 16 windows of a text are a
+    /// sequential ΔNLL case's first 16 of it), so that it reads them
+    /// instead of decoding them.
+    pub sequential: bool,
 }
 
 impl Group {
@@ -44,6 +50,7 @@ impl Group {
             provides: Vec::new(),
             after: Vec::new(),
             weight: 0,
+            sequential: false,
         });
         groups.len() - 1
     }
@@ -97,6 +104,10 @@ pub fn groups(planned: &[Planned], selected: &[bool], share: bool) -> Vec<Group>
         };
         let w = p.case.as_ref().map_or(0, |c| c.kind.weight());
         out[g].weight = out[g].weight.max(w);
+        out[g].sequential |= p
+            .case
+            .as_ref()
+            .is_ok_and(|c| c.kind.decides_sequentially() && c.kind.sequential_unit() == "window");
         out[g].trials.push(i);
         group_of.insert(i, g);
     }
@@ -125,8 +136,9 @@ pub fn groups(planned: &[Planned], selected: &[bool], share: bool) -> Vec<Group>
 }
 
 /// Kahn's algorithm: of the ready groups, those that provide references
-/// first, then the heaviest (counting the reference-only groups it runs
-/// first), then the first planned; what a cycle leaves is appended in index
+/// first, then those that do not decide sequentially over windows (their
+/// decodes keep windows a sequential case reads), then the heaviest (counting the
+/// reference-only groups it runs first), then the first planned; what a cycle leaves is appended in index
 /// order with the edges into the cycle dropped.
 fn order(groups: Vec<Group>) -> Vec<Group> {
     let n = groups.len();
@@ -146,7 +158,14 @@ fn order(groups: Vec<Group>) -> Vec<Group> {
     while seq.len() < n {
         let ready = (0..n)
             .filter(|&g| !placed[g] && groups[g].after.iter().all(|&a| placed[a]))
-            .min_by_key(|&g| (groups[g].provides.is_empty(), std::cmp::Reverse(load[g]), g));
+            .min_by_key(|&g| {
+                (
+                    groups[g].provides.is_empty(),
+                    groups[g].sequential,
+                    std::cmp::Reverse(load[g]),
+                    g,
+                )
+            });
         // A cycle: take the first group left; its unplaced providers are
         // dropped from its `after` below.
         let g = ready.unwrap_or_else(|| (0..n).find(|&g| !placed[g]).expect("one is left"));

@@ -255,6 +255,7 @@ mod tests {
             provides: Vec::new(),
             after,
             weight: 0,
+            sequential: false,
         };
         let groups = vec![group(vec![]), group(vec![]), group(vec![]), group(vec![0])];
         let alone = [false, false, true, false];

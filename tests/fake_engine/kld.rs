@@ -89,6 +89,16 @@ impl Fx {
             })
             .unwrap_or_default()
     }
+
+    /// The cache's files but the windows kept for sequential cases
+    /// (`.qgwin`), and how many of those there are.
+    fn products(&self) -> (Vec<PathBuf>, usize) {
+        let (windows, products): (Vec<PathBuf>, Vec<PathBuf>) = self
+            .cache_files()
+            .into_iter()
+            .partition(|p| p.extension().is_some_and(|e| e == "qgwin"));
+        (products, windows.len())
+    }
 }
 
 /// A confident reference (top-1 ≈ 0.93) and a candidate whose favourite
@@ -261,11 +271,13 @@ fn a_trial_run_alone_streams_its_reference_and_holds_none_whole() {
     let alone = quantgate::schedule::trial(&r, &planned[0], std::path::Path::new("goldens"));
     assert_eq!(alone.status, Status::Pass, "{:?}", alone.error);
     assert_eq!(r.references.rows_held(), 0, "a reference held whole");
-    let files = fx.cache_files();
+    // The rows, and each window of both models kept for a sequential case.
+    let (files, windows) = fx.products();
     assert!(
         files.len() == 1 && files[0].extension().is_some_and(|e| e == "qgref"),
         "{files:?}"
     );
+    assert_eq!(windows, 2 * CHUNKS);
     // The same case scheduled as a run schedules it (the reference's rows
     // built as reference work, then read), from an empty store: the same
     // numbers, and the same file byte for byte.
@@ -302,7 +314,7 @@ fn the_reference_cache_is_reused_checked_and_rebuilt_only_from_the_model() {
     let fx = Fx::new("cache", "reference = \"ref\"\n[kld]\nmax_kept = 16\n");
     let first = fx.run();
     assert_eq!(first.status, Status::Pass, "{:?}", first.error);
-    let files = fx.cache_files();
+    let (files, _) = fx.products();
     assert_eq!(files.len(), 1, "{files:?}");
     let good = std::fs::read(&files[0]).unwrap();
     // Without the reference model file, the cache stands in for it.
@@ -756,7 +768,9 @@ fn edited_caches_are_rebuilt_never_believed() {
     for o in &base {
         assert_eq!(o.status, Status::Pass, "{:?}", o.error);
     }
-    let files = fx.cache_files();
+    // The windows kept for sequential cases (`.qgwin`) are not read back
+    // here (tests/fake_engine/sequential.rs edits them).
+    let (files, _) = fx.products();
     let kinds: Vec<String> = files
         .iter()
         .map(|f| f.extension().unwrap().to_string_lossy().into_owned())

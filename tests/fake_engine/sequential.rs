@@ -546,12 +546,17 @@ fn bad_decide_tables_are_errors_naming_their_key() {
 impl Fx {
     /// Write kld case `name` with `extra` after the text and windows.
     fn kld_case(&self, name: &str, extra: &str) {
+        self.kld_case_over(name, CHUNKS, extra);
+    }
+
+    /// [`Fx::kld_case`] over the text's first `chunks` windows.
+    fn kld_case_over(&self, name: &str, chunks: usize, extra: &str) {
         std::fs::write(
             self.root.join(format!("suites/{name}.toml")),
             format!(
                 "kind = \"kld\"\nmodels = [\"near\", \"far\"]\nreference = \"ref\"\n\
                  [text]\npath = \"t.txt\"\nsha256 = \"{}\"\n\
-                 [window]\nmode = \"llama-perplexity\"\nn_ctx = {N_CTX}\nchunks = {CHUNKS}\n{extra}",
+                 [window]\nmode = \"llama-perplexity\"\nn_ctx = {N_CTX}\nchunks = {chunks}\n{extra}",
                 quantgate::core::fsutil::sha256_bytes(text().as_bytes())
             ),
         )
@@ -867,4 +872,91 @@ fn gates_per_model_and_warn_gates_decide_each_model_by_its_own() {
         err.contains("gate[0].level: `maybe` is not one of \"fail\", \"warn\""),
         "{err}"
     );
+}
+
+/// A kld case's decode keeps each window it scored (the reference's and
+/// each candidate's), named by the model and the window's own tokens, not
+/// by the case: a sequential ΔNLL case over more windows of the same text
+/// reads the kld case's windows instead of decoding them, and its numbers
+/// are bit for bit those of a cold run. Run together, the sequential
+/// group starts after the kld groups.
+#[test]
+fn a_kld_case_keeps_the_windows_a_sequential_case_reads() {
+    const K: usize = 16;
+    let fx = Fx::new("kld-windows");
+    let base = fixed(&fx, "");
+    let c = (mean(&base[0].series["delta_nll_per_window"])
+        + mean(&base[1].series["delta_nll_per_window"]))
+        / 2.0;
+    sequential_case(&fx, c);
+    std::fs::remove_dir_all(fx.root.join("cache")).unwrap();
+    let (cold, cold_decodes) = fx.run("seq");
+    // The windows each model decoded cold: its visits' pairs (the
+    // reference's, every window some candidate visited).
+    let order = permutation(CHUNKS, 11);
+    let decoded = |o: &Outcome| {
+        let used = o.metrics["windows"] as usize;
+        (used.div_ceil(STEP) * STEP).min(CHUNKS)
+    };
+    let most = cold.iter().map(decoded).max().unwrap();
+    let sets: Vec<&[usize]> = cold
+        .iter()
+        .map(|o| &order[..decoded(o)])
+        .chain([&order[..most]])
+        .collect();
+    assert_eq!(cold_decodes, sets.iter().map(|s| s.len()).sum::<usize>());
+
+    // The first K windows of the same text, scored by a kld case.
+    std::fs::remove_dir_all(fx.root.join("cache")).unwrap();
+    fx.kld_case_over("k", K, "");
+    let (k, _) = fx.run("k");
+    assert!(k.iter().all(|o| o.error.is_none()), "{k:?}");
+    let (warm, warm_decodes) = fx.run("seq");
+    for (w, o) in warm.iter().zip(&cold) {
+        assert!(w.error.is_none(), "{}: {:?}", w.model, w.error);
+        assert_eq!(w.metrics.len(), o.metrics.len());
+        for (name, v) in &o.metrics {
+            assert_eq!(
+                w.metrics[name].to_bits(),
+                v.to_bits(),
+                "{}: {name}",
+                o.model
+            );
+        }
+        assert_eq!(w.series, o.series, "{}", o.model);
+        assert_eq!(w.texts, o.texts, "{}", o.model);
+    }
+    // Only the windows past the kld case's K were decoded.
+    let past_k: usize = sets
+        .iter()
+        .map(|s| s.iter().filter(|&&w| w >= K).count())
+        .sum();
+    assert!(past_k < cold_decodes, "some visited window is below K");
+    assert_eq!(warm_decodes, past_k);
+
+    // Planned together: the sequential case's group after the kld groups.
+    let (_, planned) = plan(&fx.root.join("suites"), &[], &[]).unwrap();
+    let selected: Vec<bool> = planned
+        .iter()
+        .map(|p| {
+            p.case
+                .as_ref()
+                .is_ok_and(|c| ["k", "seq"].contains(&c.case.name.as_str()))
+        })
+        .collect();
+    let groups = quantgate::plan::groups::groups(&planned, &selected, true);
+    let name = |g: &quantgate::plan::groups::Group| {
+        g.trials
+            .first()
+            .map(|&i| planned[i].case.as_ref().unwrap().case.name.clone())
+    };
+    let at = |n: &str| groups.iter().position(|g| name(g).as_deref() == Some(n));
+    let (first_seq, last_k) = (
+        at("seq").expect("a sequential group"),
+        groups
+            .iter()
+            .rposition(|g| name(g).as_deref() == Some("k"))
+            .expect("kld groups"),
+    );
+    assert!(last_k < first_seq, "{groups:?}");
 }

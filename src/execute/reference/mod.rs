@@ -86,6 +86,11 @@ pub struct ReferenceStore {
     pub shipped_seal: Seal,
     /// Shipped files already named as unauthenticated (said once each).
     warned: Mutex<std::collections::BTreeSet<PathBuf>>,
+    /// Whether decodes keep the windows they scored here for sequential
+    /// cases (`.qgwin`): in a cache, yes; not in a folder built for other
+    /// machines (`reference build --out`), which holds only the products
+    /// its shards read.
+    pub keeps_windows: bool,
 }
 
 /// A kept product's file: the id it was computed for, and the value.
@@ -145,6 +150,7 @@ impl ReferenceStore {
             seal: Seal::local(config),
             shipped_seal: Seal::shipped(config),
             warned: Mutex::new(Default::default()),
+            keeps_windows: true,
         }
     }
 

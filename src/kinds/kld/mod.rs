@@ -20,7 +20,9 @@ use crate::execute::windows::{
 };
 use crate::execute::RunContext;
 use crate::kinds::perplexity::window_metrics;
-use crate::kinds::scored_text::{BootstrapFile, PinnedFile, ScoredText, TextFile, WindowFile};
+use crate::kinds::scored_text::{
+    keep_windows, BootstrapFile, PinnedFile, ScoredText, TextFile, WindowFile,
+};
 use crate::kinds::{Finish, Kind, RefWork, Start};
 use crate::measure::kld::{self as math, PosKld};
 
@@ -318,15 +320,22 @@ impl Kind for Kld {
             return Ok(Start::Done);
         }
         let obs = tx.observation(cx, model.clone(), &plan);
+        // Its windows kept for a sequential case, unless the case keeps
+        // nothing (`store = "none"`).
+        let keep = tx.windows_prefix(cx, alias, out).filter(|_| !self.live);
+        let trial = |plan, refs| KldTrial {
+            keep: keep.clone(),
+            ..self.trial(case, plan, model.info().n_vocab, refs)
+        };
         if self.live {
             let (refs, feed) = self.live_feed(cx, case, &src, &model, &plan)?;
-            let trial = self.trial(case, plan, model.info().n_vocab, refs);
+            let trial = trial(plan, refs);
             return Ok(Start::Live(obs, Box::new(trial), feed));
         }
         // A stored reference is read as the candidate decodes, a pair of
         // windows at a time, never held whole.
         if let Some((refs, feed)) = self.stored_feed(cx, case, &*model, (&plan, obs.key()))? {
-            let trial = self.trial(case, plan, model.info().n_vocab, refs);
+            let trial = trial(plan, refs);
             return Ok(Start::Live(obs, Box::new(trial), feed));
         }
         // None stored yet (a trial run alone, QUANTGATE_ISOLATION=test: no
@@ -338,7 +347,7 @@ impl Kind for Kld {
         self.build_stored(cx, case, &src, &*model, &plan)?;
         out.timings.decode += t_ref.elapsed();
         if let Some((refs, feed)) = self.stored_feed(cx, case, &*model, (&plan, obs.key()))? {
-            let trial = self.trial(case, plan, model.info().n_vocab, refs);
+            let trial = trial(plan, refs);
             return Ok(Start::Live(obs, Box::new(trial), feed));
         }
         let t_ref = Instant::now();
@@ -352,7 +361,7 @@ impl Kind for Kld {
                 refs.rows.len()
             )));
         }
-        let trial = self.trial(case, plan, model.info().n_vocab, Refs::Rows(refs));
+        let trial = trial(plan, Refs::Rows(refs));
         Ok(Start::Observe(obs, Box::new(trial)))
     }
 }
@@ -377,6 +386,9 @@ struct KldTrial {
     text: ScoredText,
     bins: Vec<f64>,
     case_path: PathBuf,
+    /// What names the candidate's windows in the store, to keep them
+    /// ([`keep_windows`]) for a sequential case on the same windows.
+    keep: Option<String>,
 }
 
 impl Consumer for KldTrial {
@@ -419,7 +431,7 @@ impl Consumer for KldTrial {
 }
 
 impl Finish for KldTrial {
-    fn finish(self: Box<Self>, _cx: &RunContext, out: &mut Outcome) -> Result<()> {
+    fn finish(self: Box<Self>, cx: &RunContext, out: &mut Outcome) -> Result<()> {
         let KldTrial {
             scorer,
             pos,
@@ -427,6 +439,7 @@ impl Finish for KldTrial {
             text,
             bins,
             case_path,
+            keep,
             ..
         } = *self;
         let plan = scorer.plan().clone();
@@ -441,6 +454,9 @@ impl Finish for KldTrial {
                 case_path.display(),
                 pos.len()
             )));
+        }
+        if let Some(prefix) = &keep {
+            keep_windows(cx, prefix, &plan, &scored);
         }
         out.metrics = perplexity_metrics(&scored.windows);
         // An imported 16-bit reference has no exact log-prob of the truth.
@@ -478,6 +494,7 @@ impl Kld {
             text: self.text.clone(),
             bins: self.bins.clone(),
             case_path: case.path.clone(),
+            keep: None,
         }
     }
 }

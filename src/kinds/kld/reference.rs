@@ -13,6 +13,7 @@ use crate::execute::reference::{rows_header, RefRows, Vocab};
 use crate::execute::windows::ScoringPlan;
 use crate::execute::RunContext;
 use crate::kinds::reference_rows::{LiveBuild, RowsBuild, StoredFeed};
+use crate::kinds::scored_text::windows_prefix;
 use crate::kinds::{FeedSource, LiveFeed};
 use std::sync::Arc;
 
@@ -190,6 +191,7 @@ impl Kld {
             })
             .collect();
         let ri = reference.info();
+        let prefix = windows_prefix(&header.reference_sha256, &header.settings, &header.build);
         RowsBuild::new(
             header,
             wanted,
@@ -197,6 +199,7 @@ impl Kld {
             ri.n_vocab,
             ri.tokenizer_fingerprint.clone(),
         )
+        .keeping_windows(prefix, plan)
     }
 
     /// The reference rows: an imported `.kld`, or the reference model's rows

@@ -111,6 +111,9 @@ impl Kld {
         let rows = self.sequential_rows(cx, case, src, model, plan)?;
         out.timings.decode += t.elapsed();
         let n_vocab = model.info().n_vocab;
+        let keep = tx
+            .windows_prefix(cx, &out.model, out)
+            .filter(|_| !self.live);
         let mut visited: Vec<Visited> = Vec::new();
         let t_decode = Instant::now();
         let order = run_sequence(
@@ -135,6 +138,9 @@ impl Kld {
                 let scored = scorer
                     .finish()
                     .map_err(|e| e.context(case.path.display()))?;
+                if let Some(prefix) = &keep {
+                    keep_windows(cx, prefix, &part, &scored);
+                }
                 if pos.len() != part.targets() {
                     return Err(Error::harness(format!(
                         "{}: compared {} positions of {}",

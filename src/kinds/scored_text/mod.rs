@@ -32,6 +32,8 @@ mod parse;
 pub(crate) use parse::*;
 mod reference;
 pub(crate) use reference::*;
+mod kept;
+pub(crate) use kept::{keep_windows, windows_prefix};
 mod sequential;
 pub use sequential::{
     equal_windows, in_window_order, run_sequence, window_of, LazyWindows, ModelWindows,
@@ -143,6 +145,20 @@ impl ScoredText {
         let mut s = Settings::new(self.windowing.context(), threads).with_options(options);
         s.n_batch = self.n_batch;
         s
+    }
+
+    /// What names `alias`'s kept windows under this text's settings
+    /// ([`kept::window_id`]), once [`ScoredText::prepare`] recorded its
+    /// file's sha256 in `out`.
+    pub(crate) fn windows_prefix(
+        &self,
+        cx: &RunContext,
+        alias: &str,
+        out: &Outcome,
+    ) -> Option<String> {
+        let sha = out.model_sha256.as_deref()?;
+        let settings = self.settings(cx.threads, cx.options()).describe();
+        Some(windows_prefix(sha, &settings, &cx.identity_of(alias)))
     }
 
     /// The training context must hold the windows.

@@ -10,16 +10,18 @@
 //! window by window, so a later run (a quant added next month) reads the
 //! windows decoded so far and decodes only the rest; a stored full
 //! reference serves any prefix, and the whole is kept once every window
-//! is. A candidate's windows are kept the same way, under its own scores
-//! key (model file, token stream, settings, build, windowing: the key its
-//! fixed-N scores are kept under), so the same model on the same windows
-//! is decoded once whichever run, process or executable asks again, and
-//! once between runs that ask at the same moment (a window's decode holds
+//! is. A candidate's windows are kept the same way. Each window is named by
+//! the model file, settings, build and the window's own tokens
+//! ([`super::kept`]), not by the case: the same model on the same window
+//! is decoded once whichever case, run, process or executable asks again
+//! (a kld case's decode keeps its windows too), and once between runs that
+//! ask at the same moment (a window's decode holds
 //! a lock of its own; the run that waited reads what the other kept). A
 //! value outside its declared bounds is never clipped: the case then runs
 //! to N and says why. At N the verdict is the fixed-N verdict: both bounds
 //! are the exact mean.
 
+use super::kept::{window_id, KeptWindow};
 use super::*;
 use crate::core::case::Decide;
 use crate::execute::windows::score_plan;
@@ -66,9 +68,9 @@ pub enum ModelWindows {
 
 /// A model decoded window by window, each window kept in the store.
 pub struct LazyWindows {
-    /// The model's scores key (its store id): the key of each kept window,
-    /// and where the whole is kept once complete.
-    pub id: String,
+    /// What names each of its kept windows (model file, settings, build:
+    /// [`super::kept::window_id`]), whatever plan asks for them.
+    pub prefix: String,
     /// The model.
     pub model: Arc<dyn LoadedModel>,
     /// Its plan (a reference's: identical tokens to the candidate's).
@@ -97,50 +99,10 @@ fn score_windows(
         .collect())
 }
 
-/// One window's scores as the store keeps them (sealed JSON,
-/// `<cache>/reference/<sha256(id)>.qgwin`): the per-position values, from
-/// which the window's sums are added up again in order (bitwise the
-/// decode's).
-#[derive(serde::Serialize, serde::Deserialize)]
-struct KeptWindow {
-    token_nll: Vec<f64>,
-    token_top1: Vec<bool>,
-    token_argmax: Vec<crate::engine::TokenId>,
-}
-
-impl KeptWindow {
-    fn of(s: &Scored) -> Self {
-        KeptWindow {
-            token_nll: s.token_nll.clone(),
-            token_top1: s.token_top1.clone(),
-            token_argmax: s.token_argmax.clone(),
-        }
-    }
-
-    /// The window's scores, if they fit its plan (`targets` positions).
-    fn scored(&self, targets: usize) -> Option<Scored> {
-        let n = self.token_nll.len();
-        if n != targets || self.token_top1.len() != n || self.token_argmax.len() != n {
-            return None;
-        }
-        let mut w = crate::measure::WindowNll::default();
-        for (nll, top1) in self.token_nll.iter().zip(&self.token_top1) {
-            w.add(*nll, *top1);
-        }
-        Some(Scored {
-            windows: vec![w],
-            token_nll: self.token_nll.clone(),
-            token_top1: self.token_top1.clone(),
-            token_argmax: self.token_argmax.clone(),
-            ..Scored::default()
-        })
-    }
-}
-
 impl ModelWindows {
     /// The model's scores of windows `ws` of `plan`: from this process
-    /// or the store (each window a sealed product of the reference's
-    /// scores key), those neither holds decoded in one call and kept.
+    /// or the store (each window a sealed product named by the model and
+    /// the window), those neither holds decoded in one call and kept.
     fn windows(
         &self,
         cx: &RunContext,
@@ -148,16 +110,16 @@ impl ModelWindows {
         plan: &ScoringPlan,
         ws: &[usize],
     ) -> Result<Vec<Arc<Scored>>> {
-        let (id, model, rplan, keep) = match self {
+        let (prefix, model, rplan, keep) = match self {
             ModelWindows::Full(s) => {
                 return Ok(ws
                     .iter()
                     .map(|&w| Arc::new(window_of(s, plan, w)))
                     .collect())
             }
-            ModelWindows::Lazy(r) => (&r.id, &r.model, &r.plan, &r.keep),
+            ModelWindows::Lazy(r) => (&r.prefix, &r.model, &r.plan, &r.keep),
         };
-        let wid = |w: usize| format!("{id}#window{w}");
+        let wid = |w: usize| window_id(prefix, &rplan.windows[w]);
         let stored = |w: usize| {
             cx.references
                 .kept_only::<KeptWindow>(&wid(w), "qgwin")
@@ -195,9 +157,10 @@ impl ModelWindows {
             if !todo.is_empty() {
                 let fresh = score_windows(cx, model, rplan, &todo, n_batch)?;
                 for (w, s) in todo.iter().zip(fresh) {
-                    let finite = |k: &KeptWindow| k.token_nll.iter().all(|x| x.is_finite());
                     cx.references
-                        .kept(&wid(*w), "qgwin", &finite, &|| Ok(KeptWindow::of(&s)))?;
+                        .kept(&wid(*w), "qgwin", &KeptWindow::finite, &|| {
+                            Ok(KeptWindow::of(&s))
+                        })?;
                     let at = ws.iter().position(|v| v == w).expect("asked for");
                     got[at] = Some(Arc::unwrap_or_clone(s));
                 }
