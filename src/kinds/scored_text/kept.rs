@@ -20,7 +20,7 @@ use crate::execute::windows::PlannedWindow;
 /// `<cache>/reference/<sha256(id)>.qgwin`): the per-position values, from
 /// which the window's sums are added up again in order (bitwise the
 /// decode's).
-#[derive(serde::Serialize, serde::Deserialize)]
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct KeptWindow {
     token_nll: Vec<f64>,
     token_top1: Vec<bool>,
@@ -107,13 +107,16 @@ pub(crate) fn keep_windows(cx: &RunContext, prefix: &str, plan: &ScoringPlan, sc
         {
             continue;
         }
-        let window = super::window_of(scored, plan, w);
-        if !window.token_nll.iter().all(|x| x.is_finite()) {
+        // A window that cannot be kept is not handed to the store at all
+        // (its memo would serve it to a sequential case).
+        let window = KeptWindow::of(&super::window_of(scored, plan, w));
+        if !window.finite() {
             continue;
         }
-        if let Err(e) = cx.references.kept(&id, "qgwin", &KeptWindow::finite, &|| {
-            Ok(KeptWindow::of(&window))
-        }) {
+        if let Err(e) =
+            cx.references
+                .kept(&id, "qgwin", &KeptWindow::finite, &|| Ok(window.clone()))
+        {
             crate::core::progress::say!(
                 "quantgate: a decoded window could not be kept ({}); a later run decodes it again",
                 e.message
