@@ -506,7 +506,7 @@ fn parquet_role(root: &Path) -> ExitCode {
     let (registry, planned) =
         quantgate::plan::plan(&root.join("suites"), &["k.toml".into()], &[]).unwrap();
     let mut runner = quantgate::execute::RunContext::new(
-        &quantgate::Config::load().unwrap(),
+        &common::fixture_config(root),
         registry,
         Arc::new(engine()),
         1,

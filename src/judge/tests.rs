@@ -71,12 +71,12 @@ fn reference_nll(spec: &FakeSpec, text: &[u8], n_ctx: usize, chunks: usize) -> (
 
 fn run_all(root: &Path, engine: FakeEngine) -> Vec<Outcome> {
     let (registry, planned) = plan(root, &[], &[]).unwrap();
-    let cx = RunContext::new(
-        &crate::core::config::Config::load().unwrap(),
-        registry,
-        Arc::new(engine),
-        1,
-    );
+    // The suite's own cache: no product of a fake engine in the user's.
+    let config = crate::core::config::Config::builder()
+        .cache(root.join("qg-cache"))
+        .build()
+        .unwrap();
+    let cx = RunContext::new(&config, registry, Arc::new(engine), 1);
     planned
         .iter()
         .map(|p| trial(&cx, p, &root.join("goldens")))

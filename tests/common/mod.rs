@@ -39,6 +39,18 @@ pub fn gguf(len: usize) -> Vec<u8> {
     v
 }
 
+/// The config of a fake-engine fixture under `root`: this process's
+/// environment, its cache (results, reference products, kept windows) in
+/// `root/qg-cache`, so that a test's products never land in the user's
+/// cache (a fake engine's are keyed apart, but a result keyed by a temp
+/// path would be left there by every run).
+pub fn fixture_config(root: &Path) -> quantgate::Config {
+    quantgate::Config::builder()
+        .cache(root.join("qg-cache"))
+        .build()
+        .unwrap()
+}
+
 /// A fresh `<tmp>/qg-<tag>-<pid>/` whose `suites/models.toml` registers one
 /// fake GGUF of `bytes` bytes per `(alias, bytes)`, pinned by sha256 and size.
 pub fn fake_root(tag: &str, models: &[(&str, usize)]) -> PathBuf {

@@ -56,7 +56,7 @@ impl Fx {
             )
         });
         let mut cx = RunContext::new(
-            &quantgate::Config::load().unwrap(),
+            &common::fixture_config(&self.root),
             registry,
             Arc::new(engine()),
             2,
@@ -158,7 +158,7 @@ impl Fx {
     fn run(&self, name: &str) -> Outcome {
         let (registry, planned) = plan(&self.suites(), &[name.to_string()], &[]).unwrap();
         let mut cx = RunContext::new(
-            &quantgate::Config::load().unwrap(),
+            &common::fixture_config(&self.root),
             registry,
             Arc::new(engine()),
             2,
@@ -379,7 +379,7 @@ fn a_runtime_is_used_only_as_pinned_and_never_shares_a_result() {
     fx.case("keyed", "[\"linked\", \"b\"]");
     let (registry, planned) = plan(&fx.suites(), &["keyed".to_string()], &[]).unwrap();
     let cx = RunContext::new(
-        &quantgate::Config::load().unwrap(),
+        &common::fixture_config(&fx.root),
         registry,
         Arc::new(engine()),
         2,
@@ -388,6 +388,13 @@ fn a_runtime_is_used_only_as_pinned_and_never_shares_a_result() {
     assert_eq!(first.metrics["bit_identical"], 1.0);
     quantgate::judge::cache::write(&cx, &planned[0], &first);
     assert!(quantgate::judge::cache::read(&cx, &planned[0]).is_some());
+    assert_eq!(
+        std::fs::read_dir(fx.root.join("qg-cache/results"))
+            .unwrap()
+            .count(),
+        1,
+        "the entry is in the fixture's cache"
+    );
     let file = fx.suites().join("runtimes.toml");
     let toml = std::fs::read_to_string(&file).unwrap();
     let b_old = toml.split("[b]").nth(1).unwrap().to_string();

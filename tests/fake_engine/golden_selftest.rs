@@ -71,7 +71,7 @@ fn fixture(tag: &str, gate_max: f64) -> Fixture {
     Fixture {
         goldens: Goldens::new(root.join("goldens")),
         runner: RunContext::new(
-            &quantgate::Config::load().unwrap(),
+            &common::fixture_config(&root),
             registry,
             Arc::new(FakeEngine::new()),
             1,

@@ -64,7 +64,7 @@ impl Fx {
     fn runner(&self) -> (RunContext, Vec<quantgate::plan::Planned>) {
         let (registry, planned) = plan(&self.root.join("suites"), &[], &[]).unwrap();
         let mut r = RunContext::new(
-            &quantgate::Config::load().unwrap(),
+            &common::fixture_config(&self.root),
             registry,
             Arc::new(Self::engine()),
             1,
@@ -874,7 +874,7 @@ fn run_jobs(
 ) -> Vec<Outcome> {
     let (registry, planned) = plan(&root.join("suites"), &[pattern.to_string()], &[]).unwrap();
     let mut cx = RunContext::new(
-        &quantgate::Config::load().unwrap(),
+        &common::fixture_config(root),
         registry,
         Arc::new(engine.clone()),
         1,

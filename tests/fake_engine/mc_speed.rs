@@ -77,7 +77,7 @@ fn run(root: &Path) -> Outcome {
     let (registry, planned) = plan(&root.join("suites"), &[], &[]).unwrap();
     assert_eq!(planned.len(), 1);
     let cx = RunContext::new(
-        &quantgate::Config::load().unwrap(),
+        &common::fixture_config(root),
         registry,
         Arc::new(engine()),
         1,
@@ -317,12 +317,7 @@ fn a_sequential_multiple_choice_case_stops_early_and_at_n_is_the_fixed_n_case() 
         let e = engine();
         let calls = e.decodes.clone();
         let (registry, planned) = plan(&root.join("suites"), &[], &[]).unwrap();
-        let mut cx = RunContext::new(
-            &quantgate::Config::load().unwrap(),
-            registry,
-            Arc::new(e),
-            1,
-        );
+        let mut cx = RunContext::new(&common::fixture_config(root), registry, Arc::new(e), 1);
         cx.references.dir = root.join("cache");
         let o = quantgate::schedule::trial(&cx, &planned[0], &root.join("goldens"));
         (o, calls.load(Ordering::SeqCst))

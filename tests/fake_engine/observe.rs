@@ -79,12 +79,7 @@ fn runner(root: &Path) -> (RunContext, Vec<quantgate::plan::Planned>, Arc<Atomic
     let (registry, planned) = plan(&root.join("suites"), &[], &[]).unwrap();
     let e = engine();
     let decodes = e.windows.clone();
-    let mut cx = RunContext::new(
-        &quantgate::Config::load().unwrap(),
-        registry,
-        Arc::new(e),
-        1,
-    );
+    let mut cx = RunContext::new(&common::fixture_config(root), registry, Arc::new(e), 1);
     cx.references.dir = root.join("cache");
     (cx, planned, decodes)
 }

@@ -63,7 +63,7 @@ fn soft_spec() -> FakeSpec {
 fn run(root: &std::path::Path) -> Vec<(Planned, Outcome)> {
     let (registry, planned) = plan(&root.join("suites"), &[], &[]).unwrap();
     let mut r = RunContext::new(
-        &quantgate::Config::load().unwrap(),
+        &common::fixture_config(root),
         registry,
         Arc::new(engine()),
         1,
@@ -386,7 +386,7 @@ fn golden_texts_are_compared_exactly() {
     let root = root("golden", &[("r.toml", &recite_case("\"cand\""))]);
     let (registry, planned) = plan(&root.join("suites"), &[], &[]).unwrap();
     let r = RunContext::new(
-        &quantgate::Config::load().unwrap(),
+        &common::fixture_config(&root),
         registry,
         Arc::new(engine()),
         1,
@@ -419,7 +419,7 @@ fn a_golden_naming_an_undeclared_metric_says_which() {
     let root = root("golden-undeclared", &[("r.toml", &recite_case("\"cand\""))]);
     let (registry, planned) = plan(&root.join("suites"), &[], &[]).unwrap();
     let r = RunContext::new(
-        &quantgate::Config::load().unwrap(),
+        &common::fixture_config(&root),
         registry,
         Arc::new(engine()),
         1,

@@ -84,7 +84,7 @@ impl Fx {
         let (registry, planned) =
             plan(&self.root.join("suites"), &[format!("{name}.toml")], &[]).unwrap();
         let runner = RunContext::new(
-            &quantgate::Config::load().unwrap(),
+            &common::fixture_config(&self.root),
             registry,
             Arc::new(Self::engine()),
             1,
@@ -100,7 +100,7 @@ impl Fx {
         let (registry, planned) =
             plan(&self.root.join("suites"), &[format!("{name}.toml")], &[]).unwrap();
         let runner = RunContext::new(
-            &quantgate::Config::load().unwrap(),
+            &common::fixture_config(&self.root),
             registry,
             Arc::new(Self::engine()),
             1,

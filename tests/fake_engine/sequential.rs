@@ -88,7 +88,7 @@ impl Fx {
         let (registry, planned) =
             plan(&self.root.join("suites"), &[name.to_string()], &[]).unwrap();
         let mut cx = RunContext::new(
-            &quantgate::Config::load().unwrap(),
+            &common::fixture_config(&self.root),
             registry,
             Arc::new(e),
             1,
