@@ -62,8 +62,7 @@ fn scenario(isolation: Option<&str>) -> Result<(), Failed> {
     let out = cmd
         .env("QG_CRASH_ROLE", "harness")
         .env("QG_CRASH_ROOT", &root)
-        // The fixture's own cache: no product of a fake engine in the user's.
-        .env("QUANTGATE_CACHE", root.join("qg-cache"))
+        .env("QUANTGATE_CACHE", common::fixture_cache(&root))
         .env("QUANTGATE_UPDATE", "always")
         .env_remove("CI")
         .env_remove("NEXTEST")

@@ -77,7 +77,7 @@ fn harness(root: &Path, confidence: &str, update: &str) -> Command {
         .env("QG_ROOT", root)
         .env("QG_CONFIDENCE", confidence)
         .env("QUANTGATE_UPDATE", update)
-        .env("QUANTGATE_CACHE", root.join("qgcache"))
+        .env("QUANTGATE_CACHE", common::fixture_cache(root))
         .env_remove("CI")
         .env_remove("NEXTEST")
         .env_remove("QUANTGATE_ISOLATION")
@@ -245,7 +245,7 @@ fn writes_hitting_the_size_limit_leave_nothing() -> Result<(), Failed> {
 
 /// How many results the result cache under `root` holds.
 fn results_recorded(root: &Path) -> usize {
-    common::tree(&root.join("qgcache/results"))
+    common::tree(&common::fixture_cache(root).join("results"))
         .iter()
         .filter(|(p, _)| p.extension().is_some_and(|e| e == "qgresult"))
         .count()

@@ -71,9 +71,10 @@ fn reference_nll(spec: &FakeSpec, text: &[u8], n_ctx: usize, chunks: usize) -> (
 
 fn run_all(root: &Path, engine: FakeEngine) -> Vec<Outcome> {
     let (registry, planned) = plan(root, &[], &[]).unwrap();
-    // The suite's own cache: no product of a fake engine in the user's.
+    // The suite's own cache (as tests/common's fixture_cache): no product
+    // of a fake engine in the user's.
     let config = crate::core::config::Config::builder()
-        .cache(root.join("qg-cache"))
+        .cache(root.join("qgcache"))
         .build()
         .unwrap();
     let cx = RunContext::new(&config, registry, Arc::new(engine), 1);

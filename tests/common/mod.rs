@@ -39,14 +39,19 @@ pub fn gguf(len: usize) -> Vec<u8> {
     v
 }
 
+/// The quantgate cache of a fake-engine fixture under `root` (results,
+/// reference products, kept windows): a test's products never land in the
+/// user's cache (a fake engine's are keyed apart, but a result keyed by a
+/// temp path would be left there by every run).
+pub fn fixture_cache(root: &Path) -> PathBuf {
+    root.join("qgcache")
+}
+
 /// The config of a fake-engine fixture under `root`: this process's
-/// environment, its cache (results, reference products, kept windows) in
-/// `root/qg-cache`, so that a test's products never land in the user's
-/// cache (a fake engine's are keyed apart, but a result keyed by a temp
-/// path would be left there by every run).
+/// environment, the cache [`fixture_cache`].
 pub fn fixture_config(root: &Path) -> quantgate::Config {
     quantgate::Config::builder()
-        .cache(root.join("qg-cache"))
+        .cache(fixture_cache(root))
         .build()
         .unwrap()
 }

@@ -389,7 +389,7 @@ fn a_runtime_is_used_only_as_pinned_and_never_shares_a_result() {
     quantgate::judge::cache::write(&cx, &planned[0], &first);
     assert!(quantgate::judge::cache::read(&cx, &planned[0]).is_some());
     assert_eq!(
-        std::fs::read_dir(fx.root.join("qg-cache/results"))
+        std::fs::read_dir(common::fixture_cache(&fx.root).join("results"))
             .unwrap()
             .count(),
         1,
