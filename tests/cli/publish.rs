@@ -254,11 +254,11 @@ fn test_lines(stdout: &str) -> Vec<(String, bool)> {
 }
 
 /// README's first section for a publisher, verbatim, on a folder holding
-/// copies of the fixture ladder's F16, Q8_0, Q4_K_M and Q2_K under other
+/// copies of the fixture ladder's F16, Q8_0, Q6_K and Q2_K under other
 /// names:
 /// - `quantgate init` writes a release repository (and refuses a second
 ///   time), `quantgate run --report report` gives the verdicts (Q2_K fails
-///   ΔNLL, KLD and MC; Q8_0 and Q4_K_M pass them) and a report with every
+///   ΔNLL, KLD and MC; Q8_0 and Q6_K pass them) and a report with every
 ///   kind's columns;
 /// - `cargo test --release` in that folder, against quantgate as a path
 ///   dependency, judges the results `quantgate run` measured (the same
@@ -269,7 +269,10 @@ fn test_lines(stdout: &str) -> Vec<(String, bool)> {
 ///
 /// The folder's build reuses this build's dependencies (quantgate's own
 /// Cargo.lock, the same target folder, offline): only quantgate and the
-/// folder's crate compile.
+/// folder's crate compile. Its ΔNLL case visits the windows in the order
+/// of `suites/ppl/delta_nll_sequential.toml` (init's seed is the suites'),
+/// which the model-card test runs on the same F16, Q8_0 and Q6_K: the
+/// windows are decoded once between them (kept by model and tokens).
 #[test]
 fn the_readme_publisher_commands_gate_a_folder_of_quants() {
     let commands = readme_publisher_commands();
@@ -291,7 +294,7 @@ fn the_readme_publisher_commands_gate_a_folder_of_quants() {
     for (alias, name) in [
         ("smollm2-f16", "mine-f16.gguf"),
         ("smollm2-q8_0", "mine-q8_0.gguf"),
-        ("smollm2-q4_k_m", "mine-q4_k_m.gguf"),
+        ("smollm2-q6_k", "mine-q6_k.gguf"),
         ("smollm2-q2_k", "mine-q2_k.gguf"),
     ] {
         let f = ensure(
@@ -328,9 +331,18 @@ fn the_readme_publisher_commands_gate_a_folder_of_quants() {
     );
     let case = std::fs::read_to_string(root.join("suites/release/delta_nll.toml")).unwrap();
     assert!(case.contains("mine-q2_k.gguf"), "{case}");
+    // The windows' order is the suites' own sequential case's (see above).
+    let seed = |t: &str| {
+        t.lines()
+            .find(|l| l.starts_with("seed = "))
+            .map(str::to_owned)
+    };
+    let suites_case =
+        std::fs::read_to_string(repo().join("suites/ppl/delta_nll_sequential.toml")).unwrap();
+    assert_eq!(seed(&case), seed(&suites_case), "{case}");
     // The files are pinned, relative to the repository.
     let lock = std::fs::read_to_string(root.join("suites/models.lock")).unwrap();
-    for q in ["f16", "q8_0", "q4_k_m", "q2_k"] {
+    for q in ["f16", "q8_0", "q6_k", "q2_k"] {
         assert!(
             lock.contains(&format!(
                 "path = \"../{}mine-{q}.gguf\"",
@@ -356,7 +368,7 @@ fn the_readme_publisher_commands_gate_a_folder_of_quants() {
     };
     for case in ["release/delta_nll", "release/kld", "release/mc"] {
         assert!(verdict(case, "mine-q2_k").contains("FAIL"), "{stdout}");
-        for good in ["mine-q8_0", "mine-q4_k_m"] {
+        for good in ["mine-q8_0", "mine-q6_k"] {
             assert!(verdict(case, good).contains("pass"), "{stdout}");
         }
     }
@@ -394,7 +406,7 @@ fn the_readme_publisher_commands_gate_a_folder_of_quants() {
         md.contains("<details>") && md.contains("</details>"),
         "{md}"
     );
-    for model in ["mine-q8_0", "mine-q4_k_m", "mine-q2_k"] {
+    for model in ["mine-q8_0", "mine-q6_k", "mine-q2_k"] {
         // Every kind's columns hold a number: PPL, ΔNLL (and the sequential
         // decision's), KLD, MC, speed.
         for col in [
@@ -496,7 +508,7 @@ fn the_readme_publisher_commands_gate_a_folder_of_quants() {
     // results `quantgate run` measured (the result cache is keyed by the
     // source, not the executable) and judge them: nothing is decoded again.
     for case in ["release/delta_nll", "release/kld", "release/mc"] {
-        for model in ["mine-q8_0", "mine-q4_k_m", "mine-q2_k"] {
+        for model in ["mine-q8_0", "mine-q6_k", "mine-q2_k"] {
             assert!(
                 stderr.contains(&format!("{case}::{model}: result from the result cache")),
                 "{case}::{model}: {stderr}"
