@@ -2,7 +2,9 @@
 //! model, in insta's `.snap` layout so `cargo insta review` works on them.
 //!
 //! Contract: discrete outcomes (status, counts, gate verdicts) compare
-//! exactly, floats within the case's tolerance, NaN never equal. A changed or
+//! exactly, floats within the case's tolerance, NaN never equal; a gate on
+//! a measurement of the machine (speed) compares without its verdict, which
+//! each run measures and its gate decides. A changed or
 //! missing golden is written beside the old one as `.snap.new` (never over
 //! it) unless the update mode says otherwise; under `CI` nothing is written
 //! and an explicit update request is an error. A golden that does not parse
@@ -62,9 +64,38 @@ impl Goldens {
 
 /// Differences between a golden and the current outcome (its rendering,
 /// parsed), one line each; empty when they match within tolerance.
+///
+/// A gate on a measurement of the machine (speed) is compared without its
+/// verdict, and a status that differs only by such verdicts is not a
+/// difference: the verdict is measured again on every run and that run's
+/// gate decides (a gate that fails now fails the trial by itself), as the
+/// measurement's wide tolerance says; the golden still pins which gates
+/// there are and their thresholds.
 pub fn compare(golden: &Parsed, now: &Parsed, case: &Case) -> Vec<String> {
     let mut diffs = Vec::new();
-    if golden.status != now.status {
+    let measured = |gate: &str| {
+        let metric = gate.split(' ').next().unwrap_or("");
+        [metric, metric.split('.').next().unwrap_or("")]
+            .iter()
+            .any(|m| case.metric_type(m) == Some(MetricType::Measurement))
+    };
+    // Each gate line as compared: a measured gate without its `: verdict`.
+    let decisive = |gates: &[String]| -> Vec<String> {
+        gates
+            .iter()
+            .map(|g| match g.rsplit_once(": ") {
+                Some((head, _)) if measured(g) => head.to_string(),
+                _ => g.clone(),
+            })
+            .collect()
+    };
+    let same_gates = decisive(&golden.gates) == decisive(&now.gates);
+    let by_measured_verdicts = same_gates
+        && golden.gates.iter().any(|g| measured(g))
+        && [&golden.status, &now.status]
+            .iter()
+            .all(|s| *s == "pass" || *s == "fail");
+    if golden.status != now.status && !by_measured_verdicts {
         diffs.push(format!("status: {} → {}", golden.status, now.status));
     }
     if golden.prereg != now.prereg {
@@ -140,7 +171,7 @@ pub fn compare(golden: &Parsed, now: &Parsed, case: &Case) -> Vec<String> {
             )),
         }
     }
-    if golden.gates != now.gates {
+    if !same_gates {
         diffs.push(format!(
             "gates: [{}] → [{}]",
             golden.gates.join("; "),
@@ -333,4 +364,75 @@ pub fn orphans_message(goldens: &Goldens, orphans: &[PathBuf]) -> String {
         list.iter().map(|p| format!("  {p}\n")).collect::<String>(),
         list.join(" ")
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::case::Metric;
+
+    /// A speed-like case: a measured ratio beside a float.
+    fn case() -> Case {
+        Case {
+            name: "speed/x".into(),
+            path: PathBuf::from("suites/speed/x.toml"),
+            content_sha256: String::new(),
+            kind: "speed",
+            description: String::new(),
+            models: vec![],
+            reference: None,
+            gates: vec![],
+            tolerances: Default::default(),
+            prereg: None,
+            metrics: vec![
+                Metric::new("tg_ratio_vs_ref", MetricType::Measurement),
+                Metric::float("model_bpw"),
+            ],
+            pins: vec![],
+            windows: None,
+            decide: None,
+        }
+    }
+
+    fn golden(status: &str, gates: &[&str]) -> Parsed {
+        let text = format!(
+            "---\nsource: suites/speed/x.toml\nexpression: \"speed/x::m\"\ninfo:\n  case_sha256: a\n---\n\
+             status: {status}\nmetrics:\n  model_bpw: 8.5\n  tg_ratio_vs_ref: 0.98\ngates:\n{}",
+            gates.iter().map(|g| format!("  {g}\n")).collect::<String>()
+        );
+        parse(&text).unwrap()
+    }
+
+    /// A measured gate's verdict is the run's, not the golden's: a flip of it
+    /// (and the status it made) is no difference; its threshold, a gate added
+    /// or removed, and any other gate's verdict still are.
+    #[test]
+    fn a_measured_verdict_is_not_pinned_by_the_golden() {
+        let c = case();
+        let was = golden("fail", &["tg_ratio_vs_ref ≥ 1.0: fail"]);
+        let now = golden("pass", &["tg_ratio_vs_ref ≥ 1.0: pass"]);
+        assert_eq!(compare(&was, &now, &c), Vec::<String>::new());
+        assert_eq!(compare(&now, &was, &c), Vec::<String>::new());
+        let other_threshold = golden("pass", &["tg_ratio_vs_ref ≥ 0.9: pass"]);
+        assert_eq!(compare(&now, &other_threshold, &c).len(), 1);
+        let added = golden(
+            "pass",
+            &["tg_ratio_vs_ref ≥ 1.0: pass", "model_bpw ≤ 9.0: pass"],
+        );
+        assert_eq!(compare(&now, &added, &c).len(), 1);
+        // A float's gate keeps its verdict pinned, and the status with it.
+        let floats = golden(
+            "pass",
+            &["tg_ratio_vs_ref ≥ 1.0: pass", "model_bpw ≤ 9.0: pass"],
+        );
+        let flipped = golden(
+            "fail",
+            &["tg_ratio_vs_ref ≥ 1.0: pass", "model_bpw ≤ 9.0: fail"],
+        );
+        assert_eq!(compare(&floats, &flipped, &c).len(), 2);
+        // No gate on a measurement: the status compares as ever.
+        let plain = golden("pass", &["model_bpw ≤ 9.0: pass"]);
+        let failed = golden("fail", &["model_bpw ≤ 9.0: pass"]);
+        assert_eq!(compare(&plain, &failed, &c).len(), 1);
+    }
 }
