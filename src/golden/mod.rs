@@ -73,28 +73,29 @@ impl Goldens {
 /// there are and their thresholds.
 pub fn compare(golden: &Parsed, now: &Parsed, case: &Case) -> Vec<String> {
     let mut diffs = Vec::new();
+    // A gate's metric is its rule's first word (`metric` or `metric.on`).
     let measured = |gate: &str| {
         let metric = gate.split(' ').next().unwrap_or("");
         [metric, metric.split('.').next().unwrap_or("")]
             .iter()
             .any(|m| case.metric_type(m) == Some(MetricType::Measurement))
     };
-    // Each gate line as compared: a measured gate without its `: verdict`.
+    // Each gate line as compared: a measured gate by its rule alone.
     let decisive = |gates: &[String]| -> Vec<String> {
         gates
             .iter()
-            .map(|g| match g.rsplit_once(": ") {
-                Some((head, _)) if measured(g) => head.to_string(),
+            .map(|g| match snap::gate_rule(g) {
+                (rule, Some(_)) if measured(g) => rule.to_string(),
                 _ => g.clone(),
             })
             .collect()
     };
     let same_gates = decisive(&golden.gates) == decisive(&now.gates);
+    let verdict = |s: &String| [Status::Pass, Status::Fail].iter().any(|v| v.as_str() == s);
     let by_measured_verdicts = same_gates
         && golden.gates.iter().any(|g| measured(g))
-        && [&golden.status, &now.status]
-            .iter()
-            .all(|s| *s == "pass" || *s == "fail");
+        && verdict(&golden.status)
+        && verdict(&now.status);
     if golden.status != now.status && !by_measured_verdicts {
         diffs.push(format!("status: {} → {}", golden.status, now.status));
     }

@@ -163,6 +163,16 @@ pub(crate) fn body(outcome: &Outcome) -> String {
     s
 }
 
+/// A line of a golden's `gates:` (as [`body`] writes it) split into its rule
+/// (`metric op threshold`, with ` (warn)` for a warn gate) and its verdict
+/// (`pass`, `fail`; None on a line without one).
+pub(crate) fn gate_rule(line: &str) -> (&str, Option<&str>) {
+    match line.rsplit_once(": ") {
+        Some((rule, verdict)) => (rule, Some(verdict)),
+        None => (line, None),
+    }
+}
+
 /// The whole `.snap` file.
 pub fn render(outcome: &Outcome, case_file: &str) -> String {
     let mut s = String::from("---\n");

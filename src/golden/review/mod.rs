@@ -20,7 +20,7 @@ pub mod render;
 use crate::core::case::{Case, MetricType, Tolerance};
 use crate::core::error::{Error, Result};
 use crate::core::Outcome;
-use crate::golden::snap::{parse, render as render_golden, Parsed};
+use crate::golden::snap::{gate_rule, parse, render as render_golden, Parsed};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -514,9 +514,9 @@ fn compare_test(t: &Test, o: &Parsed, n: &Parsed, case: Option<&Case>, out: &mut
     let gates = |p: &Parsed| -> BTreeMap<String, String> {
         p.gates
             .iter()
-            .map(|g| match g.rsplit_once(": ") {
-                Some((rule, verdict)) => (rule.to_string(), verdict.to_string()),
-                None => (g.clone(), String::new()),
+            .map(|g| {
+                let (rule, verdict) = gate_rule(g);
+                (rule.to_string(), verdict.unwrap_or_default().to_string())
             })
             .collect()
     };
