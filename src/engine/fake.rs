@@ -111,6 +111,9 @@ pub struct FakeEngine {
     pub decodes: Arc<std::sync::atomic::AtomicUsize>,
     /// Windows those decodes held, counted the same way.
     pub windows: Arc<std::sync::atomic::AtomicUsize>,
+    /// The alias of each `bench` call, in order, for tests of who a speed
+    /// case measures when.
+    pub benches: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl FakeEngine {
@@ -141,6 +144,7 @@ impl Engine for FakeEngine {
             spec,
             decodes: self.decodes.clone(),
             windows: self.windows.clone(),
+            benches: self.benches.clone(),
         }))
     }
 
@@ -189,6 +193,7 @@ pub(crate) struct FakeModel {
     spec: FakeSpec,
     decodes: Arc<std::sync::atomic::AtomicUsize>,
     windows: Arc<std::sync::atomic::AtomicUsize>,
+    benches: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl FakeModel {
@@ -393,6 +398,10 @@ impl LoadedModel for FakeModel {
                 settings.n_ctx
             )));
         }
+        self.benches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(self.info.file.alias.clone());
         Ok((0..reps).map(|r| self.spec.bench_time(test, r)).collect())
     }
 

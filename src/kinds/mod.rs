@@ -169,6 +169,22 @@ pub trait Kind: Send + Sync + std::fmt::Debug {
     /// without an observation runs completely here ([`Start::Done`]).
     fn start(&self, cx: &RunContext, case: &Case, alias: &str, out: &mut Outcome) -> Result<Start>;
 
+    /// Start the case on several models at once: `aliases` are its trials
+    /// of one group that the result cache did not answer (group order), and
+    /// `outs` their outcomes, one each. For a kind that measures them better
+    /// together than one by one (speed: every round measures each candidate
+    /// and the reference once). None, the default: each starts by itself
+    /// ([`Kind::start`]).
+    fn start_together(
+        &self,
+        _cx: &RunContext,
+        _case: &Case,
+        _aliases: &[&str],
+        _outs: &mut [&mut Outcome],
+    ) -> Option<Vec<Result<Start>>> {
+        None
+    }
+
     /// The reference products this case needs, as a consumer of its
     /// reference model's observation; None when the reference store holds
     /// them already (or the case reads no reference rows).

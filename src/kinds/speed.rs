@@ -8,7 +8,11 @@
 //! measured apart in `rounds`, in rotated order (the candidate first in even
 //! rounds, the reference first in odd ones), and each round gives a ratio
 //! candidate / reference of mean t/s; noise a shared machine adds to a
-//! round cancels in its ratio. The ratio's interval is a Student-t interval
+//! round cancels in its ratio. A case's candidates that run in one group
+//! are measured together: each round measures every candidate and then the
+//! reference once, that order rotated by one each round (one candidate:
+//! the order above), so k candidates take k + 1 measurements a round, not
+//! 2k. The ratio's interval is a Student-t interval
 //! over rounds of ln(ratio). Speed metrics are measurements (goldens compare
 //! them within a wide tolerance; gates on the ratios carry the decision). A
 //! result is given again from the result cache only for the same
@@ -37,7 +41,7 @@ pub(crate) struct Speed {
     pub tg: usize,
     /// Repetitions per model per round.
     pub repetitions: usize,
-    /// Rounds (each measures the candidate and the reference once).
+    /// Rounds (each measures every candidate and the reference once).
     pub rounds: usize,
     /// Logical and physical batch of `pp`.
     pub n_batch: u32,
@@ -296,6 +300,12 @@ impl Kind for Speed {
         true
     }
 
+    /// With a reference: the case's candidates run in one group, measured
+    /// together ([`Kind::start_together`]).
+    fn runs_jointly(&self) -> bool {
+        self.reference.is_some()
+    }
+
     /// Every round runs each model (the candidate, and the reference) a
     /// warm-up and `repetitions` times: `pp` rows in batches, and `tg`
     /// one-row passes, each about two batched rows' time on a CPU.
@@ -308,19 +318,90 @@ impl Kind for Speed {
     /// Measured whole here: the candidate (and the reference) in rounds.
     fn start(&self, cx: &RunContext, case: &Case, alias: &str, out: &mut Outcome) -> Result<Start> {
         let t = Instant::now();
-        let (verified, model) = cx.load(alias)?;
-        let reference = match &self.reference {
-            Some((r, at)) => Some(
-                cx.load(r)
-                    .map_err(|e| e.context(format!("{at}: reference")))?
-                    .1,
-            ),
-            None => None,
-        };
+        let model = self.begin(cx, alias, out)?;
+        let reference = self.reference_model(cx)?;
         out.timings.prepare = t.elapsed();
+        let t = Instant::now();
+        let measured = self.measure(cx, case, &[&*model], reference.as_deref())?;
+        self.record(&mut out.metrics, &measured, 0);
+        out.timings.decode = t.elapsed();
+        Ok(Start::Done)
+    }
+
+    /// A case's candidates in one group are measured together: each round
+    /// measures every candidate and the reference once, in an order rotated
+    /// by one each round, so the reference is measured once a round for
+    /// all of them rather than again beside each (k candidates: k + 1
+    /// measurements a round instead of 2k). With one candidate this is
+    /// [`Kind::start`]'s order exactly.
+    fn start_together(
+        &self,
+        cx: &RunContext,
+        case: &Case,
+        aliases: &[&str],
+        outs: &mut [&mut Outcome],
+    ) -> Option<Vec<Result<Start>>> {
+        if self.reference.is_none() || aliases.len() < 2 {
+            return None;
+        }
+        let t = Instant::now();
+        let mut results: Vec<Result<Start>> = Vec::with_capacity(aliases.len());
+        let mut models = Vec::new();
+        for (i, alias) in aliases.iter().enumerate() {
+            match self.begin(cx, alias, outs[i]) {
+                Ok(m) => {
+                    models.push((i, m));
+                    results.push(Ok(Start::Done));
+                }
+                Err(e) => results.push(Err(e)),
+            }
+        }
+        let measured = self.reference_model(cx).and_then(|r| {
+            let cands: Vec<&dyn LoadedModel> = models.iter().map(|(_, m)| &**m).collect();
+            let prepare = t.elapsed();
+            for (i, _) in &models {
+                outs[*i].timings.prepare = prepare;
+            }
+            self.measure(cx, case, &cands, r.as_deref())
+        });
+        let decode = t.elapsed();
+        for (k, (i, _)) in models.iter().enumerate() {
+            match &measured {
+                Ok(m) => {
+                    self.record(&mut outs[*i].metrics, m, k);
+                    let out = &mut outs[*i];
+                    out.timings.decode = decode.saturating_sub(out.timings.prepare);
+                    out.timings.shared_with = (models.len() - 1) as u32;
+                }
+                Err(e) => results[*i] = Err(e.clone()),
+            }
+        }
+        Some(results)
+    }
+}
+
+/// A case's measurements: per test (name, tokens), each candidate's t/s
+/// per round and repetition, and the reference's.
+struct Measured {
+    tests: Vec<(&'static str, usize, Vec<Rounds>, Rounds)>,
+}
+
+/// t/s of each repetition, per round.
+type Rounds = Vec<Vec<f64>>;
+
+impl Speed {
+    /// Load candidate `alias` and fill what its outcome says before any
+    /// measurement: its file's sha256, bytes and bits per weight, the
+    /// settings, the machine, the repetitions and rounds.
+    fn begin(
+        &self,
+        cx: &RunContext,
+        alias: &str,
+        out: &mut Outcome,
+    ) -> Result<Arc<dyn LoadedModel>> {
+        let (verified, model) = cx.load(alias)?;
         out.model_sha256 = Some(verified.file.sha256.clone());
-        let settings = self.settings(&*model, cx.threads, cx.options());
-        out.settings = Some(settings.clone());
+        out.settings = Some(self.settings(&*model, cx.threads, cx.options()));
         out.machine = cx.machine();
         let m = &mut out.metrics;
         m.insert("model_bytes".into(), verified.bytes as f64);
@@ -337,15 +418,47 @@ impl Kind for Speed {
         }
         m.insert("repetitions".into(), self.repetitions as f64);
         m.insert("rounds".into(), self.rounds as f64);
-        let t = Instant::now();
-        let runs = tests(self).len() * self.rounds * if reference.is_some() { 2 } else { 1 };
+        Ok(model)
+    }
+
+    /// The reference model, loaded (None without one).
+    fn reference_model(&self, cx: &RunContext) -> Result<Option<Arc<dyn LoadedModel>>> {
+        match &self.reference {
+            Some((r, at)) => Ok(Some(
+                cx.load(r)
+                    .map_err(|e| e.context(format!("{at}: reference")))?
+                    .1,
+            )),
+            None => Ok(None),
+        }
+    }
+
+    /// Every test in `rounds`: in round r the candidates, then the
+    /// reference, rotated left by r (one candidate: the candidate first
+    /// in even rounds, the reference first in odd ones).
+    fn measure(
+        &self,
+        cx: &RunContext,
+        case: &Case,
+        cands: &[&dyn LoadedModel],
+        reference: Option<&dyn LoadedModel>,
+    ) -> Result<Measured> {
+        // Who is measured, in round 0's order: candidate i, then None for
+        // the reference.
+        let order: Vec<Option<usize>> = (0..cands.len())
+            .map(Some)
+            .chain(reference.map(|_| None))
+            .collect();
+        let names: Vec<String> = cands.iter().map(|m| m.info().file.alias.clone()).collect();
         let bar = crate::core::progress::bar(
-            runs as u64,
-            &format!("speed {}", model.info().file.alias),
+            (tests(self).len() * self.rounds * order.len()) as u64,
+            &format!("speed {}", names.join(", ")),
             "runs",
         );
+        let mut out = Measured { tests: Vec::new() };
         for (name, test, tokens) in tests(self) {
-            let (mut cand, mut refr): (Vec<Vec<f64>>, Vec<Vec<f64>>) = (Vec::new(), Vec::new());
+            let mut cand: Vec<Rounds> = vec![Vec::new(); cands.len()];
+            let mut refr: Rounds = Vec::new();
             for round in 0..self.rounds {
                 let seed = round as u64;
                 let measure = |who: &dyn LoadedModel| -> Result<Vec<f64>> {
@@ -355,34 +468,37 @@ impl Kind for Speed {
                         .map(|t| tps(tokens, &t))
                         .map_err(|e| e.context(case.path.display()))
                 };
-                match &reference {
-                    Some(r) if round % 2 == 1 => {
-                        refr.push(measure(&**r)?);
-                        cand.push(measure(&*model)?);
+                for step in 0..order.len() {
+                    match (order[(round + step) % order.len()], reference) {
+                        (Some(c), _) => cand[c].push(measure(cands[c])?),
+                        (None, Some(r)) => refr.push(measure(r)?),
+                        (None, None) => unreachable!("no reference, no None"),
                     }
-                    Some(r) => {
-                        cand.push(measure(&*model)?);
-                        refr.push(measure(&**r)?);
-                    }
-                    None => cand.push(measure(&*model)?),
                 }
             }
+            out.tests.push((name, tokens, cand, refr));
+        }
+        Ok(out)
+    }
+
+    /// Candidate `c`'s metrics from `measured`.
+    fn record(&self, m: &mut crate::core::present::Metrics, measured: &Measured, c: usize) {
+        for (name, tokens, cands, refr) in &measured.tests {
+            let cand = &cands[c];
             let all: Vec<f64> = cand.iter().flatten().copied().collect();
             let (mean, sd) = mean_sd(&all);
-            m.insert(format!("{name}_tokens"), tokens as f64);
+            m.insert(format!("{name}_tokens"), *tokens as f64);
             m.insert(format!("{name}_tps_mean"), mean);
             m.insert(format!("{name}_tps_sd"), sd);
-            if reference.is_some() {
+            if self.reference.is_some() {
                 let rall: Vec<f64> = refr.iter().flatten().copied().collect();
-                let (r, lo, hi) = round_ratio(&cand, &refr);
+                let (r, lo, hi) = round_ratio(cand, refr);
                 m.insert(format!("{name}_ref_tps_mean"), mean_sd(&rall).0);
                 m.insert(format!("{name}_ratio_vs_ref"), r);
                 m.insert(format!("{name}_ratio_vs_ref_ci95_lo"), lo);
                 m.insert(format!("{name}_ratio_vs_ref_ci95_hi"), hi);
             }
         }
-        out.timings.decode = t.elapsed();
-        Ok(Start::Done)
     }
 }
 

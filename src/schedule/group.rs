@@ -10,7 +10,7 @@
 
 use crate::core::error::{Error, ErrorKind};
 use crate::core::outcome::split_test_name;
-use crate::core::{Outcome, Status};
+use crate::core::{Case, Outcome, Status};
 use crate::execute::observe::{observe, observe_lockstep, Consumer, Fill, Observation, Observed};
 use crate::execute::RunContext;
 use crate::judge::prereg::{LedgerLine, Prereg};
@@ -18,6 +18,7 @@ use crate::judge::{cache, decide_prereg, rejudge, undeclared_metrics, verify_pre
 use crate::kinds::{FeedSource, Finish, LiveFeed, RefBuild, Start};
 use crate::plan::Planned;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Run one planned trial and judge it. `goldens` is the goldens directory
@@ -63,6 +64,9 @@ struct Started {
     feed: Option<LiveFeed>,
     /// The start or the decode failed.
     error: Option<Error>,
+    /// The case its kind starts with (a sealed rule's stops added), until
+    /// started.
+    ready: Option<Arc<Case>>,
 }
 
 /// Run a group of trials — `group` on one model, which the planner found to
@@ -78,7 +82,8 @@ pub fn trials(
     cache: bool,
 ) -> (Vec<Outcome>, GroupWork) {
     let t0 = Instant::now();
-    let mut started: Vec<Started> = group.iter().map(|p| start(cx, p, goldens, cache)).collect();
+    let mut started: Vec<Started> = group.iter().map(|p| begin(cx, p, goldens, cache)).collect();
+    start_all(cx, group, &mut started);
     // Reference work: once per product, and only what the store lacks.
     let mut work = GroupWork::default();
     let mut refs = Vec::new();
@@ -325,9 +330,9 @@ fn parsed_path(p: &Planned) -> String {
         .unwrap_or_else(|_| p.name.clone())
 }
 
-/// Everything of a trial before the shared decode: the parse error, the
-/// prereg verification, the cached result, or the kind's start.
-fn start(cx: &RunContext, p: &Planned, goldens: &Path, cache: bool) -> Started {
+/// Everything of a trial before its kind starts: the parse error, the
+/// prereg verification, or the cached result; else the case to start.
+fn begin(cx: &RunContext, p: &Planned, goldens: &Path, cache: bool) -> Started {
     let (case_name, _) = split_test_name(&p.name);
     let mut s = Started {
         out: Outcome::new(case_name, &p.model, cx.engine().build()),
@@ -336,6 +341,7 @@ fn start(cx: &RunContext, p: &Planned, goldens: &Path, cache: bool) -> Started {
         pending: None,
         feed: None,
         error: None,
+        ready: None,
     };
     let parsed = match &p.case {
         Ok(c) => c,
@@ -375,8 +381,7 @@ fn start(cx: &RunContext, p: &Planned, goldens: &Path, cache: bool) -> Started {
         }
     }
     // A sealed sequential rule: its thresholds are where the run may stop.
-    let with_stops;
-    let case = match (&s.prereg, &case.decide) {
+    s.ready = Some(match (&s.prereg, &case.decide) {
         (Some((pr, _)), Some(d)) => {
             let mut c = (**case).clone();
             let mut d = d.clone();
@@ -384,21 +389,69 @@ fn start(cx: &RunContext, p: &Planned, goldens: &Path, cache: bool) -> Started {
                 d.stops.push((pr.metric.0.clone(), cond.threshold));
             }
             c.decide = Some(d);
-            with_stops = c;
-            &with_stops
+            Arc::new(c)
         }
-        _ => &**case,
-    };
-    match parsed.kind.start(cx, case, &p.model, &mut s.out) {
-        Ok(Start::Done) => {}
-        Ok(Start::Observe(obs, f)) => s.pending = Some((obs, f)),
-        Ok(Start::Live(obs, f, feed)) => {
-            s.pending = Some((obs, f));
-            s.feed = Some(feed);
-        }
-        Err(e) => s.error = Some(e),
-    }
+        _ => case.clone(),
+    });
     s
+}
+
+/// Start every trial [`begin`] left ready: the trials of one case (the
+/// same parse, no sealed rule's stops) together where its kind starts them
+/// so ([`crate::kinds::Kind::start_together`]), each other by itself.
+fn start_all(cx: &RunContext, group: &[&Planned], started: &mut [Started]) {
+    for i in 0..started.len() {
+        let (Some(case), Ok(parsed)) = (started[i].ready.clone(), &group[i].case) else {
+            continue;
+        };
+        let together: Vec<usize> = (i..started.len())
+            .filter(|&j| {
+                started[j]
+                    .ready
+                    .as_ref()
+                    .is_some_and(|c| Arc::ptr_eq(c, &parsed.case))
+            })
+            .collect();
+        if Arc::ptr_eq(&case, &parsed.case) && together.len() > 1 {
+            let aliases: Vec<&str> = together.iter().map(|&j| group[j].model.as_str()).collect();
+            let mut outs: Vec<&mut Outcome> = started
+                .iter_mut()
+                .enumerate()
+                .filter(|(j, _)| together.contains(j))
+                .map(|(_, s)| &mut s.out)
+                .collect();
+            if let Some(starts) = parsed
+                .kind
+                .start_together(cx, &parsed.case, &aliases, &mut outs)
+            {
+                for (&j, st) in together.iter().zip(starts) {
+                    started[j].ready = None;
+                    started[j].started(st);
+                }
+                continue;
+            }
+        }
+        started[i].ready = None;
+        let st = parsed
+            .kind
+            .start(cx, &case, &group[i].model, &mut started[i].out);
+        started[i].started(st);
+    }
+}
+
+impl Started {
+    /// What its kind's start gave.
+    fn started(&mut self, st: crate::core::error::Result<Start>) {
+        match st {
+            Ok(Start::Done) => {}
+            Ok(Start::Observe(obs, f)) => self.pending = Some((obs, f)),
+            Ok(Start::Live(obs, f, feed)) => {
+                self.pending = Some((obs, f));
+                self.feed = Some(feed);
+            }
+            Err(e) => self.error = Some(e),
+        }
+    }
 }
 
 /// Judge a trial whose kind has run (or failed, or came from the cache),

@@ -260,6 +260,81 @@ fn speed_metrics_match_the_declared_speeds_and_join_the_report() {
     assert_eq!(line[at], format!("{}", o.metrics["tg_ratio_vs_ref"]));
 }
 
+/// A speed case's candidates in one group are measured together: each
+/// round measures every candidate and the reference once, in an order
+/// rotated by one each round (k + 1 measurements a round, not 2k), and
+/// each candidate's metrics are those it has measured alone against the
+/// reference; with one candidate the order is the one-by-one order (the
+/// candidate first in even rounds, the reference first in odd ones).
+#[test]
+fn a_speed_cases_candidates_are_measured_together_with_one_reference_a_round() {
+    let case = |models: &str| {
+        format!(
+            "kind = \"speed\"\nmodels = [{models}]\nreference = \"ref\"\npp = 64\ntg = 8\n\
+             repetitions = 3\nrounds = 3\n[[gate]]\nmetric = \"tg_ratio_vs_ref\"\nmin = 1.0\n"
+        )
+    };
+    let run_all = |tag: &str, models: &str| {
+        let root = common::fake_root(tag, &[("cand", 100), ("cand2", 102), ("ref", 101)]);
+        std::fs::write(root.join("suites/case.toml"), case(models)).unwrap();
+        let (registry, planned) = plan(&root.join("suites"), &[], &[]).unwrap();
+        let e = engine().with(
+            "cand2",
+            FakeSpec {
+                pp_tps: 250.0,
+                tg_tps: 40.0,
+                ..FakeSpec::default()
+            },
+        );
+        let benches = e.benches.clone();
+        let cx = Arc::new(RunContext::new(
+            &common::fixture_config(&root),
+            registry,
+            Arc::new(e),
+            1,
+        ));
+        let (outcomes, _) = quantgate::schedule::Schedule::here(&cx, &planned).run(
+            &planned,
+            1,
+            &Default::default(),
+            &root.join("goldens"),
+            &mut |_, _| {},
+            &mut |_, _, _| {},
+        );
+        let calls = benches.lock().unwrap().clone();
+        let _ = std::fs::remove_dir_all(&root);
+        (outcomes, calls)
+    };
+    let (together, calls) = run_all("speed-together", "\"cand\", \"cand2\"");
+    // pp's three rounds, then tg's: rotated by one each round.
+    let round = [
+        ["cand", "cand2", "ref"],
+        ["cand2", "ref", "cand"],
+        ["ref", "cand", "cand2"],
+    ];
+    let want: Vec<&str> = (0..2)
+        .flat_map(|_| round.iter().flatten().copied())
+        .collect();
+    assert_eq!(calls, want);
+    let (alone, calls) = run_all("speed-alone", "\"cand\"");
+    let pair = [["cand", "ref"], ["ref", "cand"], ["cand", "ref"]];
+    let want: Vec<&str> = (0..2)
+        .flat_map(|_| pair.iter().flatten().copied())
+        .collect();
+    assert_eq!(calls, want);
+    let (alone2, _) = run_all("speed-alone2", "\"cand2\"");
+    assert_eq!(together.len(), 2);
+    for (o, by_itself) in together.iter().zip([&alone[0], &alone2[0]]) {
+        assert_eq!(o.model, by_itself.model);
+        assert_eq!(o.status, by_itself.status, "{}: {:?}", o.model, o.error);
+        assert_eq!(common::bits(o), common::bits(by_itself), "{}", o.model);
+        assert_eq!(o.timings.shared_with, 1, "{}", o.model);
+    }
+    // The fake speeds: cand is faster than ref, cand2 slower.
+    assert_eq!(together[0].status, Status::Pass);
+    assert_eq!(together[1].status, Status::Fail);
+}
+
 /// A sequential multiple-choice case (`[decide]`) visits its tasks in the
 /// seeded order and stops once accuracy and agreement are decided: the
 /// stop replayed from an independent scoring of every task, the metrics

@@ -235,8 +235,8 @@ fn a_shared_decode_gives_every_trial_its_outcome_alone_bitwise() {
 }
 
 /// The default suites, planned with no model loaded: groups start heaviest
-/// first, so a speed trial (3 rounds of F16 and a quant, ~50 s on one
-/// core) and a multiple-choice trial (the candidate's and the reference's
+/// first, so the speed group (its two quants measured together, with F16
+/// once a round: 3 rounds) and a multiple-choice trial (the candidate's and the reference's
 /// scores) start before every recitation (a few seconds each), which fill
 /// the end of a run instead of one long trial running alone there.
 #[test]
@@ -253,7 +253,8 @@ fn speed_and_multiple_choice_groups_start_before_recitations() {
     };
     let at = |k: &str| -> Vec<usize> { (0..gs.len()).filter(|&g| kind(&gs[g]) == k).collect() };
     let (speed, mc, recite) = (at("speed"), at("multiple_choice"), at("recite"));
-    assert_eq!(speed.len(), 2, "{speed:?}");
+    assert_eq!(speed.len(), 1, "{speed:?}");
+    assert_eq!(gs[speed[0]].trials.len(), 2, "one group for both quants");
     let names: Vec<String> = mc
         .iter()
         .map(|&g| {
