@@ -17,8 +17,8 @@ use crate::execute::reference::{same_tokenizer, Vocab};
 use crate::execute::windows::Scored;
 use crate::execute::RunContext;
 use crate::kinds::scored_text::{
-    windows_prefix, BootstrapFile, LazyWindows, ModelWindows, PinnedFile, ScoredText, ScoresBuild,
-    TextFile, WindowFile,
+    kept_whole, windows_prefix, BootstrapFile, LazyWindows, ModelWindows, PinnedFile, ScoredText,
+    ScoresBuild, TextFile, WindowFile,
 };
 use crate::kinds::{Finish, Kind, RefWork, Start};
 use crate::measure::perplexity_metrics;
@@ -422,6 +422,15 @@ impl Kind for Perplexity {
         let settings = tx.settings(cx.threads, cx.options());
         let key = tx.scores_key(alias, &sha, &plan, &settings, &build);
         if let Some(scored) = cx.references.cached_scores(&key) {
+            conclude(tx, trial.reference.as_deref(), out, &scored);
+            return Ok(Start::Done);
+        }
+        // Or each of its windows, kept by decodes of other plans (a kld
+        // case's, a sequential case's): read back, no decode, and the
+        // whole kept for the next reader.
+        let prefix = windows_prefix(&sha, &settings.describe(), &build);
+        if let Some(scored) = kept_whole(cx, &prefix, &plan) {
+            let scored = trial.scores.store_scored(cx, scored)?;
             conclude(tx, trial.reference.as_deref(), out, &scored);
             return Ok(Start::Done);
         }

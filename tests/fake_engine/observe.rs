@@ -173,12 +173,14 @@ fn a_shared_decode_gives_every_trial_its_outcome_alone_bitwise() {
     assert_eq!(heard[0], (vec![], 3));
     assert_eq!(work.len(), 1, "{work:?}");
     assert_eq!((work[0].0.as_str(), work[0].2), ("ref", 2));
-    // kld and ppl on cand read one decode: ref, cand (both cases), cand
-    // (fewer chunks), other — four observations of 6, 6, 3 and 6 windows,
-    // each window decoded once, for five trials and two products.
+    // kld and ppl on cand read one decode: ref, cand (both cases), other
+    // — three observations of 6 windows, each window decoded once, for
+    // five trials and two products; ppl on fewer chunks of cand, whose
+    // group runs after that decode (the lighter one), reads the 3 windows
+    // the kld case kept.
     let kld = together.iter().find(|o| o.case == "kld").unwrap();
     assert_eq!(kld.timings.shared_with, 1);
-    assert_eq!(decodes.load(Ordering::Relaxed), 6 + 6 + 3 + 6);
+    assert_eq!(decodes.load(Ordering::Relaxed), 6 + 6 + 6);
     // A second run finds cand's and other's scores kept: only the kld case
     // decodes (it needs the whole rows: its 6 windows), with the same numbers.
     let (cx, _, decodes) = runner(&root);
@@ -220,7 +222,10 @@ fn a_shared_decode_gives_every_trial_its_outcome_alone_bitwise() {
         assert_eq!((&a.case, &a.model), (&t.case, &t.model));
         assert_eq!(common::bits(a), common::bits(t), "{}::{}", a.case, a.model);
     }
-    assert_eq!(decodes.load(Ordering::Relaxed), 6 + 6 + 3 + 6);
+    // The fewer chunks of cand decoded again only when their group ran
+    // before the kld case's decode kept them (three at once: either).
+    let n = decodes.load(Ordering::Relaxed);
+    assert!(n == 6 + 6 + 6 || n == 6 + 6 + 3 + 6, "{n}");
     let heard = heard.into_inner().unwrap();
     let first_kld = heard
         .iter()

@@ -960,3 +960,66 @@ fn a_kld_case_keeps_the_windows_a_sequential_case_reads() {
     );
     assert!(last_k < first_seq, "{groups:?}");
 }
+
+/// A fixed-N perplexity case whose every window some other decode kept (a
+/// kld case's, over the same windows) reads them instead of decoding:
+/// the candidates' and the reference's, no window decoded, every number
+/// and series bit for bit a cold run's. A kept window edited on disk is
+/// never read back: that model's windows are decoded again, same numbers.
+#[test]
+fn a_fixed_n_case_reads_the_windows_a_kld_case_kept() {
+    const K: usize = 16;
+    let fx = Fx::new("kld-fixed");
+    std::fs::write(
+        fx.root.join("suites/few.toml"),
+        format!(
+            "kind = \"perplexity\"\nmodels = [\"near\", \"far\"]\nreference = \"ref\"\n\
+             [text]\npath = \"t.txt\"\nsha256 = \"{}\"\n\
+             [window]\nmode = \"llama-perplexity\"\nn_ctx = {N_CTX}\nchunks = {K}\n",
+            quantgate::core::fsutil::sha256_bytes(text().as_bytes())
+        ),
+    )
+    .unwrap();
+    let (cold, cold_decodes) = fx.run("few");
+    assert_eq!(cold_decodes, 3 * K, "two candidates and the reference");
+    let same = |a: &[Outcome], why: &str| {
+        for (w, o) in a.iter().zip(&cold) {
+            assert!(w.error.is_none(), "{why}: {}: {:?}", w.model, w.error);
+            assert_eq!(common::bits(w), common::bits(o), "{why}: {}", o.model);
+            assert_eq!(w.series, o.series, "{why}: {}", o.model);
+        }
+    };
+    std::fs::remove_dir_all(fx.root.join("cache")).unwrap();
+    fx.kld_case_over("k", K, "");
+    let (k, _) = fx.run("k");
+    assert!(k.iter().all(|o| o.error.is_none()), "{k:?}");
+    let (warm, warm_decodes) = fx.run("few");
+    same(&warm, "warm");
+    assert_eq!(warm_decodes, 0);
+    // The kept windows edited (each flipped in one byte), and the wholes
+    // the warm run kept removed: every window is decoded again.
+    let files: Vec<PathBuf> = std::fs::read_dir(fx.root.join("cache"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    let mut edited = 0;
+    for f in &files {
+        match f.extension().and_then(|e| e.to_str()) {
+            Some("qgscores") => std::fs::remove_file(f).unwrap(),
+            Some("qgwin") => {
+                let mut b = std::fs::read(f).unwrap();
+                let at = b.len() / 3;
+                b[at] ^= 0x04;
+                std::fs::write(f, b).unwrap();
+                edited += 1;
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(edited, 3 * K, "{files:?}");
+    let (again, again_decodes) = fx.run("few");
+    same(&again, "edited");
+    assert_eq!(again_decodes, 3 * K);
+    let _ = std::fs::remove_dir_all(&fx.root);
+}

@@ -86,6 +86,30 @@ pub(crate) fn window_id(prefix: &str, pw: &PlannedWindow) -> String {
     )
 }
 
+/// All of `plan`'s scores for the model and settings `prefix` names, when
+/// the store keeps every one of its windows (whatever decode kept them: a
+/// kld case's, a sequential case's, in any process or run): window after
+/// window, bitwise a decode of the whole plan (each kept window is a
+/// decode of exactly that window, read back through its seal). None when
+/// any window is missing, or the store keeps no windows.
+pub(crate) fn kept_whole(cx: &RunContext, prefix: &str, plan: &ScoringPlan) -> Option<Scored> {
+    if !cx.references.keeps_windows || plan.windows.is_empty() {
+        return None;
+    }
+    let mut whole = Scored::default();
+    for pw in &plan.windows {
+        let kept = cx
+            .references
+            .kept_only::<KeptWindow>(&window_id(prefix, pw), "qgwin")?
+            .scored(pw.targets.len())?;
+        whole.windows.extend(kept.windows);
+        whole.token_nll.extend(kept.token_nll);
+        whole.token_top1.extend(kept.token_top1);
+        whole.token_argmax.extend(kept.token_argmax);
+    }
+    Some(whole)
+}
+
 /// Keep each window of `scored` (scores of all of `plan`, decoded here)
 /// that the store does not hold yet, so that a sequential case visiting
 /// the same windows reads them instead of decoding them. Best effort: a

@@ -33,7 +33,7 @@ pub(crate) use parse::*;
 mod reference;
 pub(crate) use reference::*;
 mod kept;
-pub(crate) use kept::{keep_windows, windows_prefix};
+pub(crate) use kept::{keep_windows, kept_whole, windows_prefix};
 mod sequential;
 pub use sequential::{
     equal_windows, in_window_order, run_sequence, window_of, LazyWindows, ModelWindows,

@@ -53,6 +53,12 @@ impl ScoresBuild {
     pub(crate) fn scored(self) -> Result<(RecordHeader, Scored)> {
         Ok((self.header, self.scorer.finish()?))
     }
+
+    /// The record header and `scored`, this plan's scores computed
+    /// otherwise (its windows, kept).
+    pub(crate) fn with_scored(self, scored: Scored) -> (RecordHeader, Scored) {
+        (self.header, scored)
+    }
 }
 
 impl Consumer for ScoresBuild {
@@ -164,7 +170,6 @@ impl ScoredText {
             let (rv, rmodel) = cx.load_reference((ref_alias, ref_at), Vocab::of(model.info()))?;
             self.check_context(&*rmodel)?;
             let rplan = self.identical_plan(cx, ref_at, src, &*rmodel, model, plan)?;
-            let obs = self.observation(cx, rmodel.clone(), &rplan);
             let mut b = ScoresBuild::new(
                 self,
                 ref_alias,
@@ -174,6 +179,12 @@ impl ScoredText {
                 &rplan,
                 cx.options(),
             );
+            // Every window kept by decodes of other plans: no decode.
+            let prefix = windows_prefix(&rv.file.sha256, &settings.describe(), &build);
+            if let Some(whole) = kept_whole(cx, &prefix, &rplan) {
+                return Ok(b.with_scored(whole));
+            }
+            let obs = self.observation(cx, rmodel.clone(), &rplan);
             observe_one(&obs, &mut b)?;
             b.scored()
         })?;
@@ -213,6 +224,13 @@ impl ScoredText {
             &rplan,
             cx.options(),
         );
+        // Every window kept by decodes of other plans: the whole kept from
+        // them, no decode.
+        let prefix = windows_prefix(&rv.file.sha256, &settings.describe(), &build);
+        if let Some(whole) = kept_whole(cx, &prefix, &rplan) {
+            b.store_scored(cx, whole)?;
+            return Ok(None);
+        }
         Ok(Some(RefWork {
             key: id,
             path,
