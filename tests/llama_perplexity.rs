@@ -4,8 +4,8 @@
 //! The tool is built from the pinned llama.cpp sources by
 //! `scripts/build-llama-perplexity.sh` (cached after the first build).
 //! quantgate's side is the model's scores as the reference store keeps them
-//! (read back and checked when an earlier run kept them, scored otherwise):
-//! the very numbers every perplexity case reads.
+//! (read back and checked when an earlier run kept them, whole or window by
+//! window, scored otherwise): the very numbers every perplexity case reads.
 
 mod common;
 
@@ -120,7 +120,8 @@ fn run_tool(tool: &str, model: &Path, text: &Path, args: &[&str]) -> String {
 
 /// quantgate's scores of `plan` on `model` (windowed as `windowing`, passes
 /// of `n_batch`) as the reference store keeps them for every case: read
-/// back and checked when an earlier run kept them, else scored and kept.
+/// back and checked when an earlier run kept them (the whole, or every
+/// window of it, as a perplexity case reads them), else scored and kept.
 fn kept_scores(
     engine: &LlamaEngine,
     v: &quantgate::models::Verified,
@@ -146,9 +147,23 @@ fn kept_scores(
         build: &build,
         windowing: format!("{windowing:?}"),
     };
+    let config = quantgate::Config::load().unwrap();
+    let registry = Registry::load(&repo().join("suites/models.toml")).unwrap();
+    let cx =
+        quantgate::execute::RunContext::new(&config, registry, Arc::new(engine.clone()), threads);
     store
         .scores(&key, &alias, &|| {
-            let scored = score_plan(model.clone(), plan, n_batch, threads, &Default::default())?;
+            let kept = quantgate::kinds::scored_text::kept_scores(
+                &cx,
+                &v.file.sha256,
+                &settings,
+                &build,
+                plan,
+            );
+            let scored = match kept {
+                Some(s) => s,
+                None => score_plan(model.clone(), plan, n_batch, threads, &Default::default())?,
+            };
             let info = model.info();
             let header = RecordHeader {
                 quantgate_reference_record: 1,

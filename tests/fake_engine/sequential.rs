@@ -64,12 +64,17 @@ impl Fx {
     /// Write case `name` with `extra` (gates, `[decide]`) after the text
     /// and windows.
     fn case(&self, name: &str, extra: &str) {
+        self.case_over(name, CHUNKS, extra);
+    }
+
+    /// [`Fx::case`] over the first `chunks` windows.
+    fn case_over(&self, name: &str, chunks: usize, extra: &str) {
         std::fs::write(
             self.root.join(format!("suites/{name}.toml")),
             format!(
                 "kind = \"perplexity\"\nmodels = [\"near\", \"far\"]\nreference = \"ref\"\n\
                  [text]\npath = \"t.txt\"\nsha256 = \"{}\"\n\
-                 [window]\nmode = \"llama-perplexity\"\nn_ctx = {N_CTX}\nchunks = {CHUNKS}\n{extra}",
+                 [window]\nmode = \"llama-perplexity\"\nn_ctx = {N_CTX}\nchunks = {chunks}\n{extra}",
                 quantgate::core::fsutil::sha256_bytes(text().as_bytes())
             ),
         )
@@ -970,16 +975,7 @@ fn a_kld_case_keeps_the_windows_a_sequential_case_reads() {
 fn a_fixed_n_case_reads_the_windows_a_kld_case_kept() {
     const K: usize = 16;
     let fx = Fx::new("kld-fixed");
-    std::fs::write(
-        fx.root.join("suites/few.toml"),
-        format!(
-            "kind = \"perplexity\"\nmodels = [\"near\", \"far\"]\nreference = \"ref\"\n\
-             [text]\npath = \"t.txt\"\nsha256 = \"{}\"\n\
-             [window]\nmode = \"llama-perplexity\"\nn_ctx = {N_CTX}\nchunks = {K}\n",
-            quantgate::core::fsutil::sha256_bytes(text().as_bytes())
-        ),
-    )
-    .unwrap();
+    fx.case_over("few", K, "");
     let (cold, cold_decodes) = fx.run("few");
     assert_eq!(cold_decodes, 3 * K, "two candidates and the reference");
     let same = |a: &[Outcome], why: &str| {

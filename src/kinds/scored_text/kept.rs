@@ -110,6 +110,24 @@ pub(crate) fn kept_whole(cx: &RunContext, prefix: &str, plan: &ScoringPlan) -> O
     Some(whole)
 }
 
+/// [`kept_whole`] for the model file `sha256` under `settings` and engine
+/// `build` (its [`crate::engine::Engine::model_identity`]): the scores a
+/// perplexity case reads from kept windows (tests/llama_perplexity.rs
+/// compares them with llama-perplexity's).
+pub fn kept_scores(
+    cx: &RunContext,
+    sha256: &str,
+    settings: &Settings,
+    build: &str,
+    plan: &ScoringPlan,
+) -> Option<Scored> {
+    kept_whole(
+        cx,
+        &windows_prefix(sha256, &settings.describe(), build),
+        plan,
+    )
+}
+
 /// Keep each window of `scored` (scores of all of `plan`, decoded here)
 /// that the store does not hold yet, so that a sequential case visiting
 /// the same windows reads them instead of decoding them. Best effort: a

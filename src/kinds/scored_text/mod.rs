@@ -33,6 +33,7 @@ pub(crate) use parse::*;
 mod reference;
 pub(crate) use reference::*;
 mod kept;
+pub use kept::kept_scores;
 pub(crate) use kept::{keep_windows, kept_whole, windows_prefix};
 mod sequential;
 pub use sequential::{
