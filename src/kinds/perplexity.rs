@@ -17,7 +17,7 @@ use crate::execute::reference::{same_tokenizer, Vocab};
 use crate::execute::windows::Scored;
 use crate::execute::RunContext;
 use crate::kinds::scored_text::{
-    kept_whole, windows_prefix, BootstrapFile, LazyWindows, ModelWindows, PinnedFile, ScoredText,
+    kept_scores, windows_prefix, BootstrapFile, LazyWindows, ModelWindows, PinnedFile, ScoredText,
     ScoresBuild, TextFile, WindowFile,
 };
 use crate::kinds::{Finish, Kind, RefWork, Start};
@@ -428,8 +428,7 @@ impl Kind for Perplexity {
         // Or each of its windows, kept by decodes of other plans (a kld
         // case's, a sequential case's): read back, no decode, and the
         // whole kept for the next reader.
-        let prefix = windows_prefix(&sha, &settings.describe(), &build);
-        if let Some(scored) = kept_whole(cx, &prefix, &plan) {
+        if let Some(scored) = kept_scores(cx, &sha, &settings, &build, &plan) {
             let scored = trial.scores.store_scored(cx, scored)?;
             conclude(tx, trial.reference.as_deref(), out, &scored);
             return Ok(Start::Done);

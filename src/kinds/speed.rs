@@ -356,21 +356,19 @@ impl Kind for Speed {
                 Err(e) => results.push(Err(e)),
             }
         }
-        let measured = self.reference_model(cx).and_then(|r| {
-            let cands: Vec<&dyn LoadedModel> = models.iter().map(|(_, m)| &**m).collect();
-            let prepare = t.elapsed();
-            for (i, _) in &models {
-                outs[*i].timings.prepare = prepare;
-            }
-            self.measure(cx, case, &cands, r.as_deref())
-        });
+        let reference = self.reference_model(cx);
+        let prepare = t.elapsed();
+        let t = Instant::now();
+        let cands: Vec<&dyn LoadedModel> = models.iter().map(|(_, m)| &**m).collect();
+        let measured = reference.and_then(|r| self.measure(cx, case, &cands, r.as_deref()));
         let decode = t.elapsed();
         for (k, (i, _)) in models.iter().enumerate() {
+            let out = &mut outs[*i];
+            out.timings.prepare = prepare;
             match &measured {
                 Ok(m) => {
-                    self.record(&mut outs[*i].metrics, m, k);
-                    let out = &mut outs[*i];
-                    out.timings.decode = decode.saturating_sub(out.timings.prepare);
+                    self.record(&mut out.metrics, m, k);
+                    out.timings.decode = decode;
                     out.timings.shared_with = (models.len() - 1) as u32;
                 }
                 Err(e) => results[*i] = Err(e.clone()),

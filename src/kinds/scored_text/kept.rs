@@ -92,7 +92,7 @@ pub(crate) fn window_id(prefix: &str, pw: &PlannedWindow) -> String {
 /// window, bitwise a decode of the whole plan (each kept window is a
 /// decode of exactly that window, read back through its seal). None when
 /// any window is missing, or the store keeps no windows.
-pub(crate) fn kept_whole(cx: &RunContext, prefix: &str, plan: &ScoringPlan) -> Option<Scored> {
+fn kept_whole(cx: &RunContext, prefix: &str, plan: &ScoringPlan) -> Option<Scored> {
     if !cx.references.keeps_windows || plan.windows.is_empty() {
         return None;
     }
@@ -112,8 +112,8 @@ pub(crate) fn kept_whole(cx: &RunContext, prefix: &str, plan: &ScoringPlan) -> O
 
 /// [`kept_whole`] for the model file `sha256` under `settings` and engine
 /// `build` (its [`crate::engine::Engine::model_identity`]): the scores a
-/// perplexity case reads from kept windows (tests/llama_perplexity.rs
-/// compares them with llama-perplexity's).
+/// fixed-N perplexity case and its reference read from kept windows
+/// (tests/llama_perplexity.rs compares them with llama-perplexity's).
 pub fn kept_scores(
     cx: &RunContext,
     sha256: &str,

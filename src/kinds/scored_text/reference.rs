@@ -180,8 +180,7 @@ impl ScoredText {
                 cx.options(),
             );
             // Every window kept by decodes of other plans: no decode.
-            let prefix = windows_prefix(&rv.file.sha256, &settings.describe(), &build);
-            if let Some(whole) = kept_whole(cx, &prefix, &rplan) {
+            if let Some(whole) = kept_scores(cx, &rv.file.sha256, &settings, &build, &rplan) {
                 return Ok(b.with_scored(whole));
             }
             let obs = self.observation(cx, rmodel.clone(), &rplan);
@@ -226,8 +225,7 @@ impl ScoredText {
         );
         // Every window kept by decodes of other plans: the whole kept from
         // them, no decode.
-        let prefix = windows_prefix(&rv.file.sha256, &settings.describe(), &build);
-        if let Some(whole) = kept_whole(cx, &prefix, &rplan) {
+        if let Some(whole) = kept_scores(cx, &rv.file.sha256, &settings, &build, &rplan) {
             b.store_scored(cx, whole)?;
             return Ok(None);
         }
