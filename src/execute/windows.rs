@@ -510,16 +510,6 @@ pub fn score_plan_with(
     Ok(out)
 }
 
-/// What scoring the reference would have observed, rebuilt from its stored
-/// rows: the same `−lp_true` and argmax, so paired metrics are bitwise those
-/// of a live reference.
-pub(crate) fn scored_from_rows(
-    plan: &ScoringPlan,
-    rows: &[crate::measure::kld::RefPosition],
-) -> Scored {
-    scored_from_targets(plan, rows.iter().map(|r| (r.lp_true, r.argmax())))
-}
-
 /// The scores of `plan` from each scored position's log-prob of its
 /// target and argmax, in order (a reference's rows, as a candidate read
 /// them).

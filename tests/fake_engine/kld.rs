@@ -91,14 +91,37 @@ impl Fx {
     }
 
     /// The cache's files but the windows kept for sequential cases
-    /// (`.qgwin`), and how many of those there are.
+    /// (`.qgwin`) and the windows' kept comparisons (`.qgkld`), and how
+    /// many `.qgwin` there are.
     fn products(&self) -> (Vec<PathBuf>, usize) {
         let (windows, products): (Vec<PathBuf>, Vec<PathBuf>) = self
             .cache_files()
             .into_iter()
+            .filter(|p| !is_comparison(p))
             .partition(|p| p.extension().is_some_and(|e| e == "qgwin"));
         (products, windows.len())
     }
+
+    /// The windows' kept comparisons (`.qgkld`).
+    fn comparisons(&self) -> Vec<PathBuf> {
+        self.cache_files()
+            .into_iter()
+            .filter(|p| is_comparison(p))
+            .collect()
+    }
+
+    /// Remove the kept comparisons, so that the next run compares the
+    /// candidate with its reference's stored rows again (what the tests of
+    /// the reference's products read).
+    fn forget_comparisons(&self) {
+        for f in self.comparisons() {
+            std::fs::remove_file(f).unwrap();
+        }
+    }
+}
+
+fn is_comparison(p: &std::path::Path) -> bool {
+    p.extension().is_some_and(|e| e == "qgkld")
 }
 
 /// A confident reference (top-1 ≈ 0.93) and a candidate whose favourite
@@ -283,6 +306,7 @@ fn a_trial_run_alone_streams_its_reference_and_holds_none_whole() {
     // numbers, and the same file byte for byte.
     let alone_file = std::fs::read(&files[0]).unwrap();
     std::fs::remove_file(&files[0]).unwrap();
+    fx.forget_comparisons();
     let grouped = run_cases(&fx.root, &Fx::engine(), "k");
     assert_eq!(grouped.len(), 1);
     assert_eq!(
@@ -317,6 +341,9 @@ fn the_reference_cache_is_reused_checked_and_rebuilt_only_from_the_model() {
     let (files, _) = fx.products();
     assert_eq!(files.len(), 1, "{files:?}");
     let good = std::fs::read(&files[0]).unwrap();
+    // The windows' kept comparisons removed before each run: the
+    // reference's rows are read.
+    fx.forget_comparisons();
     // Without the reference model file, the cache stands in for it.
     let model = fx.root.join("suites/ref.gguf");
     let saved = std::fs::read(&model).unwrap();
@@ -332,6 +359,7 @@ fn the_reference_cache_is_reused_checked_and_rebuilt_only_from_the_model() {
     let mid = bad.len() / 2;
     bad[mid] ^= 1;
     std::fs::write(&files[0], &bad).unwrap();
+    fx.forget_comparisons();
     let o = fx.run();
     let e = o.error.clone().unwrap_or_default();
     assert_eq!(o.status, Status::Error, "{o:?}");
@@ -343,6 +371,7 @@ fn the_reference_cache_is_reused_checked_and_rebuilt_only_from_the_model() {
     // Truncated, model back: rebuilt, byte for byte.
     std::fs::write(&model, &saved).unwrap();
     std::fs::write(&files[0], &good[..good.len() - 100]).unwrap();
+    fx.forget_comparisons();
     let o = fx.run();
     assert_eq!(o.status, Status::Pass, "{:?}", o.error);
     assert_eq!(format!("{:?}", o.metrics), format!("{:?}", first.metrics));
@@ -779,8 +808,13 @@ fn edited_caches_are_rebuilt_never_believed() {
         kinds.contains(&"qgref".to_string()) && kinds.contains(&"qgscores".to_string()),
         "{files:?}"
     );
+    // The windows' kept comparisons (`.qgkld`) are edited too; while a
+    // reference product is edited, they are removed (else the run reads
+    // them and never the product).
+    let comparisons = fx.comparisons();
+    assert!(!comparisons.is_empty());
     let mut rng = quantgate::measure::SplitMix64(20261201);
-    for file in &files {
+    for file in files.iter().chain(&comparisons) {
         let good = std::fs::read(file).unwrap();
         for i in 0..24 {
             let mut bad = good.clone();
@@ -789,6 +823,9 @@ fn edited_caches_are_rebuilt_never_believed() {
             } else {
                 let at = rng.below(good.len() as u64) as usize;
                 bad[at] ^= 1 << rng.below(8);
+            }
+            if !is_comparison(file) {
+                fx.forget_comparisons();
             }
             std::fs::write(file, &bad).unwrap();
             let again = run_all();

@@ -312,12 +312,13 @@ fn two_runs_at_once_decode_each_window_once() {
 
 /// Which of a sequential case's models keep their decoded parts.
 enum Kept {
-    /// Only the reference: a rerun decodes the candidates again, and a
-    /// damaged file of the reference costs `again` windows.
-    OnlyReference { again: usize },
     /// Every model (the reference and each candidate): a rerun decodes
     /// nothing, and every damaged file is decoded again.
     EveryModel,
+    /// Every visit's comparison (`.qgkld`, a kld case): a rerun decodes
+    /// nothing; with them removed, it decodes the candidates again, and a
+    /// damaged file of the reference costs `again` windows.
+    Comparisons { again: usize },
 }
 
 /// After a cold sequential run of case `seq` (`outs`, `decodes` windows
@@ -350,16 +351,24 @@ fn decoded_once(
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|e| e == ext))
         .collect();
-    let (rerun, again) = match kept {
-        Kept::OnlyReference { again } => {
-            files.truncate(1);
-            (candidates, again)
-        }
+    let (rerun, third) = match kept {
         Kept::EveryModel => {
             let partial = |d: usize| if d < CHUNKS { d } else { 0 };
             let windows = used.iter().map(decoded).map(partial).sum::<usize>() + partial(most);
             assert_eq!(files.len(), windows, "a file per window of each model");
             (0, windows)
+        }
+        Kept::Comparisons { again } => {
+            files.truncate(1);
+            let mut compared = 0;
+            for f in std::fs::read_dir(fx.root.join("cache")).unwrap().flatten() {
+                if f.path().extension().is_some_and(|e| e == "qgkld") {
+                    std::fs::remove_file(f.path()).unwrap();
+                    compared += 1;
+                }
+            }
+            assert_eq!(compared, candidates, "a file per window of each candidate");
+            (0, candidates + again)
         }
     };
     assert_eq!(decodes, rerun);
@@ -370,11 +379,11 @@ fn decoded_once(
         bytes[mid] ^= 1;
         std::fs::write(kept, &bytes).unwrap();
     }
-    let (third, decodes) = fx.run("seq");
-    for (a, b) in third.iter().zip(outs) {
+    let (outs3, decodes) = fx.run("seq");
+    for (a, b) in outs3.iter().zip(outs) {
         assert_eq!(a.metrics, b.metrics);
     }
-    assert_eq!(decodes, rerun + again);
+    assert_eq!(decodes, third);
 }
 
 #[test]
@@ -686,14 +695,15 @@ fn a_sequential_kld_case_stops_early_and_at_n_is_the_fixed_n_case() {
         used_all.push(at);
     }
     // The reference decoded only for the windows some candidate needed
-    // (in visits of STEP), each once, kept by visit; a damaged visit file
-    // is decoded again (one visit).
+    // (in visits of STEP), each once, kept by visit, and every visit's
+    // comparison kept; without them, a damaged visit file of the
+    // reference is decoded again (one visit).
     decoded_once(
         &fx,
         (&outs, decodes),
         &used_all,
         "qgref",
-        Kept::OnlyReference { again: STEP },
+        Kept::Comparisons { again: STEP },
     );
 
     // Live (`store = "none"`), fresh cache: the same stops and numbers bit
@@ -1017,5 +1027,63 @@ fn a_fixed_n_case_reads_the_windows_a_kld_case_kept() {
     let (again, again_decodes) = fx.run("few");
     same(&again, "edited");
     assert_eq!(again_decodes, 3 * K);
+    let _ = std::fs::remove_dir_all(&fx.root);
+}
+
+/// A kld case keeps each window's comparison with its reference
+/// (`.qgkld`): another kld case over the same windows of the same files
+/// (another name, other gates) decodes nothing, neither a candidate nor
+/// the reference, and gives every metric, series and row bit for bit; a
+/// sequential kld case's visits read them the same way (bit for bit its
+/// cold run). A kept comparison edited on disk is never read back: the
+/// candidates are compared again, same numbers.
+#[test]
+fn a_kld_case_reads_the_comparisons_another_kld_case_kept() {
+    const K: usize = 16;
+    let fx = Fx::new("kld-kept");
+    let design = format!(
+        "[[gate]]\nmetric = \"kld_mean\"\nmax = 1.0\n\
+         {DECIDE}[decide.bounds]\nkld_mean = [0.0, 4.0]\n"
+    );
+    fx.kld_case_over("seq", K, &design);
+    let (seq_cold, seq_cold_decodes) = fx.run("seq");
+    assert!(seq_cold_decodes > 0);
+    let same = |a: &[Outcome], b: &[Outcome], why: &str| {
+        assert_eq!(a.len(), b.len());
+        for (w, o) in a.iter().zip(b) {
+            assert!(w.error.is_none(), "{why}: {}: {:?}", w.model, w.error);
+            assert_eq!(common::bits(w), common::bits(o), "{why}: {}", o.model);
+            assert_eq!(w.series, o.series, "{why}: {}", o.model);
+            assert_eq!(w.rows, o.rows, "{why}: {}", o.model);
+        }
+    };
+    std::fs::remove_dir_all(fx.root.join("cache")).unwrap();
+    fx.kld_case_over("k", K, "");
+    let (cold, cold_decodes) = fx.run("k");
+    assert_eq!(cold_decodes, 3 * K, "two candidates and the reference");
+    fx.kld_case_over("other", K, "[[gate]]\nmetric = \"kld_p99\"\nmax = 2.0\n");
+    let (warm, warm_decodes) = fx.run("other");
+    same(&warm, &cold, "another case");
+    assert_eq!(warm_decodes, 0);
+    let (seq, seq_decodes) = fx.run("seq");
+    same(&seq, &seq_cold, "sequential");
+    assert_eq!(seq_decodes, 0);
+    // Every kept comparison edited (one byte each): the candidates are
+    // decoded again (the reference's rows are stored whole).
+    let mut edited = 0;
+    for f in std::fs::read_dir(fx.root.join("cache")).unwrap().flatten() {
+        let f = f.path();
+        if f.extension().and_then(|e| e.to_str()) == Some("qgkld") {
+            let mut b = std::fs::read(&f).unwrap();
+            let at = b.len() / 3;
+            b[at] ^= 0x04;
+            std::fs::write(&f, b).unwrap();
+            edited += 1;
+        }
+    }
+    assert_eq!(edited, 2 * K);
+    let (again, again_decodes) = fx.run("other");
+    same(&again, &cold, "edited");
+    assert_eq!(again_decodes, 2 * K);
     let _ = std::fs::remove_dir_all(&fx.root);
 }

@@ -53,13 +53,6 @@ pub(crate) struct RefRows {
     pub tokenizer_fingerprint: String,
 }
 
-impl RefRows {
-    /// The rows are an imported 16-bit llama-perplexity reference.
-    pub(crate) fn imported(&self) -> bool {
-        self.rows.iter().any(|r| r.approximate)
-    }
-}
-
 /// Products computed in this process, by id.
 type Memo<T> = Mutex<HashMap<String, Arc<T>>>;
 

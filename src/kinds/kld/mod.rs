@@ -15,9 +15,7 @@ use crate::core::{Case, Column, Outcome, Table};
 use crate::engine::LoadedModel;
 use crate::execute::observe::{mapped, Consumer, Mapped, Row};
 use crate::execute::reference::{LiveRows, RefRows, Vocab};
-use crate::execute::windows::{
-    scored_from_rows, scored_from_targets, PlanScorer, ScoringPlan, Windowing,
-};
+use crate::execute::windows::{scored_from_targets, PlanScorer, ScoringPlan, Windowing};
 use crate::execute::RunContext;
 use crate::kinds::perplexity::window_metrics;
 use crate::kinds::scored_text::{
@@ -26,6 +24,7 @@ use crate::kinds::scored_text::{
 use crate::kinds::{Finish, Kind, RefWork, Start};
 use crate::measure::kld::{self as math, PosKld};
 
+mod kept;
 mod metrics;
 mod present;
 mod reference;
@@ -319,12 +318,24 @@ impl Kind for Kld {
             self.decide_sequentially(cx, case, decide, &src, (&model, &plan), out)?;
             return Ok(Start::Done);
         }
+        // Every window compared already (by any case on the same windows
+        // of the same files, in any run): nothing is decoded.
+        let kept = self
+            .kept_key(cx, alias, &plan, model.info().n_vocab, out)?
+            .map(Arc::new);
+        if let Some(c) = kept.as_ref().and_then(|k| k.read(cx, &plan)) {
+            let t = Instant::now();
+            self.conclude(out, &plan, c);
+            out.timings.measure += t.elapsed();
+            return Ok(Start::Done);
+        }
         let obs = tx.observation(cx, model.clone(), &plan);
         // Its windows kept for a sequential case, unless the case keeps
         // nothing (`store = "none"`).
         let keep = tx.windows_prefix(cx, alias, out).filter(|_| !self.live);
         let trial = |plan, refs| KldTrial {
             keep: keep.clone(),
+            kept: kept.clone(),
             ..self.trial(case, plan, model.info().n_vocab, refs)
         };
         if self.live {
@@ -389,6 +400,9 @@ struct KldTrial {
     /// What names the candidate's windows in the store, to keep them
     /// ([`keep_windows`]) for a sequential case on the same windows.
     keep: Option<String>,
+    /// What names its comparisons in the store, to keep them for a case
+    /// comparing the same windows ([`kept::KldKey`]).
+    kept: Option<Arc<kept::KldKey>>,
 }
 
 impl Consumer for KldTrial {
@@ -440,6 +454,7 @@ impl Finish for KldTrial {
             bins,
             case_path,
             keep,
+            kept,
             ..
         } = *self;
         let plan = scorer.plan().clone();
@@ -458,21 +473,35 @@ impl Finish for KldTrial {
         if let Some(prefix) = &keep {
             keep_windows(cx, prefix, &plan, &scored);
         }
-        out.metrics = perplexity_metrics(&scored.windows);
-        // An imported 16-bit reference has no exact log-prob of the truth.
-        if !pos.iter().any(|p| p.approximate) {
-            let rscored = scored_from_targets(
-                &plan,
-                ref_lp.iter().zip(&pos).map(|(&lp, p)| (lp, p.ref_top)),
-            );
-            text.add_paired(out, &scored, &rscored);
+        if let Some(key) = &kept {
+            key.keep(cx, &plan, (&scored, &pos, &ref_lp));
         }
-        out.metrics.extend(kld_metrics(&pos, &bins));
-        let ids: Vec<usize> = (0..plan.windows.len()).collect();
-        out.rows = Some(Arc::new(rows_table(&plan, &ids, &pos, &scored.token_nll)));
+        conclude((&text, &bins), out, &plan, (scored, pos, ref_lp));
         out.timings.measure += t.elapsed();
         Ok(())
     }
+}
+
+/// A fixed-N case's metrics and rows from its comparison of every
+/// position of `plan` (decoded, or read from kept windows).
+fn conclude(
+    (text, bins): (&ScoredText, &[f64]),
+    out: &mut Outcome,
+    plan: &ScoringPlan,
+    (scored, pos, ref_lp): kept::Compared,
+) {
+    out.metrics = perplexity_metrics(&scored.windows);
+    // An imported 16-bit reference has no exact log-prob of the truth.
+    if !pos.iter().any(|p| p.approximate) {
+        let rscored = scored_from_targets(
+            plan,
+            ref_lp.iter().zip(&pos).map(|(&lp, p)| (lp, p.ref_top)),
+        );
+        text.add_paired(out, &scored, &rscored);
+    }
+    out.metrics.extend(kld_metrics(&pos, bins));
+    let ids: Vec<usize> = (0..plan.windows.len()).collect();
+    out.rows = Some(Arc::new(rows_table(plan, &ids, &pos, &scored.token_nll)));
 }
 
 impl Kld {
@@ -495,7 +524,13 @@ impl Kld {
             bins: self.bins.clone(),
             case_path: case.path.clone(),
             keep: None,
+            kept: None,
         }
+    }
+
+    /// [`conclude`] with this case's text and bins.
+    fn conclude(&self, out: &mut Outcome, plan: &ScoringPlan, compared: kept::Compared) {
+        conclude((&self.text, &self.bins), out, plan, compared);
     }
 }
 

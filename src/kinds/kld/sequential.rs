@@ -15,6 +15,7 @@
 use super::*;
 use crate::core::case::Decide;
 use crate::execute::observe::observe_one;
+use crate::execute::windows::scored_from_targets;
 use crate::kinds::scored_text::{
     equal_windows, in_window_order, run_sequence, window_of, WindowValues,
 };
@@ -114,6 +115,7 @@ impl Kld {
         let keep = tx
             .windows_prefix(cx, &out.model, out)
             .filter(|_| !self.live);
+        let kept = self.kept_key(cx, &out.model, plan, n_vocab, out)?;
         let mut visited: Vec<Visited> = Vec::new();
         let t_decode = Instant::now();
         let order = run_sequence(
@@ -122,34 +124,30 @@ impl Kld {
             plan.windows.len(),
             "window",
             &mut |ws| {
-                let refs = self.part_rows(cx, &rows, plan, ws)?;
                 let part = Arc::new(plan.part(ws));
-                if refs.rows.len() != part.targets() {
-                    return Err(Error::harness(format!(
-                        "{}: the reference holds {} positions of windows {ws:?}, which score {}",
-                        case.path.display(),
-                        refs.rows.len(),
-                        part.targets()
-                    )));
-                }
-                let mut trial = self.trial(case, part.clone(), n_vocab, Refs::Rows(refs.clone()));
-                observe_one(&tx.observation(cx, model.clone(), &part), &mut trial)?;
-                let KldTrial { scorer, pos, .. } = trial;
-                let scored = scorer
-                    .finish()
-                    .map_err(|e| e.context(case.path.display()))?;
-                if let Some(prefix) = &keep {
-                    keep_windows(cx, prefix, &part, &scored);
-                }
-                if pos.len() != part.targets() {
-                    return Err(Error::harness(format!(
-                        "{}: compared {} positions of {}",
-                        case.path.display(),
-                        pos.len(),
-                        part.targets()
-                    )));
-                }
-                let rscored = (!refs.imported()).then(|| scored_from_rows(&part, &refs.rows));
+                // The visit's windows compared already (by any case on the
+                // same windows of the same files): neither side is decoded.
+                let (scored, pos, ref_lp) = match kept.as_ref().and_then(|k| k.read(cx, &part)) {
+                    Some(c) => c,
+                    None => {
+                        let c = self.visit(cx, case, (model, &rows), plan, ws, &part)?;
+                        if let Some(prefix) = &keep {
+                            keep_windows(cx, prefix, &part, &c.0);
+                        }
+                        if let Some(k) = &kept {
+                            k.keep(cx, &part, (&c.0, &c.1, &c.2));
+                        }
+                        c
+                    }
+                };
+                // An imported 16-bit reference has no exact log-prob of the
+                // truth.
+                let rscored = (!pos.iter().any(|p| p.approximate)).then(|| {
+                    scored_from_targets(
+                        &part,
+                        ref_lp.iter().zip(&pos).map(|(&lp, p)| (lp, p.ref_top)),
+                    )
+                });
                 let mut values = Vec::new();
                 let mut at = 0;
                 for (k, &w) in ws.iter().enumerate() {
@@ -208,6 +206,49 @@ impl Kld {
         )));
         out.timings.measure += t.elapsed();
         Ok(())
+    }
+
+    /// One visit of windows `ws` (`part` of `plan`): the reference's rows
+    /// of them, the candidate's decode compared with them.
+    fn visit(
+        &self,
+        cx: &RunContext,
+        case: &Case,
+        (model, rows): (&Arc<dyn LoadedModel>, &Rows),
+        plan: &ScoringPlan,
+        ws: &[usize],
+        part: &Arc<ScoringPlan>,
+    ) -> Result<kept::Compared> {
+        let refs = self.part_rows(cx, rows, plan, ws)?;
+        if refs.rows.len() != part.targets() {
+            return Err(Error::harness(format!(
+                "{}: the reference holds {} positions of windows {ws:?}, which score {}",
+                case.path.display(),
+                refs.rows.len(),
+                part.targets()
+            )));
+        }
+        let n_vocab = model.info().n_vocab;
+        let mut trial = self.trial(case, part.clone(), n_vocab, Refs::Rows(refs));
+        observe_one(&self.text.observation(cx, model.clone(), part), &mut trial)?;
+        let KldTrial {
+            scorer,
+            pos,
+            ref_lp,
+            ..
+        } = trial;
+        let scored = scorer
+            .finish()
+            .map_err(|e| e.context(case.path.display()))?;
+        if pos.len() != part.targets() {
+            return Err(Error::harness(format!(
+                "{}: compared {} positions of {}",
+                case.path.display(),
+                pos.len(),
+                part.targets()
+            )));
+        }
+        Ok((scored, pos, ref_lp))
     }
 
     /// The reference rows of a sequential run: a whole reference when one

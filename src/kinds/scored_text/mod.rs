@@ -34,7 +34,7 @@ mod reference;
 pub(crate) use reference::*;
 mod kept;
 pub use kept::kept_scores;
-pub(crate) use kept::{keep_windows, windows_prefix};
+pub(crate) use kept::{keep_windows, window_id, windows_prefix, KeptWindow};
 mod sequential;
 pub use sequential::{
     equal_windows, in_window_order, run_sequence, window_of, LazyWindows, ModelWindows,

@@ -36,7 +36,7 @@ pub const DEFAULT_MAX_KEPT: usize = 256;
 pub const DEFAULT_BINS: &[f64] = &[0.5, 0.9, 0.99, 0.999];
 
 /// What one scored position contributes.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PosKld {
     /// KL(ref‖cand), nats.
     pub kl: f64,
