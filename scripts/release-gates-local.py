@@ -3,14 +3,16 @@
 
     scripts/release-gates-local.py DIR [--work FOLDER] [--keep]
     scripts/release-gates-local.py --fixture DIR    # DIR made first, as below
-    scripts/release-gates-local.py --fixture DIR --quants q8_0 --text FILE
+    scripts/release-gates-local.py --fixture DIR --quants q8_0 --text FILE --speed KEY=N,...
 
 DIR is a release repository `quantgate init` wrote (its GGUF files inside it,
 its goldens accepted). With --fixture, DIR (which must not exist) is made from
 the fixture ladder: copies of SmolLM2's F16 and its quants (--quants, default
 q8_0,q4_k_m,q2_k) as out/mine-*.gguf, `quantgate init --model 'out/*.gguf'`
-(with `--text FILE` when given: a shorter corpus, fewer windows), and goldens
-written by `QUANTGATE_UPDATE=always cargo test --release`.
+(with `--text FILE` when given: a shorter corpus, fewer windows), its speed
+case's measurement sizes set by `--speed` when given (`pp=64,tg=16,
+repetitions=2,rounds=2`: a shorter measurement), and goldens written by
+`QUANTGATE_UPDATE=always cargo test --release`.
 The script reads DIR/.github/workflows/release-gates.yml and runs its jobs in
 the order their `needs` give (build, the partitions of `gates` one after
 another, merge), each step's `run` script with bash as the runner would, in
@@ -150,13 +152,14 @@ def main():
     ap.add_argument("--fixture", action="store_true", help="make DIR from the fixture ladder first")
     ap.add_argument("--quants", default="q8_0,q4_k_m,q2_k", help="the fixture's quants of F16")
     ap.add_argument("--text", type=pathlib.Path, help="the fixture's corpus (init --text)")
+    ap.add_argument("--speed", default="", help="the fixture's speed sizes: pp=N,tg=N,repetitions=N,rounds=N")
     a = ap.parse_args()
     src = a.dir.resolve()
     if a.fixture:
         quants = [q.strip() for q in a.quants.split(",") if q.strip()]
-        make_fixture_repository(src, quants, a.text.resolve() if a.text else None)
-    elif a.text or a.quants != ap.get_default("quants"):
-        die("--quants and --text shape a --fixture")
+        make_fixture_repository(src, quants, a.text.resolve() if a.text else None, speed_sizes(a.speed))
+    elif a.text or a.speed or a.quants != ap.get_default("quants"):
+        die("--quants, --text and --speed shape a --fixture")
     workflow = src / ".github/workflows/release-gates.yml"
     if not workflow.is_file():
         die(f"{workflow}: no workflow (run `quantgate init` first)")
@@ -330,9 +333,22 @@ def main():
         say(f"work folder kept: {work}")
 
 
-def make_fixture_repository(dir, quants, text):
+def speed_sizes(spec):
+    """`pp=64,tg=16,…` as {key: int}: only the speed case's sizes."""
+    sizes = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        key, _, value = part.partition("=")
+        if key not in ("pp", "tg", "repetitions", "rounds") or not value.isdigit():
+            die(f"--speed {spec}: `{part}` is not one of pp=N, tg=N, repetitions=N, rounds=N")
+        sizes[key] = int(value)
+    return sizes
+
+
+def make_fixture_repository(dir, quants, text, speed):
     """A release repository of the fixture ladder's F16 and `quants`, its
-    corpus `text` (None: init's default), goldens accepted."""
+    corpus `text` (None: init's default), its speed case's sizes `speed`
+    (each key's line in suites/release/speed.toml replaced), goldens
+    accepted."""
     if dir.exists():
         die(f"--fixture {dir}: exists already")
     target = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
@@ -351,6 +367,13 @@ def make_fixture_repository(dir, quants, text):
     if text is not None:
         init += ["--text", str(text)]
     subprocess.run(init, cwd=dir, check=True, stdout=subprocess.DEVNULL)
+    case = dir / "suites/release/speed.toml"
+    toml = case.read_text()
+    for key, value in speed.items():
+        toml, n = re.subn(rf"(?m)^{key} = \d+$", f"{key} = {value}", toml)
+        if n != 1:
+            die(f"{case}: no single `{key} = N` line to set")
+    case.write_text(toml)
     shutil.copy2(ROOT / "Cargo.lock", dir / "Cargo.lock")
     env = dict(os.environ, QUANTGATE_UPDATE="always", CARGO_NET_OFFLINE="true",
                CARGO_TARGET_DIR=str(target))

@@ -756,7 +756,7 @@ fn the_ci_workflow_init_writes_passes_actionlint() {
 /// `scripts/release-gates-local.py` (each `run:` script with bash in its
 /// job's order, checkout as a copy, artifacts as folders, the three
 /// partitions one after another, then the merge), on a release of F16 and
-/// Q8_0 over a short corpus: the merged verdicts and metrics equal the
+/// Q8_0 over a short corpus with a short speed measurement: the merged verdicts and metrics equal the
 /// same cases run unsharded, each partition's JUnit file is uploaded, and
 /// the step summary holds the card's tables without its front matter.
 #[test]
@@ -780,6 +780,9 @@ fn the_ci_workflow_init_writes_runs_step_by_step() {
             .arg(dir.join("release"))
             .args(["--fixture", "--quants", "q8_0", "--text"])
             .arg(&text)
+            // A shorter speed measurement (the verdict is not asserted; its
+            // counts are compared merged with unsharded): 2 rounds of 2.
+            .args(["--speed", "pp=64,tg=16,repetitions=2,rounds=2"])
             .arg("--work")
             .arg(dir.join("work"))
             .env("CARGO_TARGET_DIR", &target)
