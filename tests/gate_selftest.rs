@@ -103,16 +103,18 @@ fn q3_and_q2_fail_the_delta_nll_and_kld_gates_with_readable_messages() {
         o.metrics["delta_nll_mean"].to_bits(),
         by_name("ppl/gate_fails::smollm2-q2_k").metrics["delta_nll_mean"].to_bits()
     );
-    // Q2_K was decoded once for its two cases: in one shared decode, or (a
-    // reference store warm from an earlier run) the perplexity case read the
-    // scores a decode kept: its decode stage is that read, milliseconds,
-    // where decoding 16 windows of Q2_K takes tens of seconds.
+    // Q2_K was decoded at most once for its two cases: in one shared
+    // decode, or (a reference store warm from an earlier run or test) the
+    // perplexity case read the scores a decode kept: its decode stage is
+    // that read, milliseconds, where decoding 16 windows of Q2_K takes tens
+    // of seconds. The kld case then decoded them (seconds) or read the
+    // comparisons a kld case on the same windows kept (README's publisher
+    // test's, in a whole run: no decode at all).
     let ppl = by_name("ppl/gate_fails::smollm2-q2_k");
     assert!(
         o.timings.shared_with == 1
             || (o.timings.shared_with == 0
-                && ppl.timings.decode < std::time::Duration::from_secs(1)
-                && o.timings.decode > std::time::Duration::from_secs(5)),
+                && ppl.timings.decode < std::time::Duration::from_secs(1)),
         "kld {:?}, ppl {:?}",
         o.timings,
         ppl.timings

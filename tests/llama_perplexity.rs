@@ -441,7 +441,10 @@ fn kld_equals_llama_perplexity_kl_divergence() {
         engine.clone(),
         threads,
     );
-    // Both cases score the same windows of Q8_0: one decode.
+    // Both cases score the same windows of Q8_0: one decode between them,
+    // or, where a kld case compared those windows with F16 before (README's
+    // publisher test's, in a whole run), the exact case reads its kept
+    // comparisons and only the imported one decodes.
     let (outcomes, _) = quantgate::schedule::Schedule::here(&std::sync::Arc::new(runner), &planned)
         .run(
             &planned,
@@ -459,11 +462,16 @@ fn kld_equals_llama_perplexity_kl_divergence() {
             "{case}: {:?}",
             o.error
         );
-        assert_eq!(o.timings.shared_with, 1, "{case}: {:?}", o.timings);
-        o.metrics.clone()
+        o
     };
-    let imported = get("imported");
-    let exact = get("exact");
+    let (imported, exact) = (get("imported"), get("exact"));
+    let (i, e) = (&imported.timings, &exact.timings);
+    assert!(
+        (i.shared_with == 1 && e.shared_with == 1)
+            || (i.shared_with == 0 && e.shared_with == 0 && e.decode.is_zero()),
+        "imported {i:?}, exact {e:?}"
+    );
+    let (imported, exact) = (&imported.metrics, &exact.metrics);
     eprintln!(
         "KLD Q8_0 vs F16, 4 chunks: llama-perplexity {tool_kld} (p99 {tool_p99}), \
          quantgate on its base file {:.6} (p99 {:.6}), quantgate exact {:.6} (p99 {:.6}); \
