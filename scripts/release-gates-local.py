@@ -10,8 +10,8 @@ its goldens accepted). With --fixture, DIR (which must not exist) is made from
 the fixture ladder: copies of SmolLM2's F16 and its quants (--quants, default
 q8_0,q4_k_m,q2_k) as out/mine-*.gguf, `quantgate init --model 'out/*.gguf'`
 (with `--text FILE` when given: a shorter corpus, fewer windows), its speed
-case's measurement sizes set by `--speed` when given (`pp=64,tg=16,
-repetitions=2,rounds=2`: a shorter measurement), and goldens written by
+case's measurement sizes set by `--speed` when given (`pp=64,tg=16`: a shorter
+measurement; keep 3 rounds, whose t interval the golden can hold), and goldens written by
 `QUANTGATE_UPDATE=always cargo test --release`.
 The script reads DIR/.github/workflows/release-gates.yml and runs its jobs in
 the order their `needs` give (build, the partitions of `gates` one after
