@@ -145,11 +145,19 @@ probe shipped-unkeyed-warns 0 "is unauthenticated" \
   env QUANTGATE_REFERENCE_DIR="$plain" QUANTGATE_CACHE="$(cache_at "$work/c-plain")" "${RUN[@]}"
 probe shipped-keyed-read-without-key 2 "is unusable" \
   env QUANTGATE_REFERENCE_DIR="$art" QUANTGATE_CACHE="$(cache_at "$work/c-nokey")" "${RUN[@]}"
-# The local cache: a forged .qgref is rebuilt, never read.
+# The local cache: a forged .qgref is rebuilt, never read (the windows'
+# kept comparisons removed first, else the case reads those and never the
+# rows).
 lc=$(cache_at "$work/c-local")
 QUANTGATE_CACHE=$lc "$qg" --suites "$s" run --threads 1 kld/k >/dev/null 2>&1
 forge "$(ls "$lc"/reference/*.qgref)"
+rm -f "$lc"/reference/*.qgkld
 probe local-qgref-forged-rebuilt 0 "plain sha256 seal" \
+  env QUANTGATE_CACHE="$lc" QUANTGATE_RESULT_CACHE=off "$qg" --suites "$s" run --threads 1 kld/k
+# A forged kept comparison (.qgkld, kept again by the run above) is never
+# read: said, and the window compared again.
+forge "$(ls "$lc"/reference/*.qgkld | head -1)"
+probe local-qgkld-forged-compared-again 0 "plain sha256 seal" \
   env QUANTGATE_CACHE="$lc" QUANTGATE_RESULT_CACHE=off "$qg" --suites "$s" run --threads 1 kld/k
 
 # --- The key file --------------------------------------------------------

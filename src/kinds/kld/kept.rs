@@ -2,9 +2,11 @@
 //! (`.qgkld`), as a window's scores are (`.qgwin`): named by the
 //! candidate's window ([`window_id`]: the model file, the settings that
 //! change logits, the build, the window's tokens and targets), the
-//! reference's same window (its file, settings and build) and how its rows
-//! are kept (`tail`, `max_kept`). Not by the case, its gates or how many
-//! windows its plan has: a release's kld case and the suites' own over the
+//! reference's same window (its file, settings and build), how its rows
+//! are kept (`tail`, `max_kept`) and the code that compares them
+//! ([`comparison_source`]: a change to it compares again instead of
+//! reading old numbers). Not by the case, its gates or how many windows
+//! its plan has: a release's kld case and the suites' own over the
 //! same 16 windows of the same files share every window.
 //!
 //! Contract: a window is kept only from the comparison of exactly that
@@ -57,13 +59,39 @@ pub(super) struct KldKey {
 /// compared positions and the reference's log-probs of the truth.
 pub(super) type Compared = (Scored, Vec<PosKld>, Vec<f64>);
 
+/// The sha256 of the code that turns a candidate's decode of a window and
+/// the reference's stored rows into a kept comparison (the comparison, the
+/// rows' compaction, the row reduction, the scoring plan, the llama.cpp
+/// engine): part of every kept comparison's id.
+fn comparison_source() -> &'static str {
+    static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SOURCE.get_or_init(|| {
+        let code = [
+            include_str!("mod.rs"),
+            include_str!("kept.rs"),
+            include_str!("../../measure/mod.rs"),
+            include_str!("../../measure/kld/mod.rs"),
+            include_str!("../../measure/kld/compress.rs"),
+            include_str!("../../execute/observe.rs"),
+            include_str!("../../execute/windows.rs"),
+            include_str!("../../engine/mod.rs"),
+            include_str!("../../engine/llama/mod.rs"),
+            include_str!("../../engine/llama/decode.rs"),
+            include_str!("../../engine/llama/model.rs"),
+        ]
+        .concat();
+        crate::core::fsutil::sha256_bytes(code.as_bytes())
+    })
+}
+
 impl KldKey {
     fn id(&self, pw: &PlannedWindow) -> String {
         format!(
-            "{}|compared with {}|{}",
+            "{}|compared with {}|{}|code {}",
             window_id(&self.cand, pw),
             window_id(&self.reference, pw),
-            self.rows
+            self.rows,
+            comparison_source()
         )
     }
 
