@@ -8,6 +8,24 @@ pub(crate) mod cores;
 pub mod fake;
 pub mod llama;
 
+/// The source of the engine's decode (this boundary and its llama.cpp
+/// side), in order.
+const DECODE_SOURCE: [&str; 4] = [
+    include_str!("mod.rs"),
+    include_str!("llama/mod.rs"),
+    include_str!("llama/decode.rs"),
+    include_str!("llama/model.rs"),
+];
+
+/// The sha256 of `code` followed by the engine's decode source: the code
+/// hash of a kept product that depends on how a model is decoded
+/// (multiple-choice scores, kld comparisons), so that a change to either
+/// computes it again instead of reading old numbers.
+pub(crate) fn code_sha256(code: &[&str]) -> String {
+    let all: String = code.iter().chain(&DECODE_SOURCE).copied().collect();
+    crate::core::fsutil::sha256_bytes(all.as_bytes())
+}
+
 use crate::core::error::{Error, Result};
 use crate::core::{Decoding, EngineBuild, Sampler, Settings};
 use serde::Serialize;

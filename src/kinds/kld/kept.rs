@@ -66,7 +66,7 @@ pub(super) type Compared = (Scored, Vec<PosKld>, Vec<f64>);
 fn comparison_source() -> &'static str {
     static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     SOURCE.get_or_init(|| {
-        let code = [
+        crate::engine::code_sha256(&[
             include_str!("mod.rs"),
             include_str!("kept.rs"),
             include_str!("../../measure/mod.rs"),
@@ -74,13 +74,7 @@ fn comparison_source() -> &'static str {
             include_str!("../../measure/kld/compress.rs"),
             include_str!("../../execute/observe.rs"),
             include_str!("../../execute/windows.rs"),
-            include_str!("../../engine/mod.rs"),
-            include_str!("../../engine/llama/mod.rs"),
-            include_str!("../../engine/llama/decode.rs"),
-            include_str!("../../engine/llama/model.rs"),
-        ]
-        .concat();
-        crate::core::fsutil::sha256_bytes(code.as_bytes())
+        ])
     })
 }
 

@@ -246,17 +246,11 @@ pub struct ScoresId<'a> {
 pub(crate) fn scoring_source() -> &'static str {
     static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     SOURCE.get_or_init(|| {
-        let code = [
+        crate::engine::code_sha256(&[
             include_str!("mod.rs"),
             include_str!("formats.rs"),
             include_str!("scoring.rs"),
-            include_str!("../../engine/mod.rs"),
-            include_str!("../../engine/llama/mod.rs"),
-            include_str!("../../engine/llama/decode.rs"),
-            include_str!("../../engine/llama/model.rs"),
-        ]
-        .concat();
-        crate::core::fsutil::sha256_bytes(code.as_bytes())
+        ])
     })
 }
 
