@@ -268,6 +268,17 @@ pub struct Scored {
     pub measure: Duration,
 }
 
+impl Scored {
+    /// `other`'s windows after this one's (its per-position values too; the
+    /// times are left as they are).
+    pub(crate) fn append(&mut self, other: &Scored) {
+        self.windows.extend_from_slice(&other.windows);
+        self.token_nll.extend_from_slice(&other.token_nll);
+        self.token_top1.extend_from_slice(&other.token_top1);
+        self.token_argmax.extend_from_slice(&other.token_argmax);
+    }
+}
+
 impl ScoringPlan {
     /// The engine windows of the plan.
     pub(crate) fn engine_windows(&self) -> Vec<Window> {

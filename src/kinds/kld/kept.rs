@@ -103,11 +103,7 @@ impl KldKey {
             if kept.pos.len() != n || kept.ref_lp.len() != n {
                 return None;
             }
-            let s = kept.scores.scored(n)?;
-            scored.windows.extend(s.windows);
-            scored.token_nll.extend(s.token_nll);
-            scored.token_top1.extend(s.token_top1);
-            scored.token_argmax.extend(s.token_argmax);
+            scored.append(&kept.scores.scored(n)?);
             pos.extend_from_slice(&kept.pos);
             ref_lp.extend_from_slice(&kept.ref_lp);
         }
@@ -134,15 +130,18 @@ impl KldKey {
         }
         let mut from = 0;
         for (w, pw) in plan.windows.iter().enumerate() {
-            let to = from + pw.targets.len();
+            let (at, to) = (from, from + pw.targets.len());
+            from = to;
             let id = self.id(pw);
+            if cx.references.kept_only::<KeptKld>(&id, "qgkld").is_some() {
+                continue;
+            }
             let kept = KeptKld {
                 scores: KeptWindow::of(&crate::kinds::scored_text::window_of(scored, plan, w)),
-                pos: pos[from..to].to_vec(),
-                ref_lp: ref_lp[from..to].to_vec(),
+                pos: pos[at..to].to_vec(),
+                ref_lp: ref_lp[at..to].to_vec(),
             };
-            from = to;
-            if !kept.finite() || cx.references.kept_only::<KeptKld>(&id, "qgkld").is_some() {
+            if !kept.finite() {
                 continue;
             }
             if let Err(e) = cx

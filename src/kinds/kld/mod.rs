@@ -482,6 +482,20 @@ impl Finish for KldTrial {
     }
 }
 
+/// The reference's scores of `plan` from the compared positions (its
+/// log-prob of each truth and its argmax): what scoring the reference would
+/// have observed, so paired metrics are bitwise those of a live reference.
+/// None with an imported 16-bit reference, which has no exact log-prob of
+/// the truth.
+fn reference_scored(
+    plan: &ScoringPlan,
+    pos: &[PosKld],
+    ref_lp: &[f64],
+) -> Option<crate::execute::windows::Scored> {
+    (!pos.iter().any(|p| p.approximate))
+        .then(|| scored_from_targets(plan, ref_lp.iter().zip(pos).map(|(&lp, p)| (lp, p.ref_top))))
+}
+
 /// A fixed-N case's metrics and rows from its comparison of every
 /// position of `plan` (decoded, or read from kept windows).
 fn conclude(
@@ -491,12 +505,7 @@ fn conclude(
     (scored, pos, ref_lp): kept::Compared,
 ) {
     out.metrics = perplexity_metrics(&scored.windows);
-    // An imported 16-bit reference has no exact log-prob of the truth.
-    if !pos.iter().any(|p| p.approximate) {
-        let rscored = scored_from_targets(
-            plan,
-            ref_lp.iter().zip(&pos).map(|(&lp, p)| (lp, p.ref_top)),
-        );
+    if let Some(rscored) = reference_scored(plan, &pos, &ref_lp) {
         text.add_paired(out, &scored, &rscored);
     }
     out.metrics.extend(kld_metrics(&pos, bins));

@@ -15,7 +15,6 @@
 use super::*;
 use crate::core::case::Decide;
 use crate::execute::observe::observe_one;
-use crate::execute::windows::scored_from_targets;
 use crate::kinds::scored_text::{
     equal_windows, in_window_order, run_sequence, window_of, WindowValues,
 };
@@ -140,14 +139,7 @@ impl Kld {
                         c
                     }
                 };
-                // An imported 16-bit reference has no exact log-prob of the
-                // truth.
-                let rscored = (!pos.iter().any(|p| p.approximate)).then(|| {
-                    scored_from_targets(
-                        &part,
-                        ref_lp.iter().zip(&pos).map(|(&lp, p)| (lp, p.ref_top)),
-                    )
-                });
+                let rscored = reference_scored(&part, &pos, &ref_lp);
                 let mut values = Vec::new();
                 let mut at = 0;
                 for (k, &w) in ws.iter().enumerate() {

@@ -102,10 +102,7 @@ fn kept_whole(cx: &RunContext, prefix: &str, plan: &ScoringPlan) -> Option<Score
             .references
             .kept_only::<KeptWindow>(&window_id(prefix, pw), "qgwin")?
             .scored(pw.targets.len())?;
-        whole.windows.extend(kept.windows);
-        whole.token_nll.extend(kept.token_nll);
-        whole.token_top1.extend(kept.token_top1);
-        whole.token_argmax.extend(kept.token_argmax);
+        whole.append(&kept);
     }
     Some(whole)
 }

@@ -49,10 +49,7 @@ fn mean_nll(s: &Scored) -> f64 {
 fn concat(parts: &[Arc<Scored>]) -> Scored {
     let mut all = Scored::default();
     for p in parts {
-        all.windows.extend(p.windows.iter().cloned());
-        all.token_nll.extend(&p.token_nll);
-        all.token_top1.extend(&p.token_top1);
-        all.token_argmax.extend(&p.token_argmax);
+        all.append(p);
     }
     all
 }
