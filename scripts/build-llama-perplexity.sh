@@ -149,7 +149,7 @@ CMAKE
 fi
 cat >> "$out/CMakeLists.txt" <<'CMAKE'
 # The same bytes from any build folder (no folder's path in __FILE__), so
-# the tool's runs kept under its sha256 (tests/llama_perplexity.rs) serve a
+# the tool's runs kept under its sha256 (tests/real_engine/llama_perplexity.rs) serve a
 # rebuild of it, as CI's fresh tool folder each run.
 add_compile_options("-ffile-prefix-map=${CMAKE_CURRENT_SOURCE_DIR}=." "-ffile-prefix-map=${CMAKE_CURRENT_BINARY_DIR}=build")
 add_executable(llama-perplexity main.cpp perplexity.cpp)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """confseq-oracle.py: the bounds confseq gives on the inputs quantgate's
-sequential decisions were computed from (tests/sequential_oracle.rs).
+sequential decisions were computed from (tests/real_engine/sequential_oracle.rs).
 
 Reads JSON on stdin: a request {"N": int, "alpha": float, "breaks": int,
 "trunc_scale": float, "series": [[x in [0, 1], ...], ...]}, or a list of

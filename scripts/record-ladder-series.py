@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """record-ladder-series.py JSON ROWS OUT: the per-window series of a real
-ladder run, for tests/sequential_oracle.rs (tests/data/ladder-80.json).
+ladder run, for tests/real_engine/sequential_oracle.rs (tests/data/ladder-80.json).
 
 JSON is a `quantgate run --json` file of a kld case over the ladder, ROWS
 the `--out` folder of the same run (per-position Parquet rows). Writes OUT:

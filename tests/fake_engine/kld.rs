@@ -2,7 +2,7 @@
 //! computation from the fake models' logit formula; the reference cache
 //! (reuse without the reference model, corruption detected and rebuilt only
 //! when the model is available); a candidate with another tokenizer; and
-//! every bad `.kld` import. Real rows: tests/kld_real.rs.
+//! every bad `.kld` import. Real rows: tests/real_engine/kld_real.rs.
 
 use crate::common;
 

@@ -3,7 +3,7 @@
 //! models' logit formula; greedy first_error equal to first_flip; the
 //! sampling forecast against many seeded samples; bad input (schema errors,
 //! another vocabulary); golden texts; Parquet read back by the parquet
-//! crate's own row reader. Real models: tests/pi_real.rs.
+//! crate's own row reader. Real models: tests/real_engine/pi_real.rs.
 
 use crate::common;
 

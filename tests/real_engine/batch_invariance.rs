@@ -8,7 +8,7 @@
 //! one-row decoding printed below), so confirmed and replaced drafts are
 //! both checked here.
 
-mod common;
+use crate::common;
 
 use quantgate::core::{Decoding, Settings};
 use quantgate::engine::llama::LlamaEngine;

@@ -1,7 +1,7 @@
 //! The real llama.cpp engine on the default fixture (SmolLM2-135M-Instruct
 //! Q4_1): tokenization, teacher forcing against an independent log-softmax,
 //! greedy generation, the chat template, and model sharing between threads.
-mod common;
+use crate::common;
 
 use quantgate::core::{Decoding, Settings};
 use quantgate::engine::llama::LlamaEngine;

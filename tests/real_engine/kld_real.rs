@@ -4,7 +4,7 @@
 //! exact f64 KL over the whole vocabulary, computed independently with libm
 //! `exp`, to a tenth of the error of llama-perplexity's own 16-bit rows on
 //! the same positions.
-mod common;
+use crate::common;
 
 use quantgate::engine::llama::LlamaEngine;
 use quantgate::engine::BosPolicy;

@@ -7,7 +7,7 @@
 //! (read back and checked when an earlier run kept them, whole or window by
 //! window, scored otherwise): the very numbers every perplexity case reads.
 
-mod common;
+use crate::common;
 
 use quantgate::engine::llama::LlamaEngine;
 use quantgate::engine::{BosPolicy, Engine, ModelPool};

@@ -3,9 +3,9 @@
 //! The invariant `first_error == first_flip` of greedy recitation and
 //! teacher forcing of one wording, on every model, is checked on the goldens
 //! the suites harness verifies (`tests/fake_engine/goldens_agree.rs`), and
-//! bitwise per step by `tests/batch_invariance.rs`.
+//! bitwise per step by `tests/real_engine/batch_invariance.rs`.
 
-mod common;
+use crate::common;
 
 use quantgate::core::Outcome;
 use quantgate::core::Settings;

@@ -177,7 +177,7 @@ impl Loaded {
     /// after the other (llama.cpp's threads wait for each other at every
     /// operation). Each item starts from empty memory either way and
     /// llama.cpp's logits do not depend on the thread count, so what is
-    /// delivered is bitwise what one context gives (`tests/engine_llama.rs`).
+    /// delivered is bitwise what one context gives (`tests/real_engine/engine_llama.rs`).
     /// The first error in item order is returned, after the items before it
     /// are delivered.
     pub(super) fn decode_each<T: Sync, R: Send>(

@@ -9,7 +9,7 @@
 //! Contract: the same batches as the tool (as many tasks as fit in
 //! 4 × n_ctx tokens and 4 sequences, a unified KV cache), the same float
 //! arithmetic, so accuracy and every task's choice equal the tool's on the
-//! same file (`tests/llama_perplexity.rs`). With a reference model: answer
+//! same file (`tests/real_engine/llama_perplexity.rs`). With a reference model: answer
 //! agreement, flips right → wrong and wrong → right with McNemar's exact
 //! test, and changed answers binned by the reference's margin. A task that
 //! cannot be scored (no question, fewer than 2 choices, no correct choice,

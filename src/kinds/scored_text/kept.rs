@@ -110,7 +110,7 @@ fn kept_whole(cx: &RunContext, prefix: &str, plan: &ScoringPlan) -> Option<Score
 /// [`kept_whole`] for the model file `sha256` under `settings` and engine
 /// `build` (its [`crate::engine::Engine::model_identity`]): the scores a
 /// fixed-N perplexity case and its reference read from kept windows
-/// (tests/llama_perplexity.rs compares them with llama-perplexity's).
+/// (tests/real_engine/llama_perplexity.rs compares them with llama-perplexity's).
 pub fn kept_scores(
     cx: &RunContext,
     sha256: &str,
