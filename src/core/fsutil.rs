@@ -383,8 +383,7 @@ mod tests {
 
     #[test]
     fn atomic_write_replaces_and_leaves_no_temp() {
-        let dir = std::env::temp_dir().join(format!("qg-fsutil-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
+        let dir = crate::core::scratch::scratch("fsutil");
         let dest = dir.join("x.txt");
         write_atomic(&dest, b"one").unwrap();
         write_atomic(&dest, b"two").unwrap();
@@ -403,8 +402,7 @@ mod tests {
     /// namespace would, whatever its pid), and a live writer's own file.
     #[test]
     fn the_sweep_removes_only_dead_writers_temp_files() {
-        let dir = std::env::temp_dir().join(format!("qg-sweep-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
+        let dir = crate::core::scratch::scratch("sweep");
         fs::create_dir_all(dir.join("notes")).unwrap();
         let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
         let make = |p: &Path| {

@@ -13,6 +13,8 @@ pub(crate) mod outcome;
 pub mod parse;
 pub(crate) mod present;
 pub mod progress;
+#[cfg(test)]
+pub(crate) mod scratch;
 pub(crate) mod settings;
 
 pub use case::{Case, Gate, Location, Metric, MetricType, Pin, Tolerance};

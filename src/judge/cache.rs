@@ -311,7 +311,7 @@ mod tests {
     /// different outcome; so does an edit sealed again, or a missing MAC.
     #[test]
     fn an_edited_entry_is_never_read_back() {
-        let dir = std::env::temp_dir().join(format!("qg-result-entry-{}", std::process::id()));
+        let dir = crate::core::scratch::scratch("result-entry");
         let path = dir.join("e.qgresult");
         let build = crate::engine::Engine::build(&crate::engine::fake::FakeEngine::new());
         let mut o = Outcome::new("ppl/x", "m", build);

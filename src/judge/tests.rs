@@ -11,8 +11,7 @@ use std::sync::Arc;
 
 /// A suites tree with two tiny GGUF "models" and one perplexity case.
 fn suite(tag: &str, case_extra: &str) -> PathBuf {
-    let root = std::env::temp_dir().join(format!("qg-runner-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
+    let root = crate::core::scratch::scratch(&format!("runner-{tag}"));
     std::fs::create_dir_all(root.join("ppl")).unwrap();
     let gguf = crate::models::gguf::tests::tiny_header();
     std::fs::write(root.join("m.gguf"), &gguf).unwrap();

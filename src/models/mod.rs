@@ -604,7 +604,7 @@ mod tests {
 
     /// The registry `body` written to a file of its own, or the error's words.
     fn load(name: &str, body: &str) -> Result<Registry> {
-        let dir = std::env::temp_dir().join(format!("qg-registry-{name}-{}", std::process::id()));
+        let dir = crate::core::scratch::scratch(&format!("registry-{name}"));
         fs::create_dir_all(&dir).unwrap();
         let p = dir.join("models.toml");
         fs::write(&p, body).unwrap();

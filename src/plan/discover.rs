@@ -152,8 +152,7 @@ mod tests {
     use super::*;
 
     fn tree(tag: &str) -> PathBuf {
-        let root = std::env::temp_dir().join(format!("qg-discover-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
+        let root = crate::core::scratch::scratch(&format!("discover-{tag}"));
         for p in [
             "b/two.toml",
             "a/one.toml",

@@ -48,9 +48,7 @@ fn fixture_path() -> PathBuf {
 
 /// `<tmp>/qg-cli-<tag>-<pid>/`, emptied: a test's own folder.
 fn fresh_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("qg-cli-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+    common::scratch(&format!("cli-{tag}"))
 }
 
 /// A suites dir with the real fixture registered as `tiny` and the corpus.

@@ -11,8 +11,7 @@ use super::*;
 /// naming both hashes.
 #[test]
 fn a_folder_of_own_ggufs_is_gated_and_reported_in_one_command() {
-    let root = std::env::temp_dir().join(format!("qg-publisher-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
+    let root = common::scratch("publisher");
     let (suites, mine, report) = (root.join("suites"), root.join("mine"), root.join("report"));
     std::fs::create_dir_all(suites.join("release")).unwrap();
     std::fs::create_dir_all(&mine).unwrap();

@@ -76,8 +76,7 @@ fn the_html_report_renders_its_plots_in_chromium() {
         Path::new(&chromium).is_file(),
         "{chromium} is missing: install Debian's chromium (apt-get install chromium), README's prerequisites"
     );
-    let dir = std::env::temp_dir().join(format!("qg-html-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = common::scratch("html");
     std::fs::create_dir_all(&dir).unwrap();
     let build = LlamaEngine::new().build();
     let mut outcomes = Vec::new();

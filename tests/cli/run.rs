@@ -727,7 +727,7 @@ fn a_path_pattern_resolves_under_the_suites_root_first() {
     let root = suites("precedence");
     std::fs::write(root.join("ppl/ok.toml"), case(128, "")).unwrap();
     // A look-alike in the working directory that does not even parse.
-    let cwd = std::env::temp_dir().join(format!("qg-cli-precedence-cwd-{}", std::process::id()));
+    let cwd = common::scratch("cli-precedence-cwd");
     std::fs::create_dir_all(cwd.join("ppl")).unwrap();
     std::fs::write(cwd.join("ppl/ok.toml"), "not a case").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_quantgate"))

@@ -56,11 +56,16 @@ pub fn fixture_config(root: &Path) -> quantgate::Config {
         .unwrap()
 }
 
-/// A fresh `<tmp>/qg-<tag>-<pid>/` whose `suites/models.toml` registers one
-/// fake GGUF of `bytes` bytes per `(alias, bytes)`, pinned by sha256 and size.
+// One implementation for the library's unit tests and these.
+#[path = "../../src/core/scratch.rs"]
+mod scratch;
+pub use scratch::scratch;
+
+/// A fresh `<tmp>/qg-<tag>-<pid>/` ([`scratch`]) whose `suites/models.toml`
+/// registers one fake GGUF of `bytes` bytes per `(alias, bytes)`, pinned by
+/// sha256 and size.
 pub fn fake_root(tag: &str, models: &[(&str, usize)]) -> PathBuf {
-    let root = std::env::temp_dir().join(format!("qg-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
+    let root = scratch(tag);
     std::fs::create_dir_all(root.join("suites")).unwrap();
     let mut reg = String::new();
     for &(alias, len) in models {

@@ -41,8 +41,7 @@ struct Fixture {
 }
 
 fn fixture(tag: &str, gate_max: f64) -> Fixture {
-    let root = std::env::temp_dir().join(format!("qg-golden-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
+    let root = common::scratch(&format!("golden-{tag}"));
     std::fs::create_dir_all(root.join("suites/ppl")).unwrap();
     let gguf = tiny_gguf();
     std::fs::write(root.join("suites/m.gguf"), &gguf).unwrap();
@@ -267,7 +266,7 @@ fn ci_mode_never_modifies_goldens() {
 #[test]
 fn insta_reads_and_rewrites_every_golden_byte_for_byte() {
     let goldens = quantgate::harness::project_root().join("goldens");
-    let out = std::env::temp_dir().join(format!("qg-insta-rewrite-{}", std::process::id()));
+    let out = common::scratch("insta-rewrite");
     let mut n = 0;
     for (path, bytes) in common::tree(&goldens) {
         if path.extension().is_none_or(|e| e != "snap") {

@@ -18,8 +18,7 @@ use std::sync::Arc;
 #[test]
 fn q3_and_q2_fail_the_delta_nll_and_kld_gates_with_readable_messages() {
     let repo = quantgate::harness::project_root();
-    let root = std::env::temp_dir().join(format!("qg-gate-selftest-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
+    let root = crate::common::scratch("gate-selftest");
     std::fs::create_dir_all(root.join("ppl")).unwrap();
     std::fs::create_dir_all(root.join("kld")).unwrap();
     std::fs::copy(repo.join("suites/models.toml"), root.join("models.toml")).unwrap();

@@ -387,8 +387,7 @@ fn kld_equals_llama_perplexity_kl_divergence() {
     let tool = common::llama_perplexity_tool();
     let (engine, verified) = models(&["smollm2-f16", "smollm2-q8_0"]);
     let (f16, q8) = (&verified[0], &verified[1]);
-    let dir = std::env::temp_dir().join(format!("qg-kld-tool-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = common::scratch("kld-tool");
     std::fs::create_dir_all(dir.join("suites")).unwrap();
     let base = dir.join("suites/f16.kld");
     let text_path = repo().join("suites/data/wikitext-2-test.txt");
@@ -750,7 +749,7 @@ fn an_external_runtime_of_the_linked_sources_gives_its_numbers_bit_for_bit() {
         said.contains("own") && said.contains("sha256") && said.contains("version"),
         "{said}"
     );
-    let json = std::env::temp_dir().join(format!("qg-drift-own-{}.json", std::process::id()));
+    let json = common::scratch("drift-own.json");
     let out = Command::new(bin)
         .current_dir(repo())
         .args(["drift", "--runtime", "linked", "--runtime", "own"])

@@ -24,8 +24,7 @@ fn repo() -> std::path::PathBuf {
 
 /// A suite beside the repository's registry with `cases`.
 fn suite(tag: &str, cases: &[(&str, String)]) -> PathBuf {
-    let root = std::env::temp_dir().join(format!("qg-pireal-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
+    let root = common::scratch(&format!("pireal-{tag}"));
     std::fs::create_dir_all(&root).unwrap();
     std::fs::copy(repo().join("suites/models.toml"), root.join("models.toml")).unwrap();
     for (name, body) in cases {

@@ -59,8 +59,7 @@ fn a_cache_round_trips_and_every_corruption_is_caught() {
 /// byte, truncation or trailing byte is refused before a row is read.
 #[test]
 fn a_cache_written_and_read_row_by_row_is_the_whole_one() {
-    let dir = std::env::temp_dir().join(format!("qg-qgref-stream-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = crate::core::scratch::scratch("qgref-stream");
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("x.qgref");
     let h = header();

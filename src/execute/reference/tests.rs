@@ -144,8 +144,7 @@ fn a_scores_file_copied_under_another_settings_name_is_refused() {
 /// local cache); a corrupt shipped file is never used.
 #[test]
 fn a_shipped_reference_folder_is_read_only_and_complete_or_refused() {
-    let root = std::env::temp_dir().join(format!("qg-shipped-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
+    let root = crate::core::scratch::scratch("shipped");
     let built = std::cell::Cell::new(0);
     // Build the artifact as `quantgate reference build` does.
     let art = root.join("artifact");
@@ -238,8 +237,7 @@ fn a_shipped_reference_folder_is_read_only_and_complete_or_refused() {
 /// a value `keep` refuses is returned but never written.
 #[test]
 fn a_kept_product_is_computed_once_and_never_read_back_wrong() {
-    let root = std::env::temp_dir().join(format!("qg-kept-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
+    let root = crate::core::scratch::scratch("kept");
     let made = std::cell::Cell::new(0);
     let value = vec![vec![-1.25f64, -0.1 / 3.0], vec![f64::MIN_POSITIVE, 2.0]];
     let get = |store: &ReferenceStore, id: &str, v: &Vec<Vec<f64>>| {

@@ -37,7 +37,7 @@ fn conditions_at_their_boundaries() {
 
 #[test]
 fn split_parts_are_added_up() {
-    let d = std::env::temp_dir().join(format!("qg-split-{}", std::process::id()));
+    let d = crate::core::scratch::scratch("split");
     std::fs::create_dir_all(&d).unwrap();
     for (i, n) in [(1, 10usize), (2, 20), (3, 5)] {
         std::fs::write(d.join(format!("m-{i:05}-of-00003.gguf")), vec![0u8; n]).unwrap();

@@ -2,8 +2,10 @@ use super::*;
 use std::path::PathBuf;
 
 fn write(name: &str, body: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("qg-case-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // One folder for every test's files (made once: tests run at once).
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let dir = DIR.get_or_init(|| crate::core::scratch::scratch("case"));
+    std::fs::create_dir_all(dir).unwrap();
     let p = dir.join(name);
     std::fs::write(&p, body).unwrap();
     p
