@@ -139,19 +139,7 @@ fn json_metrics(path: &Path) -> Vec<(String, serde_json::Value)> {
 
 /// The registry's file for `alias`, fetched or derived if needed.
 fn registry_file(alias: &str) -> PathBuf {
-    let reg = Registry::load(&repo().join("suites/models.toml")).unwrap();
-    let engine = LlamaEngine::new();
-    let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 2);
-    ensure(
-        &quantgate::Config::load().unwrap(),
-        &reg,
-        alias,
-        &engine.build().label(),
-        &q,
-    )
-    .unwrap()
-    .file
-    .path
+    common::registry_model(alias).file.path
 }
 
 /// A suites dir for the reference tests: `ref` (F16, through a link the test

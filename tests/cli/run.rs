@@ -659,23 +659,13 @@ fn empty_selections_and_bad_output_paths_exit_two_before_running() {
 /// sha256 pinned — is stopped by it, naming a tensor, before llama.cpp.
 #[test]
 fn the_preflight_checks_every_tensor_lies_within_the_file() {
-    let reg = Registry::load(&repo().join("suites/models.toml")).unwrap();
-    let engine = LlamaEngine::new();
-    let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 1);
     for alias in [
         "smollm2-q4_1",
         "smollm2-f16",
         "smollm2-q4_k_m",
         "smollm2-q2_k",
     ] {
-        let v = ensure(
-            &quantgate::Config::load().unwrap(),
-            &reg,
-            alias,
-            &engine.build().label(),
-            &q,
-        )
-        .unwrap();
+        let v = common::registry_model(alias);
         let h = quantgate::models::gguf::preflight(&v.file.path).unwrap();
         assert_eq!(
             h.data_end, v.bytes,

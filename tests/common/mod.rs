@@ -61,6 +61,39 @@ pub fn fixture_config(root: &Path) -> quantgate::Config {
 mod scratch;
 pub use scratch::scratch;
 
+/// The project registry's file for `alias` (suites/models.toml), verified;
+/// fetched, or derived by this build's llama.cpp from its source, when the
+/// cache lacks it.
+pub fn registry_model(alias: &str) -> quantgate::models::Verified {
+    use quantgate::engine::Engine;
+    let repo = quantgate::harness::project_root();
+    let reg = quantgate::models::Registry::load(&repo.join("suites/models.toml")).unwrap();
+    let engine = quantgate::engine::llama::LlamaEngine::new();
+    let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 2);
+    let label = engine.build().label();
+    let config = quantgate::Config::load().unwrap();
+    quantgate::models::ensure(&config, &reg, alias, &label, &q).unwrap()
+}
+
+/// Every test of `planned` on `runner`, scheduled as the harness does,
+/// `jobs` groups at once (no golden read or written): their outcomes.
+pub fn run_planned(
+    runner: quantgate::execute::RunContext,
+    planned: &[quantgate::plan::Planned],
+    jobs: usize,
+) -> Vec<quantgate::core::Outcome> {
+    quantgate::schedule::Schedule::here(&std::sync::Arc::new(runner), planned)
+        .run(
+            planned,
+            jobs,
+            &Default::default(),
+            Path::new("goldens"),
+            &mut |_, _| {},
+            &mut |_, _, _| {},
+        )
+        .0
+}
+
 /// A fresh `<tmp>/qg-<tag>-<pid>/` ([`scratch`]) whose `suites/models.toml`
 /// registers one fake GGUF of `bytes` bytes per `(alias, bytes)`, pinned by
 /// sha256 and size.
@@ -258,18 +291,8 @@ pub struct BenchLadder {
 /// Set up a [`BenchLadder`].
 #[allow(dead_code)]
 pub fn bench_ladder(name: &str, candidates: &[&str], case_dir: &str) -> BenchLadder {
-    use quantgate::engine::Engine;
     let repo = quantgate::harness::project_root();
-    let reg = quantgate::models::Registry::load(&repo.join("suites/models.toml")).unwrap();
-    let engine = quantgate::engine::llama::LlamaEngine::new();
-    let label = engine.build().label();
-    let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 2);
-    let path = |alias: &str| {
-        quantgate::models::ensure(&quantgate::Config::load().unwrap(), &reg, alias, &label, &q)
-            .unwrap()
-            .file
-            .path
-    };
+    let path = |alias: &str| registry_model(alias).file.path;
     let f16 = path("smollm2-f16");
     let cands = candidates.iter().map(|a| path(a)).collect();
     let dir = std::env::temp_dir().join(format!("qg-bench-{name}-{}", std::process::id()));

@@ -917,16 +917,7 @@ fn run_jobs(
         1,
     );
     cx.references.dir = root.join("cache");
-    quantgate::schedule::Schedule::here(&std::sync::Arc::new(cx), &planned)
-        .run(
-            &planned,
-            jobs,
-            &Default::default(),
-            std::path::Path::new("goldens"),
-            &mut |_, _| {},
-            &mut |_, _, _| {},
-        )
-        .0
+    common::run_planned(cx, &planned, jobs)
 }
 
 #[test]

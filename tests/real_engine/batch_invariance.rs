@@ -13,26 +13,12 @@ use crate::common;
 use quantgate::core::{Decoding, Settings};
 use quantgate::engine::llama::LlamaEngine;
 use quantgate::engine::{top_gap, BosPolicy, LoadedModel, ModelPool, Window};
-use quantgate::models::{ensure, Registry};
-use std::path::Path;
 use std::sync::Arc;
 
 use common::REAL_MODELS as MODELS;
 
 fn load(pool: &ModelPool, alias: &str) -> Arc<dyn LoadedModel> {
-    let reg =
-        Registry::load(&quantgate::harness::project_root().join("suites/models.toml")).unwrap();
-    let engine = pool.engine().clone();
-    let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 2);
-    let v = ensure(
-        &quantgate::Config::load().unwrap(),
-        &reg,
-        alias,
-        &engine.build().label(),
-        &q,
-    )
-    .unwrap();
-    pool.get(&v.file).unwrap()
+    pool.get(&common::registry_model(alias).file).unwrap()
 }
 
 /// Teacher-force `tokens` and return (argmax, gap) of rows `from..`.

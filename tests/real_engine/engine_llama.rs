@@ -24,19 +24,7 @@ fn fixture() -> Arc<dyn LoadedModel> {
 
 /// The file of fixture `alias` (fetched or derived when missing).
 fn fixture_file(alias: &str) -> quantgate::engine::ModelFile {
-    let reg =
-        Registry::load(&quantgate::harness::project_root().join("suites/models.toml")).unwrap();
-    let engine = LlamaEngine::new();
-    let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 1);
-    ensure(
-        &quantgate::Config::load().unwrap(),
-        &reg,
-        alias,
-        &engine.build().label(),
-        &q,
-    )
-    .unwrap()
-    .file
+    common::registry_model(alias).file
 }
 
 /// Independent reference: naive f64 log-softmax with libm's exp.
@@ -411,16 +399,8 @@ fn inspect_agrees_with_llama_cpps_loader_on_every_fixture() {
     let reg =
         Registry::load(&quantgate::harness::project_root().join("suites/models.toml")).unwrap();
     let engine = LlamaEngine::new();
-    let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 1);
     for alias in reg.models.keys() {
-        let v = ensure(
-            &quantgate::Config::load().unwrap(),
-            &reg,
-            alias,
-            &engine.build().label(),
-            &q,
-        )
-        .unwrap();
+        let v = common::registry_model(alias);
         let i = quantgate::models::inspect::inspect(&v.file.path, true).unwrap();
         let (params, size) = quantgate::engine::llama::loader_size(&v.file.path).unwrap();
         assert_eq!(i.params, params, "{alias}: parameters");

@@ -43,15 +43,7 @@ fn q3_and_q2_fail_the_delta_nll_and_kld_gates_with_readable_messages() {
         2,
     );
     assert_eq!(planned.len(), 5);
-    let (outcomes, _) = quantgate::schedule::Schedule::here(&std::sync::Arc::new(runner), &planned)
-        .run(
-            &planned,
-            1,
-            &Default::default(),
-            std::path::Path::new("goldens"),
-            &mut |_, _| {},
-            &mut |_, _, _| {},
-        );
+    let outcomes = crate::common::run_planned(runner, &planned, 1);
     let by_name = |name: &str| -> &Outcome {
         outcomes
             .iter()

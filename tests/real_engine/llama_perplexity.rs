@@ -444,15 +444,7 @@ fn kld_equals_llama_perplexity_kl_divergence() {
     // or, where a kld case compared those windows with F16 before (README's
     // publisher test's, in a whole run), the exact case reads its kept
     // comparisons and only the imported one decodes.
-    let (outcomes, _) = quantgate::schedule::Schedule::here(&std::sync::Arc::new(runner), &planned)
-        .run(
-            &planned,
-            1,
-            &Default::default(),
-            std::path::Path::new("goldens"),
-            &mut |_, _| {},
-            &mut |_, _, _| {},
-        );
+    let outcomes = common::run_planned(runner, &planned, 1);
     let get = |case: &str| {
         let o = outcomes.iter().find(|o| o.case == case).unwrap();
         assert_eq!(
