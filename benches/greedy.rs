@@ -9,11 +9,12 @@
 //! median per-token time of each mode is reported, and the drafted tokens are
 //! checked to be bitwise the undrafted ones.
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use quantgate::core::{Decoding, Settings};
 use quantgate::engine::llama::LlamaEngine;
-use quantgate::engine::{BosPolicy, Engine, ModelPool};
-use quantgate::models::{ensure, Registry};
-use std::path::Path;
+use quantgate::engine::{BosPolicy, ModelPool};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -28,20 +29,15 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let reg = Registry::load(&quantgate::harness::project_root().join("suites/models.toml"))
-        .expect("registry");
     let engine = Arc::new(LlamaEngine::new());
     let pool = ModelPool::new(engine.clone());
     let plain = ModelPool::new(Arc::new(LlamaEngine::without_drafts()));
-    let label = engine.build().label();
-    let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 2);
     println!(
         "{:<20} {:>14} {:>14} {:>14} {:>9} {:>9}",
         "model", "drafted ms/t", "undrafted ms/t", "1-token ms/t", "undr/dr", "dr/1-tok"
     );
     for alias in ["smollm2-q4_1", "smollm2-f16", "gemma3-270m-q4_k_m"] {
-        let v =
-            ensure(&quantgate::Config::load().unwrap(), &reg, alias, &label, &q).expect("model");
+        let v = common::registry_model(alias);
         let m = pool.get(&v.file).expect("load");
         let u = plain.get(&v.file).expect("load");
         let prompt: Vec<i32> = m

@@ -14,10 +14,6 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use quantgate::engine::llama::LlamaEngine;
-use quantgate::engine::Engine;
-use quantgate::models::{ensure, Registry};
-use std::path::Path;
 use std::process::{Command, ExitCode};
 
 fn output(cmd: &mut Command, what: &str) -> String {
@@ -49,10 +45,6 @@ fn main() -> ExitCode {
         .collect();
     let bench = common::llama_tool("bench");
     let qg = env!("CARGO_BIN_EXE_quantgate");
-    let reg = Registry::load(&repo.join("suites/models.toml")).unwrap();
-    let engine = LlamaEngine::new();
-    let label = engine.build().label();
-    let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 2);
     let dir = std::env::temp_dir().join(format!("qg-bench-speed-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let suites = dir.join("suites");
@@ -60,10 +52,7 @@ fn main() -> ExitCode {
     std::fs::copy(repo.join("suites/models.toml"), suites.join("models.toml")).unwrap();
     let mut failed = false;
     for alias in &models {
-        let path = ensure(&quantgate::Config::load().unwrap(), &reg, alias, &label, &q)
-            .unwrap()
-            .file
-            .path;
+        let path = common::registry_model(alias).file.path;
         std::fs::write(
             suites.join("speed/one.toml"),
             format!(

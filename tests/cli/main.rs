@@ -19,7 +19,7 @@ mod trust;
 
 use quantgate::engine::llama::LlamaEngine;
 use quantgate::engine::Engine;
-use quantgate::models::{ensure, Registry};
+use quantgate::models::Registry;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -31,22 +31,10 @@ fn repo() -> PathBuf {
 
 /// The fixture model's path, fetched if needed.
 fn fixture_path() -> PathBuf {
-    let reg = Registry::load(&repo().join("suites/models.toml")).unwrap();
-    let engine = LlamaEngine::new();
-    let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 1);
-    ensure(
-        &quantgate::Config::load().unwrap(),
-        &reg,
-        "smollm2-q4_1",
-        &engine.build().label(),
-        &q,
-    )
-    .unwrap()
-    .file
-    .path
+    registry_file("smollm2-q4_1")
 }
 
-/// `<tmp>/qg-cli-<tag>-<pid>/`, emptied: a test's own folder.
+/// `<tmp>/qg-cli-<tag>-<pid>/`, emptied: a test's own folder ([`common::scratch`]: removed when the tests pass).
 fn fresh_dir(tag: &str) -> PathBuf {
     common::scratch(&format!("cli-{tag}"))
 }

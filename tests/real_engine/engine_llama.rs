@@ -7,8 +7,7 @@ use quantgate::core::{Decoding, Settings};
 use quantgate::engine::llama::LlamaEngine;
 use quantgate::engine::{BosPolicy, Engine, LoadedModel, ModelPool, Window};
 use quantgate::measure::row_stats;
-use quantgate::models::{ensure, Registry};
-use std::path::Path;
+use quantgate::models::Registry;
 use std::sync::{Arc, OnceLock};
 
 const FIXTURE: &str = "smollm2-q4_1";
@@ -164,20 +163,8 @@ fn greedy_generation_starts_with_the_teacher_forced_argmax() {
 /// one-row guesses go wrong within a few tokens (drafts replaced).
 #[test]
 fn drafted_generation_with_four_row_passes_equals_undrafted() {
-    let reg =
-        Registry::load(&quantgate::harness::project_root().join("suites/models.toml")).unwrap();
-    let load = |engine: &LlamaEngine| {
-        let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 1);
-        let v = ensure(
-            &quantgate::Config::load().unwrap(),
-            &reg,
-            "gemma3-270m-q4_k_m",
-            &engine.build().label(),
-            &q,
-        )
-        .unwrap();
-        engine.load(&v.file).unwrap()
-    };
+    let file = fixture_file("gemma3-270m-q4_k_m");
+    let load = |engine: &LlamaEngine| engine.load(&file).unwrap();
     let m = load(&LlamaEngine::new());
     let plain = load(&LlamaEngine::without_drafts());
     let prompt: Vec<i32> =

@@ -16,7 +16,7 @@ use quantgate::execute::reference::{ReferenceStore, ScoresKey};
 use quantgate::execute::windows::Windowing;
 use quantgate::execute::windows::{plan_windows, score_plan};
 use quantgate::measure::perplexity_metrics;
-use quantgate::models::{ensure, Registry};
+use quantgate::models::Registry;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
@@ -187,15 +187,8 @@ fn kept_scores(
 
 /// The engine, and the registry's `aliases` fetched or derived and verified.
 fn models(aliases: &[&str]) -> (Arc<LlamaEngine>, Vec<quantgate::models::Verified>) {
-    let reg = Registry::load(&repo().join("suites/models.toml")).unwrap();
-    let engine = Arc::new(LlamaEngine::new());
-    let label = engine.build().label();
-    let q = |s: &Path, d: &Path, t: &str| engine.quantize(s, d, t, 2);
-    let verified = aliases
-        .iter()
-        .map(|a| ensure(&quantgate::Config::load().unwrap(), &reg, a, &label, &q).unwrap())
-        .collect();
-    (engine, verified)
+    let verified = aliases.iter().map(|a| common::registry_model(a)).collect();
+    (Arc::new(LlamaEngine::new()), verified)
 }
 
 /// The running PPL values the tool prints as `[1]x,[2]y,...`.
